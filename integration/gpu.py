@@ -1,0 +1,122 @@
+"""The GPU entry point: every GPU check and benchmark in one run, a short table last.
+
+Runs with the GPU machine's own python3 (torch, triton, transformers and timm are there);
+Kiln's packages and the third-party wheels it lacks arrive as wheels built by
+``nox -s gpu-wheels`` (see docs/development.md for the device command). Writes the full
+logs and JUnit reports to ``$OUT`` when that is set.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OUT = pathlib.Path(os.environ.get("OUT", ROOT / ".gpu-out"))
+
+
+@dataclass
+class SuiteResult:
+    name: str
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+
+def test_suites() -> list[tuple[str, list[str]]]:
+    """(name, pytest paths) for every package's tests, the end-to-end tests and integration."""
+    suites = [
+        (p.name, [str(p / "tests")])
+        for p in sorted((ROOT / "packages").iterdir())
+        if (p / "tests").is_dir()
+    ]
+    suites.append(("end-to-end", [str(ROOT / "tests")]))
+    suites.append(("integration", [str(ROOT / "integration")]))
+    return suites
+
+
+def run_suite(name: str, paths: list[str]) -> SuiteResult:
+    report = OUT / f"junit-{name}.xml"
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *paths,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not slow or gpu",
+            f"--junitxml={report}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    result = SuiteResult(name, seconds=time.perf_counter() - start)
+    (OUT / f"log-{name}.txt").write_text(proc.stdout + proc.stderr)
+    if not report.exists():
+        result.note = f"pytest exited {proc.returncode} without a report"
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+        return result
+    for suite in ET.parse(report).getroot().iter("testsuite"):
+        total = int(suite.get("tests", 0))
+        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        skipped = int(suite.get("skipped", 0))
+        result.failed += failed
+        result.skipped += skipped
+        result.passed += total - failed - skipped
+    if result.failed:
+        print(f"--- {name}: failures ---\n{proc.stdout[-6000:]}")
+    return result
+
+
+def environment() -> list[str]:
+    import torch
+
+    lines = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}"]
+    if torch.cuda.is_available():
+        lines.append(f"device {torch.cuda.get_device_name()}")
+    else:
+        lines.append("device: no CUDA device")
+    try:
+        import triton
+
+        lines.append(f"triton {triton.__version__}")
+    except ImportError as exc:
+        lines.append(f"triton missing: {exc}")
+    try:
+        import kiln
+
+        lines += [f"plug-in {p.describe()}" for p in kiln.list_backends()]
+    except ImportError as exc:
+        lines.append(f"kiln is not installed ({exc}): build the wheels with nox -s gpu-wheels")
+    return lines
+
+
+def print_table(results: list[SuiteResult]) -> None:
+    print("\n| suite | passed | failed | skipped | seconds | note |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in results:
+        print(f"| {r.name} | {r.passed} | {r.failed} | {r.skipped} | {r.seconds:.1f} | {r.note} |")
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    print("\n".join(environment()), flush=True)
+    results = [run_suite(name, paths) for name, paths in test_suites()]
+    print_table(results)
+    return 1 if any(r.failed or r.note for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+import re
+
+import kiln
+
+
+def test_version_is_pep440():
+    assert re.fullmatch(r"\d+\.\d+\.\d+(\.dev\d+)?", kiln.__version__)
+
+
+def test_public_api_is_pinned():
+    assert sorted(kiln.__all__) == ["Plugin", "__version__", "list_backends"]
+    for name in kiln.__all__:
+        assert hasattr(kiln, name)
