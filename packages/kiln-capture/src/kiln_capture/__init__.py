@@ -1,15 +1,23 @@
 """Bytecode capture with guards.
 
 kiln-capture turns a Python function or ``nn.Module`` into ``torch.fx`` graphs by
-interpreting its bytecode symbolically with fake tensors. Each captured frame gets a
-guard function (generated Python source) that decides when the capture can be reused,
-new bytecode that calls the compiled graph and replays Python side effects, and
-resume functions where the graph breaks. Any ``torch.compile``-style backend
-``backend(gm, example_inputs) -> callable`` can compile the graphs.
+interpreting its bytecode symbolically with fake tensors. Each capture gets a guard
+function (generated Python source) that decides when it can be reused, new bytecode that
+calls the compiled graph and replays Python side effects, and resume functions where the
+graph breaks. Any ``torch.compile``-style backend ``backend(gm, example_inputs) ->
+callable`` compiles the graphs.
 
-This release holds the package's metadata only: the capture API arrives in 0.1.
+    >>> captured = kiln_capture.capture(fn, backend)
+    >>> captured(x, y)              # captures on the first call, then reuses
+    >>> kiln_capture.explain(fn)(x, y)   # graphs, graph breaks, guards
 """
 
 from kiln_capture.__about__ import __version__
+from kiln_capture.api import CapturedFunction, CapturedModule, capture
+from kiln_capture.exc import Unsupported
+from kiln_capture.explain import ExplainOutput, explain
 
-__all__ = ["__version__"]
+__all__ = [
+    "CapturedFunction", "CapturedModule", "ExplainOutput", "Unsupported", "__version__",
+    "capture", "explain",
+]

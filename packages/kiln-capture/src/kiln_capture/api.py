@@ -1,0 +1,243 @@
+"""``capture()``: the cached, guarded wrapper around a function or module.
+
+Each captured function keeps its cache entries, newest first; a call runs the first entry
+whose guard passes. A miss captures again (a recompile), up to ``recompile_limit`` times,
+then the function runs eagerly with one warning naming the guard that failed. Anything
+capture cannot handle runs eagerly and is logged, never a wrong result.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import re
+import types
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from kiln_capture import versions
+from kiln_capture.convert_frame import CaptureResult, convert_frame
+from kiln_capture.exc import CaptureFailed, Unsupported, UserError
+
+log = logging.getLogger("kiln.capture")
+
+
+@dataclass
+class CacheEntry:
+    result: CaptureResult
+
+    @property
+    def guard(self):
+        return self.result.guard
+
+    @property
+    def guard_source(self) -> str:
+        return self.result.guard.source
+
+
+@dataclass
+class CaptureStats:
+    compiles: int = 0
+    recompile_reasons: list[str] = field(default_factory=list)
+    eager_reason: str | None = None
+
+
+class CapturedFunction:
+    """A function (or module's forward) with its capture cache."""
+
+    def __init__(self, fn, backend, *, fullgraph=False, dynamic=None, recompile_limit=8,
+                 bound_self=None, observer=None):
+        if not isinstance(fn, types.FunctionType):
+            raise TypeError(f"capture() needs a Python function or an nn.Module, got "
+                            f"{type(fn).__name__}: wrap it in a function first")
+        if not callable(backend):
+            raise TypeError(f"backend must be callable as backend(gm, example_inputs), got "
+                            f"{backend!r}")
+        self.fn = fn
+        self.backend = backend
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.recompile_limit = recompile_limit
+        self.bound_self = bound_self
+        self.observer = observer
+        self.entries: list[CacheEntry] = []
+        self.stats = CaptureStats()
+        self.dynamic_dims: dict[str, set[int]] = {}
+        self.callees: dict[int, CapturedFunction] = {}
+        self.warned_limit = False
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        if self.bound_self is not None:
+            args = (self.bound_self, *args)
+        for entry in self.entries:
+            if entry.result.guard.check(*args, **kwargs):
+                return entry.result.function(*args, **kwargs)
+        return self.cache_miss(args, kwargs)
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else types.MethodType(self, obj)
+
+    # --- misses -----------------------------------------------------------------
+
+    def cache_miss(self, args, kwargs):
+        if self.stats.eager_reason is not None:
+            return self.fn(*args, **kwargs)
+        failed = self.entries[0].result.guard.why(*args, **kwargs) if self.entries else None
+        if failed is not None:
+            if len(self.entries) >= self.recompile_limit:
+                return self.over_limit(failed, args, kwargs)
+            self.stats.recompile_reasons.append(failed)
+            log.info("recompiling %s: guard failed: %s", self.fn.__qualname__, failed)
+            self.note_dynamic(failed, args, kwargs)
+        try:
+            result = convert_frame(self.fn, args, kwargs, self.backend, fullgraph=self.fullgraph,
+                                   dynamic_dims=self.dims_for(args, kwargs),
+                                   wrap_callee=self.wrap_callee)
+        except Unsupported:
+            raise
+        except UserError:
+            return self.fn(*args, **kwargs)  # the user's own exception, raised eagerly
+        except CaptureFailed as exc:
+            return self.run_eagerly(exc.reason, args, kwargs)
+        except Exception as exc:  # an internal failure must not change what the user sees
+            if self.fullgraph:
+                raise
+            log.warning("capture of %s failed", self.fn.__qualname__, exc_info=True)
+            return self.run_eagerly(f"internal error: {type(exc).__name__}: {exc}", args,
+                                    kwargs, warn=True)
+        self.stats.compiles += 1
+        self.entries.insert(0, CacheEntry(result))
+        if self.observer is not None:
+            self.observer.on_capture(self, result)
+        return result.function(*args, **kwargs)
+
+    def run_eagerly(self, reason, args, kwargs, warn=False):
+        self.stats.eager_reason = reason
+        message = f"kiln-capture runs {self.fn.__qualname__} eagerly: {reason}"
+        if warn:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        log.info(message)
+        if self.observer is not None:
+            self.observer.on_eager(self, reason)
+        return self.fn(*args, **kwargs)
+
+    def over_limit(self, failed, args, kwargs):
+        if not self.warned_limit:
+            self.warned_limit = True
+            warnings.warn(
+                f"kiln-capture: {self.fn.__qualname__} reached its recompile limit "
+                f"({self.recompile_limit}); the last guard to fail was: {failed}. It now runs "
+                f"eagerly for inputs no cached capture accepts.", RuntimeWarning, stacklevel=3)
+        return self.fn(*args, **kwargs)
+
+    # --- dynamic shapes ---------------------------------------------------------
+
+    def dims_for(self, args, kwargs) -> dict[str, set[int]]:
+        if self.dynamic is True:
+            return AllDims(self.fn, args, kwargs)
+        if self.dynamic is False:
+            return {}
+        return self.dynamic_dims
+
+    def note_dynamic(self, failed: str, args, kwargs) -> None:
+        """After a miss caused by a size, make the sizes that changed symbolic."""
+        if self.dynamic is not None:
+            return
+        match = re.match(r"(.+?): \w+\(.*size=", failed)
+        if match is None:
+            return
+        expr = match.group(1)
+        old_shape = self.previous_shape(expr)
+        new_value = self.entries[0].result.guard.evaluate(expr, args, kwargs)
+        if old_shape is None or not isinstance(new_value, torch.Tensor):
+            return
+        if len(old_shape) != new_value.dim():
+            return
+        changed = {d for d, (a, b) in enumerate(zip(old_shape, new_value.shape, strict=True))
+                   if a != b}
+        if changed:
+            self.dynamic_dims.setdefault(expr, set()).update(changed)
+
+    def previous_shape(self, expr):
+        for guard in self.entries[0].result.guard.lines:
+            if guard.description.startswith(f"{expr}: "):
+                found = re.search(r"size=\(([^)]*)\)", guard.description)
+                if found:
+                    return tuple(int(x) for x in found.group(1).split(",") if x.strip())
+        return None
+
+    # --- helpers ----------------------------------------------------------------
+
+    def wrap_callee(self, fn) -> CapturedFunction:
+        """Functions called at a graph break (and resume functions) are captured too."""
+        key = id(fn)
+        if key not in self.callees:
+            self.callees[key] = CapturedFunction(
+                fn, self.backend, fullgraph=False, dynamic=self.dynamic,
+                recompile_limit=self.recompile_limit, observer=self.observer)
+            self.callees[key]._keep = fn
+        return self.callees[key]
+
+    def cache_entries(self) -> list[CacheEntry]:
+        return list(self.entries)
+
+
+class AllDims(dict):
+    """``dynamic=True``: every dimension of every tensor argument is symbolic."""
+
+    def __init__(self, fn, args, kwargs):
+        super().__init__()
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        for name, value in bound.arguments.items():
+            if isinstance(value, torch.Tensor):
+                self[name] = set(range(value.dim()))
+
+
+class CapturedModule(torch.nn.Module):
+    """An ``nn.Module`` whose forward is captured; everything else is the module's own."""
+
+    def __init__(self, module: torch.nn.Module, captured: CapturedFunction):
+        super().__init__()
+        self._orig_mod = module
+        self._captured = captured
+
+    def forward(self, *args, **kwargs):
+        from kiln_capture.variables.objects import has_hooks
+
+        if has_hooks(self._orig_mod):
+            return self._orig_mod(*args, **kwargs)
+        return self._captured(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name in ("_orig_mod", "_captured"):
+            return super().__getattr__(name)
+        return getattr(self._orig_mod, name)
+
+
+def capture(fn_or_module, backend, *, fullgraph: bool = False, dynamic: bool | None = None,
+            recompile_limit: int = 8):
+    """Capture ``fn_or_module`` into FX graphs compiled by ``backend``.
+
+    Returns a callable with the same signature. ``backend(gm, example_inputs)`` gets each
+    captured ``torch.fx.GraphModule`` (outputs a flat tuple) and returns a callable, the
+    same contract as ``torch.compile(backend=...)``. With ``fullgraph=True`` a construct
+    that would break the graph raises ``Unsupported`` instead.
+    """
+    if not versions.is_supported_version():
+        raise RuntimeError(f"kiln-capture supports CPython 3.11 to 3.13, not "
+                           f"{versions.PY[0]}.{versions.PY[1]}")
+    if isinstance(fn_or_module, torch.nn.Module):
+        forward = type(fn_or_module).forward
+        captured = CapturedFunction(forward, backend, fullgraph=fullgraph, dynamic=dynamic,
+                                    recompile_limit=recompile_limit, bound_self=fn_or_module)
+        return CapturedModule(fn_or_module, captured)
+    if isinstance(fn_or_module, types.MethodType):
+        return CapturedFunction(fn_or_module.__func__, backend, fullgraph=fullgraph,
+                                dynamic=dynamic, recompile_limit=recompile_limit,
+                                bound_self=fn_or_module.__self__)
+    return CapturedFunction(fn_or_module, backend, fullgraph=fullgraph, dynamic=dynamic,
+                            recompile_limit=recompile_limit)

@@ -1,0 +1,198 @@
+"""Emitting bytecode for the transformed frame: reload graph inputs from their sources,
+call the compiled graph, replay side effects, rebuild outputs, and call resume functions.
+"""
+
+from __future__ import annotations
+
+import types
+
+from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
+
+from kiln_capture import versions
+from kiln_capture.variables.base import Variable
+
+PROLOGUE_OPS = ("MAKE_CELL", "COPY_FREE_VARS", "RESUME", "NOP")
+GRAPH_OUT = "___graph_out"
+
+
+class Codegen:
+    def __init__(self, code: types.CodeType, graph_outputs: dict[int, int]):
+        self.code = code
+        self.instrs: list = []
+        self.graph_outputs = graph_outputs  # id(variable) -> index in the graph's output
+        self.cached: dict[int, str] = {}  # id(mutable variable) -> temporary holding it
+        self.keep_alive: list = []
+
+    # --- primitives -------------------------------------------------------------
+
+    def emit(self, *instrs) -> None:
+        self.instrs.extend(instrs)
+
+    def load_const(self, value) -> None:
+        self.emit(Instr("LOAD_CONST", value))
+
+    def load_local(self, name: str) -> None:
+        if name in self.code.co_cellvars:
+            self.emit(Instr("LOAD_DEREF", CellVar(name)))
+        elif name in self.code.co_freevars:
+            self.emit(Instr("LOAD_DEREF", FreeVar(name)))
+        else:
+            self.emit(Instr("LOAD_FAST", name))
+
+    def store_local(self, name: str) -> None:
+        if name in self.code.co_cellvars:
+            self.emit(Instr("STORE_DEREF", CellVar(name)))
+        else:
+            self.emit(Instr("STORE_FAST", name))
+
+    def load_deref(self, name: str) -> None:
+        self.emit(Instr("LOAD_DEREF", FreeVar(name) if name in self.code.co_freevars
+                        else CellVar(name)))
+
+    def load_global(self, name: str) -> None:
+        self.emit(versions.load_global_instr(name))
+
+    def store_global(self, name: str) -> None:
+        self.emit(Instr("STORE_GLOBAL", name))
+
+    def load_attr(self, name: str) -> None:
+        self.emit(versions.load_attr_instr(name))
+
+    def store_attr(self, name: str) -> None:
+        self.emit(Instr("STORE_ATTR", name))
+
+    def subscr(self) -> None:
+        self.emit(Instr("BINARY_SUBSCR"))
+
+    def store_subscr(self) -> None:
+        self.emit(Instr("STORE_SUBSCR"))
+
+    def pop_top(self) -> None:
+        self.emit(Instr("POP_TOP"))
+
+    def push_null(self) -> None:
+        self.emit(Instr("PUSH_NULL"))
+
+    def build(self, cls: type, n: int) -> None:
+        op = {tuple: "BUILD_TUPLE", list: "BUILD_LIST", set: "BUILD_SET", dict: "BUILD_MAP"}
+        if cls in op:
+            self.emit(Instr(op[cls], n))
+            return
+        self.emit(Instr("BUILD_TUPLE", n))
+        self.wrap_call(cls)
+
+    def build_sequence(self, cls: type, items: list[Variable]) -> None:
+        for item in items:
+            self.reconstruct(item)
+        self.build(cls, len(items))
+
+    # --- calls ------------------------------------------------------------------
+
+    def push_callable(self, emit_callable) -> None:
+        """The callable and the NULL that marks a plain call, in this version's order."""
+        if versions.null_before_callable():
+            self.push_null()
+            emit_callable()
+        else:
+            emit_callable()
+            self.push_null()
+
+    def call(self, emit_callable, emit_args: list, kw_names: tuple[str, ...] = ()) -> None:
+        self.push_callable(emit_callable)
+        for emit_arg in emit_args:
+            emit_arg()
+        self.emit(*versions.call_instrs(len(emit_args), kw_names))
+
+    def call_object(self, obj, args: list[Variable], kw_names: tuple[str, ...] = ()) -> None:
+        self.call(lambda: self.load_const(obj),
+                  [lambda a=a: self.reconstruct(a) for a in args], kw_names)
+
+    def wrap_call(self, fn) -> None:
+        """Replace the top of the stack by ``fn(top)``."""
+        self.emit(Instr("STORE_FAST", "___tmp_arg"))
+        self.call(lambda: self.load_const(fn), [lambda: self.emit(Instr("LOAD_FAST", "___tmp_arg"))])
+
+    def call_method_on_tos(self, name: str, args: list[Variable]) -> None:
+        """Replace the top of the stack ``obj`` by ``obj.name(*args)``."""
+        self.load_attr(name)
+        self.emit(Instr("STORE_FAST", "___tmp_method"))
+        self.call(lambda: self.emit(Instr("LOAD_FAST", "___tmp_method")),
+                  [lambda a=a: self.reconstruct(a) for a in args])
+
+    # --- values -----------------------------------------------------------------
+
+    def reconstruct(self, variable: Variable) -> None:
+        """Push ``variable``'s value; a mutable value is built once and then reused."""
+        key = id(variable)
+        if key in self.cached:
+            self.emit(Instr("LOAD_FAST", self.cached[key]))
+            return
+        variable.reconstruct(self)
+        if variable.mutable and variable.source is None:
+            name = f"___value{len(self.cached)}"
+            self.cached[key] = name
+            self.keep_alive.append(variable)
+            self.emit(Instr("COPY", 1), Instr("STORE_FAST", name))
+
+    def load_graph_value(self, variable) -> None:
+        index = self.graph_outputs.get(id(variable))
+        if index is not None:
+            self.emit(Instr("LOAD_FAST", GRAPH_OUT))
+            self.load_const(index)
+            self.subscr()
+            return
+        if variable.source is not None:
+            variable.source.emit(self)
+            return
+        from kiln_capture.exc import CaptureFailed
+
+        raise CaptureFailed(f"{variable.describe()} is neither a graph output nor an input")
+
+    # --- frames -----------------------------------------------------------------
+
+    def prologue(self) -> None:
+        for inst in Bytecode.from_code(self.code):
+            if not isinstance(inst, Instr) or inst.name not in PROLOGUE_OPS:
+                break
+            self.emit(Instr(inst.name, inst.arg) if inst.arg is not None else Instr(inst.name))
+
+    def call_graph(self, compiled, input_sources: list) -> None:
+        self.call(lambda: self.load_const(compiled),
+                  [lambda s=s: s.emit(self) for s in input_sources])
+        self.emit(Instr("STORE_FAST", GRAPH_OUT))
+
+    def call_resume(self, resume_fn, stack_depth: int, local_names: list[str]) -> None:
+        """Call ``resume_fn(*stack, *locals)`` with the stack left by the native instruction."""
+        self.emit(Instr("BUILD_TUPLE", stack_depth), Instr("STORE_FAST", "___stack"))
+        self.push_callable(lambda: self.load_const(resume_fn))
+        self.emit(Instr("LOAD_FAST", "___stack"))
+        for name in local_names:
+            self.load_local(name)
+        self.emit(Instr("BUILD_TUPLE", len(local_names)))
+        self.emit(Instr("BINARY_OP", _ADD))
+        self.emit(Instr("CALL_FUNCTION_EX", 0))
+        self.emit(Instr("RETURN_VALUE"))
+
+    def emit_return(self) -> None:
+        self.emit(Instr("RETURN_VALUE"))
+
+    def new_label(self) -> Label:
+        return Label()
+
+    def to_code(self, name_suffix: str = "") -> types.CodeType:
+        bytecode = Bytecode.from_code(self.code)
+        bytecode.clear()
+        bytecode.extend(self.instrs)
+        bytecode.flags &= ~(0x20 | 0x80 | 0x100 | 0x200)
+        if name_suffix:
+            bytecode.name = self.code.co_name + name_suffix
+        return bytecode.to_code()
+
+
+def _binary_add():
+    from bytecode import BinaryOp
+
+    return BinaryOp.ADD
+
+
+_ADD = _binary_add()

@@ -1,0 +1,358 @@
+"""Capturing one call of a function: trace its bytecode, compile the graph, emit the code.
+
+``convert_frame`` is the whole pipeline for one cache miss, top to bottom:
+
+1. bind the call's arguments to the frame's locals (wrapped lazily, with their sources);
+2. trace the bytecode with a root translator until the frame returns, or until the
+   instruction that breaks the graph (found on a first pass, then traced again to stop
+   cleanly before it);
+3. choose the graph's outputs (graph values the generated code needs) and hand the FX
+   graph to the backend;
+4. emit the transformed code: call the compiled graph, replay side effects, then either
+   return the rebuilt value or run the breaking instruction natively and call the resume
+   function;
+5. build the guard function from the guards the trace recorded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from kiln_capture.codegen import Codegen
+from kiln_capture.exc import CaptureFailed, GraphBreak, RestartAnalysis, Unsupported
+from kiln_capture.guards import GuardFunction, build_guard_function
+from kiln_capture.output_graph import OutputGraph
+from kiln_capture.program import load_program, source_line
+from kiln_capture.sources import ClosureSource, LocalSource
+from kiln_capture.translator import Translator
+from kiln_capture.variables.base import Variable
+from kiln_capture.variables.builder import wrap
+
+log = logging.getLogger("kiln.capture")
+
+CALL_OPS = ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
+JUMP_OPS = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE",
+            "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE",
+            "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
+            "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE",
+            "POP_JUMP_BACKWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE")
+
+
+@dataclass
+class GraphBreakRecord:
+    reason: str
+    where: str
+
+
+@dataclass
+class CaptureResult:
+    """What one cache miss produced."""
+
+    function: types.FunctionType  # the transformed function, same signature as the original
+    guard: GuardFunction
+    graph: torch.fx.GraphModule | None
+    graph_break: GraphBreakRecord | None = None
+    resumes: list = field(default_factory=list)
+
+
+class LazyLocal(Variable):
+    """An argument not looked at yet: wrapped (and guarded) on first use."""
+
+    def __init__(self, value, source):
+        self.value = value
+        self.source = source
+
+    def describe(self) -> str:
+        return f"argument {self.source.expr()}"
+
+
+class StopBeforeBreak(Exception):
+    pass
+
+
+class RootTranslator(Translator):
+    def __init__(self, *args, break_at: int | None, fullgraph: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.break_at = break_at
+        self.fullgraph = fullgraph
+        self.returned = False
+
+    def realize_local(self, name, value):
+        if isinstance(value, LazyLocal):
+            value = wrap(self, value.value, value.source)
+            self.locals[name] = value
+        return value
+
+    def step(self) -> None:
+        if self.ip == self.break_at:
+            raise StopBeforeBreak()
+        index = self.ip
+        try:
+            super().step()
+        except GraphBreak as brk:
+            where = source_line(self.program, index)
+            if self.fullgraph:
+                raise Unsupported(brk.reason, where) from None
+            raise RestartAnalysis(index, brk.reason, where) from None
+
+    def check_return(self) -> None:
+        self.returned = True
+
+
+def bind_locals(fn, args, kwargs) -> dict:
+    signature = inspect.signature(fn)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return {name: LazyLocal(value, LocalSource(name)) for name, value in bound.arguments.items()}
+
+
+def root_cells(fn, output) -> dict:
+    cells = {}
+    for i, name in enumerate(fn.__code__.co_freevars):
+        cells[name] = output.cell_for(fn.__closure__[i], ClosureSource(name, i))
+    return cells
+
+
+def convert_frame(fn, args, kwargs, backend, *, fullgraph=False, dynamic_dims=None,
+                  wrap_callee=None) -> CaptureResult:
+    """Capture one call of ``fn``; see the module docstring for the steps."""
+    code = fn.__code__
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        raise CaptureFailed("generators and coroutines run eagerly")
+    break_at, break_info = None, None
+    for _ in range(3):
+        try:
+            return trace(fn, args, kwargs, backend, fullgraph, dynamic_dims or {}, break_at,
+                         break_info, wrap_callee)
+        except RestartAnalysis as restart:
+            if restart.break_at == break_at:
+                raise CaptureFailed(f"graph break at {restart.where} cannot be resumed") \
+                    from None
+            break_at, break_info = restart.break_at, GraphBreakRecord(restart.reason,
+                                                                      restart.where)
+            log.info("graph break: %s at %s", restart.reason, restart.where)
+    raise CaptureFailed("capture did not settle on a graph break")
+
+
+def trace(fn, args, kwargs, backend, fullgraph, dynamic_dims, break_at, break_info,
+          wrap_callee) -> CaptureResult:
+    output = OutputGraph(fn.__globals__, fn.__closure__, dynamic_dims)
+    program = load_program(fn.__code__)
+    root = RootTranslator(program, output, fn.__globals__, bind_locals(fn, args, kwargs),
+                          root_cells(fn, output), break_at=break_at, fullgraph=fullgraph)
+    with output.tracing_state():
+        try:
+            returned = root.run()
+        except StopBeforeBreak:
+            returned = None
+    if returned is not None:
+        return finish_return(fn, output, root, returned, backend)
+    return finish_break(fn, output, root, backend, break_info, wrap_callee)
+
+
+# --- after tracing ----------------------------------------------------------------
+
+
+def graph_values(roots: list[Variable]) -> list[Variable]:
+    """Graph-produced values (tensors, symbolic ints) reachable from ``roots``, in order."""
+    from kiln_capture.variables.tensor import SymNodeVariable, TensorVariable
+
+    found, seen = [], set()
+
+    def visit(v):
+        if v is None or id(v) in seen:
+            return
+        seen.add(id(v))
+        if isinstance(v, (TensorVariable, SymNodeVariable)):
+            if v.source is None:
+                found.append(v)
+            return
+        for child in children(v):
+            visit(child)
+
+    for root in roots:
+        visit(root)
+    return found
+
+
+def children(v: Variable) -> list:
+    out = []
+    for attr in ("items", "parts"):
+        value = getattr(v, attr, None)
+        if isinstance(value, list):
+            out.extend(value)
+    entries = getattr(v, "entries", None)
+    if isinstance(entries, dict):
+        for key, value in entries.values():
+            out += [key, value]
+    members = getattr(v, "members", None)
+    if isinstance(members, dict):
+        out.extend(members.values())
+    fields = getattr(v, "fields", None)
+    if isinstance(fields, dict):
+        out.extend(fields.values())
+    for attr in ("self_var", "function", "contents", "tensor"):
+        value = getattr(v, attr, None)
+        if isinstance(value, Variable):
+            out.append(value)
+    return out
+
+
+def compile_graph(output: OutputGraph, needed: list[Variable], backend):
+    """Finish the FX graph with ``needed`` as its outputs and hand it to the backend."""
+    values = graph_values(needed)
+    if not output.has_ops() and not values:
+        return None, None, {}
+    output.graph.output(tuple(v.node for v in values))
+    for node in output.graph.nodes:  # a metadata query whose answer went unused
+        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int \
+                and not node.users:
+            output.graph.erase_node(node)
+    output.graph.lint()
+    gm = torch.fx.GraphModule(torch.nn.Module(), output.graph, class_name="CapturedGraph")
+    gm.meta["kiln_input_sources"] = [s.expr() for s, _, _ in output.inputs]
+    example_inputs = [value for _, value, _ in output.inputs]
+    compiled = backend(gm, example_inputs)
+    if compiled is None:
+        raise CaptureFailed("the backend returned None instead of a callable")
+    return gm, compiled, {id(v): i for i, v in enumerate(values)}
+
+
+def finish_return(fn, output, root, returned, backend) -> CaptureResult:
+    needed = [returned, *output.side_effects.stored_values()]
+    gm, compiled, indices = compile_graph(output, needed, backend)
+    cg = Codegen(fn.__code__, indices)
+    cg.prologue()
+    if compiled is not None:
+        cg.call_graph(compiled, [s for s, _, _ in output.inputs])
+    output.side_effects.replay(cg, fn.__globals__)
+    cg.reconstruct(returned)
+    cg.emit_return()
+    return CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards), gm)
+
+
+def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureResult:
+    """Graph up to the break, the breaking instruction natively, then the resume function."""
+    index = root.ip
+    inst = root.program.instrs[index]
+    if root.program.handlers[index] is not None:
+        raise CaptureFailed(f"graph break inside a try/with block at {break_info.where}")
+    if fn.__code__.co_cellvars:
+        raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
+    live = {name: v for name, v in root.locals.items() if not _unbound(v)}
+    stack = list(root.stack)
+    needed = [*stack, *live.values(), *output.side_effects.stored_values()]
+    gm, compiled, indices = compile_graph(output, needed, backend)
+    cg = Codegen(fn.__code__, indices)
+    cg.prologue()
+    if compiled is not None:
+        cg.call_graph(compiled, [s for s, _, _ in output.inputs])
+    output.side_effects.replay(cg, fn.__globals__)
+    for name, value in live.items():
+        cg.reconstruct(value)
+        cg.store_local(name)
+    local_names = tuple(live)
+    resumes = []
+
+    def resume_after(target: int, depth: int):
+        from kiln_capture.resume import make_resume_function
+
+        resume = wrap_callee(make_resume_function(fn, target, depth, local_names))
+        resumes.append(resume)
+        cg.call_resume(resume, depth, list(local_names))
+
+    if inst.name in CALL_OPS or inst.name in ("KW_NAMES",):
+        emit_native_call(cg, root, inst, stack, wrap_callee)
+        resume_after(index + 1, len(root.stack_after_call))
+    elif inst.name in JUMP_OPS:
+        for value in stack:
+            cg.reconstruct(value)
+        from bytecode import Instr
+
+        other = cg.new_label()
+        cg.emit(Instr(inst.name, other))
+        depth = len(stack) - 1
+        resume_after(index + 1, depth)
+        cg.emit(other)
+        resume_after(root.program.target(inst.arg), depth)
+    else:
+        raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
+    result = CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards), gm,
+                           break_info, resumes)
+    return result
+
+
+def emit_native_call(cg, root, inst, stack, wrap_callee) -> None:
+    """Rebuild the stack and perform the breaking call natively (user functions captured)."""
+    from kiln_capture.opcodes.calls import pop_callable, split_kwargs
+    from kiln_capture.variables.containers import DictVariable
+
+    saved = list(root.stack)
+    names = root.kw_names
+    if inst.name == "CALL_FUNCTION_EX":
+        kwargs_var = root.pop() if inst.arg & 1 else DictVariable({})
+        args_var = root.pop()
+        fn_var = root.pop()
+        if root.stack and type(root.peek()).__name__ == "NullVariable":
+            root.pop()
+        args = args_var.unpack(root)
+        kwargs = {k: v for k, (_, v) in kwargs_var.entries.items()}
+    else:
+        if inst.name == "CALL_KW":
+            names = root.pop().as_constant()
+        raw = root.popn(inst.arg)
+        fn_var, raw = pop_callable(root, raw)
+        args, kwargs = split_kwargs(raw, names)
+        args = list(args)
+    below = list(root.stack)
+    root.stack_after_call = [*below, None]
+    root.stack[:] = saved
+    for value in below:
+        cg.reconstruct(value)
+    cg.call(lambda: emit_callee(cg, fn_var, wrap_callee),
+            [lambda a=a: cg.reconstruct(a) for a in [*args, *kwargs.values()]],
+            tuple(kwargs))
+
+
+def emit_callee(cg, fn_var, wrap_callee) -> None:
+    from kiln_capture.variables.functions import BoundMethodVariable, UserFunctionVariable
+
+    if isinstance(fn_var, UserFunctionVariable):
+        cg.load_const(wrap_callee(fn_var.fn))
+        return
+    if isinstance(fn_var, BoundMethodVariable) and isinstance(fn_var.function,
+                                                              UserFunctionVariable):
+        captured = wrap_callee(fn_var.function.fn)
+        cg.call_object(types.MethodType, [_Const(captured), fn_var.self_var])
+        return
+    cg.reconstruct(fn_var)
+
+
+class _Const(Variable):
+    def __init__(self, value):
+        self.value = value
+
+    def reconstruct(self, cg):
+        cg.load_const(self.value)
+
+
+def _unbound(v) -> bool:
+    return type(v).__name__ == "DeletedVariable"
+
+
+def make_function(fn, cg: Codegen) -> types.FunctionType:
+    code = cg.to_code()
+    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__kiln_keep_alive__ = cg.keep_alive
+    return new
+
+
+__all__ = ["CaptureResult", "convert_frame", "operator"]

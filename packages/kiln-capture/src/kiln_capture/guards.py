@@ -1,0 +1,233 @@
+"""Guards: the conditions under which a capture can be reused, as generated Python source.
+
+Each guard is one line of Python over the captured function's arguments. The guard
+function takes the same parameters as the captured function (so CPython binds the
+arguments), checks the lines in order, and returns False at the first that fails. The same
+lines, evaluated one by one, say which guard failed when a cache entry misses.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from torch._guards import Source as TorchSource
+
+
+@dataclass(frozen=True)
+class ShapeSource(TorchSource):
+    """Names a tensor for torch's ShapeEnv, which prints size guards in terms of it."""
+
+    expression: str
+
+    def name(self) -> str:
+        return self.expression
+
+    def guard_source(self):
+        from torch._guards import GuardSource
+
+        return GuardSource.LOCAL
+
+
+def tensor_key(t: torch.Tensor):
+    """What a tensor guard compares: everything a captured graph specialises on."""
+    return (type(t), t.dtype, t.device, t.shape, t.stride(), t.requires_grad,
+            torch._C._dispatch_keys(t).raw_repr())
+
+
+def tensor_key_dynamic(t: torch.Tensor, static_dims: tuple[int, ...]):
+    shape = t.shape
+    return (type(t), t.dtype, t.device, t.dim(), tuple(shape[d] for d in static_dims),
+            t.requires_grad, torch._C._dispatch_keys(t).raw_repr())
+
+
+def global_state():
+    return (torch.is_grad_enabled(), torch.get_default_dtype(),
+            torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+
+
+@dataclass
+class Guard:
+    code: str
+    description: str
+
+
+@dataclass
+class GuardSet:
+    f_globals: dict
+    closure: tuple | None
+    lines: list[Guard] = field(default_factory=list)
+    scope: dict = field(default_factory=dict)
+    seen: set = field(default_factory=set)
+    tensor_sources: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.scope.update(___G=self.f_globals, ___closure=self.closure, ___key=tensor_key,
+                          ___key_dyn=tensor_key_dynamic, ___state=global_state)
+        self.add("___state() == ___s0", "global state (grad mode, default dtype, autocast)",
+                 ___s0=global_state())
+
+    def constant_name(self, prefix: str, value) -> str:
+        name = f"___{prefix}{len(self.scope)}"
+        self.scope[name] = value
+        return name
+
+    def bind(self, source) -> str:
+        """The guard expression of ``source``, with the objects it names in scope."""
+        from kiln_capture.sources import object_sources
+
+        for found in object_sources(source):
+            self.scope[found.expr()] = found.obj
+        return source.expr()
+
+    def add(self, code: str, description: str, **names) -> None:
+        if code in self.seen:
+            return
+        self.seen.add(code)
+        self.scope.update(names)
+        self.lines.append(Guard(code, description))
+
+    # --- kinds of guard ---------------------------------------------------------
+
+    def constant(self, source, value) -> None:
+        expr = self.bind(source)
+        if value is None or isinstance(value, bool):
+            self.add(f"{expr} is {value!r}", f"{expr} is {value!r}")
+        elif type(value) in (int, float, str, bytes, complex):
+            self.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}",
+                     f"{expr} == {value!r}")
+        else:
+            name = self.constant_name("c", value)
+            self.add(f"type({expr}) is type({name}) and {expr} == {name}", f"{expr} == {value!r}")
+
+    def identity(self, source, value) -> None:
+        name = self.constant_name("id", value)
+        label = getattr(value, "__qualname__", None) or type(value).__name__
+        expr = self.bind(source)
+        self.add(f"{expr} is {name}", f"{expr} is the same {label}")
+
+    def type(self, source, value) -> None:
+        name = self.constant_name("T", type(value))
+        expr = self.bind(source)
+        self.add(f"type({expr}) is {name}", f"{expr} is a {type(value).__qualname__}")
+
+    def type_and_length(self, source, value) -> None:
+        name = self.constant_name("T", type(value))
+        expr = self.bind(source)
+        self.add(f"type({expr}) is {name} and len({expr}) == {len(value)}",
+                 f"{expr} is a {type(value).__name__} of length {len(value)}")
+
+    def type_and_keys(self, source, value) -> None:
+        name = self.constant_name("T", type(value))
+        keys = self.constant_name("keys", list(value.keys()))
+        expr = self.bind(source)
+        self.add(f"type({expr}) is {name} and list({expr}.keys()) == {keys}",
+                 f"{expr} is a {type(value).__name__} with keys {list(value.keys())}")
+
+    def constant_set(self, source, value) -> None:
+        name = self.constant_name("c", value)
+        expr = self.bind(source)
+        self.add(f"{expr} == {name}", f"{expr} == {value!r}")
+
+    def same_object(self, source, other) -> None:
+        expr, other_expr = self.bind(source), self.bind(other)
+        self.add(f"{expr} is {other_expr}", f"{expr} is {other_expr}")
+
+    def tensor(self, source, value: torch.Tensor, dynamic_dims=()) -> None:
+        expr = self.bind(source)
+        shape = tuple(value.shape)
+        if dynamic_dims:
+            static = tuple(d for d in range(value.dim()) if d not in dynamic_dims)
+            key = self.constant_name("k", tensor_key_dynamic(value, static))
+            statics = self.constant_name("dims", static)
+            self.add(f"___key_dyn({expr}, {statics}) == {key}",
+                     f"{expr}: {describe_tensor(value)} with dims {sorted(dynamic_dims)} dynamic")
+        else:
+            key = self.constant_name("k", tensor_key(value))
+            self.add(f"___key({expr}) == {key}", f"{expr}: {describe_tensor(value)}")
+        self.tensor_sources.append((source, shape))
+
+
+def describe_tensor(t: torch.Tensor) -> str:
+    dtype = str(t.dtype).replace("torch.", "")
+    grad = ", requires_grad" if t.requires_grad else ""
+    return f"{type(t).__name__}({dtype}, {t.device}, size={tuple(t.shape)}, " \
+           f"stride={t.stride()}{grad})"
+
+
+@dataclass
+class GuardFunction:
+    """A compiled guard with its source; ``why(*args)`` names the first failing guard."""
+
+    check: object
+    source: str
+    lines: list[Guard]
+    scope: dict
+    parameters: str
+
+    def __call__(self, *args, **kwargs) -> bool:
+        return self.check(*args, **kwargs)
+
+    def evaluate(self, expression: str, args, kwargs):
+        """The value of a guard expression for one call (used to explain a miss)."""
+        binder = eval(f"lambda {self.parameters}: locals()", dict(self.scope))  # noqa: S307
+        return eval(expression, dict(self.scope), binder(*args, **kwargs))  # noqa: S307
+
+    def why(self, *args, **kwargs) -> str | None:
+        binder = eval(f"lambda {self.parameters}: locals()", dict(self.scope))  # noqa: S307
+        frame_locals = binder(*args, **kwargs)
+        for guard in self.lines:
+            try:
+                ok = eval(guard.code, dict(self.scope), dict(frame_locals))  # noqa: S307
+            except Exception:
+                ok = False
+            if not ok:
+                return guard.description
+        return None
+
+
+def parameter_list(fn, scope: dict) -> str:
+    """``fn``'s parameters as source, defaults bound to names in ``scope``."""
+    parts = []
+    for i, p in enumerate(inspect.signature(fn).parameters.values()):
+        text = p.name
+        if p.kind is p.VAR_POSITIONAL:
+            text = "*" + p.name
+        elif p.kind is p.VAR_KEYWORD:
+            text = "**" + p.name
+        if p.default is not p.empty:
+            scope[f"___d{i}"] = p.default
+            text += f"=___d{i}"
+        parts.append((p.kind, text))
+    out, saw_star = [], False
+    for kind, text in parts:
+        if kind is inspect.Parameter.KEYWORD_ONLY and not saw_star:
+            out.append("*")
+            saw_star = True
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            saw_star = True
+        out.append(text)
+        if kind is inspect.Parameter.POSITIONAL_ONLY and (
+            len(out) == len(parts) or parts[len(out)][0] is not inspect.Parameter.POSITIONAL_ONLY
+        ):
+            out.append("/")
+    return ", ".join(out)
+
+
+def build_guard_function(fn, guards: GuardSet, extra: list[str] = ()) -> GuardFunction:
+    scope = dict(guards.scope)
+    params = parameter_list(fn, scope)
+    lines = [f"def guard({params}):"]
+    for guard in guards.lines:
+        lines.append(f"    if not ({guard.code}):  # {guard.description}")
+        lines.append("        return False")
+    for code in extra:
+        lines.append(f"    if not ({code}):  # symbolic shapes")
+        lines.append("        return False")
+    lines.append("    return True")
+    source = "\n".join(lines) + "\n"
+    namespace = dict(scope)
+    exec(compile(source, "<kiln guard>", "exec"), namespace)  # noqa: S102
+    all_lines = list(guards.lines) + [Guard(code, f"symbolic shapes: {code}") for code in extra]
+    return GuardFunction(namespace["guard"], source, all_lines, scope, params)

@@ -1,0 +1,209 @@
+"""The graph being built for one captured frame: its FX graph, fake tensors, inputs, guards
+and side effects, and what turns it into a compiled callable."""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import re
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from kiln_capture.exc import GraphBreak, UserError
+from kiln_capture.guards import GuardSet
+from kiln_capture.side_effects import SideEffects
+from kiln_capture.variables.base import Variable
+from kiln_capture.variables.constant import ConstantVariable
+from kiln_capture.variables.containers import SequenceVariable
+from kiln_capture.variables.tensor import SymNodeVariable, TensorVariable
+
+
+def placeholder_name(source) -> str:
+    name = re.sub(r"[^0-9a-zA-Z_]+", "_", source.expr().replace("___G", "G"))
+    return "L_" + name.strip("_")
+
+
+class OutputGraph:
+    def __init__(self, f_globals: dict, closure, dynamic_dims: dict):
+        self.graph = torch.fx.Graph()
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
+        self.guards = GuardSet(f_globals, closure)
+        self.side_effects = SideEffects()
+        self.dynamic_dims = dynamic_dims  # source expr -> dims that are symbolic
+        self.wrapped: dict = {}  # source -> variable, so a value read twice is one variable
+        self.inputs: list[tuple[object, torch.Tensor, TensorVariable]] = []
+        self.input_by_id: dict[int, TensorVariable] = {}
+        self.cells: dict[int, Variable] = {}
+        self.grad_mode_changes: list[bool] = []
+        self.live_contexts: list = []
+        self.initial_grad_mode = torch.is_grad_enabled()
+
+    # --- inputs -----------------------------------------------------------------
+
+    def add_input(self, value: torch.Tensor, source) -> TensorVariable:
+        existing = self.input_by_id.get(id(value))
+        if existing is not None:
+            self.guards.same_object(source, existing.source)
+            return existing
+        dims = self.dynamic_dims.get(source.expr(), ())
+        self.guards.tensor(source, value, dims)
+        fake = self.fake_from_real(value, source, dims)
+        node = self.graph.placeholder(self.unique_name(placeholder_name(source)))
+        node.meta["source"] = source.expr()
+        variable = TensorVariable(node, fake, type(value), source)
+        self.inputs.append((source, value, variable))
+        self.input_by_id[id(value)] = variable
+        return variable
+
+    def fake_from_real(self, value: torch.Tensor, source, dims) -> torch.Tensor:
+        if not dims:
+            return self.fake_mode.from_tensor(value, static_shapes=True)
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        from kiln_capture.guards import ShapeSource
+
+        context = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+                           for d in range(value.dim())],
+        )
+        return self.fake_mode.from_tensor(value, source=ShapeSource(source.expr()),
+                                          symbolic_context=context)
+
+    def unique_name(self, base: str) -> str:
+        names = {n.name for n in self.graph.nodes}
+        name, i = base, 1
+        while name in names:
+            name, i = f"{base}_{i}", i + 1
+        return name
+
+    def cell_for(self, real_cell, source):
+        from kiln_capture.variables.functions import CellVariable
+
+        key = id(real_cell)
+        if key not in self.cells:
+            self.cells[key] = CellVariable(real_cell=real_cell, source=source)
+        return self.cells[key]
+
+    # --- nodes ------------------------------------------------------------------
+
+    def call_graph(self, kind: str, target, args: list[Variable], kwargs: dict) -> Variable:
+        """Record ``target(*args, **kwargs)`` and run it on fake tensors for its result."""
+        node_args = tuple(as_node_arg(a) for a in args)
+        node_kwargs = {k: as_node_arg(v) for k, v in kwargs.items()}
+        fake_args = tuple(as_fake_arg(a) for a in args)
+        fake_kwargs = {k: as_fake_arg(v) for k, v in kwargs.items()}
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except torch._subclasses.fake_tensor.DynamicOutputShapeException as exc:
+            raise GraphBreak(f"{describe_target(target)} has a data-dependent output shape") \
+                from exc
+        except torch._subclasses.fake_tensor.DataDependentOutputException as exc:
+            raise GraphBreak(f"{describe_target(target)} needs a tensor's data") from exc
+        except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
+            raise GraphBreak(f"{describe_target(target)} branches on a tensor's data") from exc
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            if "meta" in str(exc) and "not implemented" in str(exc).lower():
+                raise GraphBreak(f"{describe_target(target)} has no fake implementation") from exc
+            raise UserError(exc) from None
+        node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        return self.wrap_result(node, result)
+
+    def wrap_result(self, node, result) -> Variable:
+        from kiln_capture.variables.builder import wrap_derived
+        from kiln_capture.variables.containers import NamedTupleVariable, TupleVariable
+
+        if isinstance(result, torch.Tensor):
+            return TensorVariable(node, result, torch.Tensor)
+        if isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if result.node.expr.is_number:
+                return ConstantVariable(result.node.pytype(result.node.expr))
+            return SymNodeVariable(node, result)
+        if isinstance(result, (tuple, list)) and any(
+            isinstance(r, (torch.Tensor, torch.SymInt)) for r in result
+        ):
+            items = []
+            for i, item in enumerate(result):
+                item_node = self.graph.call_function(operator.getitem, (node, i))
+                items.append(self.wrap_result(item_node, item))
+            if hasattr(type(result), "_fields"):
+                return NamedTupleVariable(items, type(result))
+            return TupleVariable(items) if isinstance(result, tuple) else _list(items)
+        if result is None:
+            return ConstantVariable(None)
+        if isinstance(result, (bool, int, float, torch.dtype, torch.device, torch.Size)):
+            node.graph.erase_node(node)  # a metadata query: its answer is fixed by the guards
+            return wrap_derived(None, result)
+        raise GraphBreak(f"{describe_target(node.target)} returned a {type(result).__name__}")
+
+    def evaluate_symbolic(self, value):
+        return self.shape_env.evaluate_expr(value.node.expr)
+
+    def has_ops(self) -> bool:
+        return any(n.op not in ("placeholder", "output") for n in self.graph.nodes)
+
+    @contextlib.contextmanager
+    def tracing_state(self):
+        """Global state the trace changes (grad mode, autocast) is restored afterwards."""
+        try:
+            yield
+        finally:
+            for context in reversed(self.live_contexts):
+                context.__exit__(None, None, None)
+            self.live_contexts.clear()
+            torch._C._set_grad_enabled(self.initial_grad_mode)
+
+
+def _list(items):
+    from kiln_capture.variables.containers import ListVariable
+
+    return ListVariable(items)
+
+
+def describe_target(target) -> str:
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target))
+
+
+def as_node_arg(v):
+    if isinstance(v, (TensorVariable, SymNodeVariable)):
+        return v.node
+    if isinstance(v, SequenceVariable):
+        return v.python_cls(as_node_arg(i) for i in v.items) if v.python_cls in (
+            tuple, list) else tuple(as_node_arg(i) for i in v.items)
+    if isinstance(v, ConstantVariable):
+        return v.value
+    if isinstance(v, Variable):
+        from kiln_capture.variables.containers import DictVariable
+
+        if isinstance(v, DictVariable):
+            return {k: as_node_arg(val) for k, (_, val) in v.entries.items()}
+        if type(v).__name__ == "SliceVariable":
+            return slice(*(as_node_arg(p) for p in v.parts))
+        raise GraphBreak(f"{v.describe()} as an argument of a tensor operation")
+    return v
+
+
+def as_fake_arg(v):
+    if isinstance(v, (TensorVariable, SymNodeVariable)):
+        return v.example
+    if isinstance(v, SequenceVariable):
+        items = [as_fake_arg(i) for i in v.items]
+        return list(items) if v.python_cls is list else tuple(items)
+    if isinstance(v, ConstantVariable):
+        return v.value
+    from kiln_capture.variables.containers import DictVariable
+
+    if isinstance(v, DictVariable):
+        return {k: as_fake_arg(val) for k, (_, val) in v.entries.items()}
+    if type(v).__name__ == "SliceVariable":
+        return slice(*(as_fake_arg(p) for p in v.parts))
+    raise GraphBreak(f"{v.describe()} as an argument of a tensor operation")

@@ -1,0 +1,58 @@
+"""Resume functions: the rest of a frame after a graph break, as a new code object.
+
+``resume_at(i)`` is the original code with a prologue that puts the saved stack back and
+jumps to instruction ``i``. Its arguments are the stack values, then the live locals under
+their own names. Since 3.11 exception handling is a table of instruction ranges, the jump
+may land inside a ``try`` body. A resume function is captured like any other function.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+from bytecode import Bytecode, Instr, Label
+
+from kiln_capture.program import Program
+
+PROLOGUE_OPS = ("MAKE_CELL", "COPY_FREE_VARS", "RESUME", "NOP")
+
+
+@functools.lru_cache(maxsize=1024)
+def resume_code(code: types.CodeType, target: int, stack_depth: int,
+                local_names: tuple[str, ...]) -> types.CodeType:
+    from kiln_capture.program import load_program
+
+    program: Program = load_program(code)
+    original = Bytecode.from_code(code)
+    items = list(original)
+    # the same instruction objects as ``program`` sees, re-read from a fresh copy
+    position = program.positions[target]
+    label = Label()
+    items.insert(position, label)
+
+    prologue, rest = [], items
+    while rest and isinstance(rest[0], Instr) and rest[0].name in PROLOGUE_OPS:
+        prologue.append(rest[0])
+        rest = rest[1:]
+    stack_names = [f"___stack{i}" for i in range(stack_depth)]
+    setup = [Instr("LOAD_FAST", name) for name in stack_names]
+    setup.append(Instr("JUMP_FORWARD", label))
+
+    resumed = Bytecode(prologue + setup + rest)
+    resumed._copy_attr_from(original)
+    resumed.argnames = stack_names + list(local_names)
+    resumed.argcount = len(resumed.argnames)
+    resumed.posonlyargcount = 0
+    resumed.kwonlyargcount = 0
+    resumed.flags &= ~(0x04 | 0x08)  # no *args / **kwargs
+    resumed.name = f"{code.co_name}_resume_at_{target}"
+    if hasattr(resumed, "qualname"):
+        resumed.qualname = f"{code.co_qualname}_resume_at_{target}"
+    return resumed.to_code()
+
+
+def make_resume_function(fn: types.FunctionType, target: int, stack_depth: int,
+                         local_names: tuple[str, ...]) -> types.FunctionType:
+    code = resume_code(fn.__code__, target, stack_depth, local_names)
+    return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)

@@ -1,0 +1,162 @@
+"""Where a value came from, so that guards can check it and generated code can reload it.
+
+Every source prints as a Python expression over the captured frame's arguments
+(``expr``), which guard functions use, and emits the bytecode that loads it inside the
+transformed frame (``emit``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Source:
+    def expr(self) -> str:
+        raise NotImplementedError
+
+    def emit(self, cg) -> None:
+        raise NotImplementedError
+
+    def root(self) -> Source:
+        return self
+
+
+@dataclass(frozen=True)
+class LocalSource(Source):
+    """An argument of the captured frame (or a local bound before a resume point)."""
+
+    name: str
+
+    def expr(self) -> str:
+        return self.name
+
+    def emit(self, cg) -> None:
+        cg.load_local(self.name)
+
+
+@dataclass(frozen=True)
+class GlobalSource(Source):
+    name: str
+
+    def expr(self) -> str:
+        return f"___G[{self.name!r}]"
+
+    def emit(self, cg) -> None:
+        cg.load_global(self.name)
+
+
+@dataclass(frozen=True)
+class ClosureSource(Source):
+    """The contents of a free variable of the captured function."""
+
+    name: str
+    index: int
+
+    def expr(self) -> str:
+        return f"___closure[{self.index}].cell_contents"
+
+    def emit(self, cg) -> None:
+        cg.load_deref(self.name)
+
+
+@dataclass(frozen=True)
+class AttrSource(Source):
+    base: Source
+    attr: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.attr}"
+
+    def emit(self, cg) -> None:
+        self.base.emit(cg)
+        cg.load_attr(self.attr)
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
+@dataclass(frozen=True)
+class ItemSource(Source):
+    base: Source
+    key: object
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key!r}]"
+
+    def emit(self, cg) -> None:
+        self.base.emit(cg)
+        cg.load_const(self.key)
+        cg.subscr()
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
+@dataclass(frozen=True)
+class DictAttrSource(Source):
+    """``base.__dict__[key]``: an instance attribute read past ``__getattr__``."""
+
+    base: Source
+    key: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.__dict__[{self.key!r}]"
+
+    def emit(self, cg) -> None:
+        self.base.emit(cg)
+        cg.load_attr("__dict__")
+        cg.load_const(self.key)
+        cg.subscr()
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
+@dataclass(frozen=True)
+class ModuleMemberSource(Source):
+    """A parameter, buffer or submodule of an nn.Module, read from its registry dict."""
+
+    base: Source
+    registry: str  # "_parameters", "_buffers" or "_modules"
+    key: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.registry}[{self.key!r}]"
+
+    def emit(self, cg) -> None:
+        self.base.emit(cg)
+        cg.load_attr(self.registry)
+        cg.load_const(self.key)
+        cg.subscr()
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
+@dataclass(frozen=True, eq=False)
+class ObjectSource(Source):
+    """An object held by reference (a module's globals dict, the builtins dict)."""
+
+    obj: object
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, ObjectSource) and other.obj is self.obj
+
+    def expr(self) -> str:
+        return f"___o{id(self.obj)}"
+
+    def emit(self, cg) -> None:
+        cg.load_const(self.obj)
+
+
+def object_sources(source: Source) -> list[ObjectSource]:
+    """The ObjectSources a source is built on, which guards must bind by name."""
+    found = []
+    while source is not None:
+        if isinstance(source, ObjectSource):
+            found.append(source)
+        source = getattr(source, "base", None)
+    return found

@@ -1,0 +1,179 @@
+"""From real Python values to variables, installing the guards that make the capture valid.
+
+``wrap`` is used for values that come from outside the frame (arguments, globals,
+attributes, closure cells): it records a guard for each value it looks at. ``wrap_derived``
+is for values computed during capture from constants: they need no guard.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dataclasses
+import enum
+import functools
+import math
+import operator
+import types
+
+import torch
+
+from kiln_capture.sources import ItemSource
+from kiln_capture.variables.base import Variable
+from kiln_capture.variables.constant import ConstantVariable, is_constant_value
+from kiln_capture.variables.containers import (
+    DictVariable,
+    ListVariable,
+    NamedTupleVariable,
+    SetVariable,
+    TupleVariable,
+)
+from kiln_capture.variables.functions import (
+    BoundMethodVariable,
+    TorchFunctionVariable,
+    UserFunctionVariable,
+    is_torch_callable,
+)
+
+PURE_MODULES = (math, operator)
+
+
+def is_namedtuple_class(cls) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def wrap(tx, value, source) -> Variable:
+    """A variable for ``value`` read from ``source``, with the guards it needs."""
+    if source is None:
+        return wrap_derived(tx, value)
+    cached = tx.output.wrapped.get(source)
+    if cached is not None:
+        return cached
+    variable = _wrap_new(tx, value, source)
+    tx.output.wrapped[source] = variable
+    return variable
+
+
+def _wrap_new(tx, value, source) -> Variable:
+    from kiln_capture.variables import objects
+
+    guards = tx.output.guards
+    kind = type(value)
+    if isinstance(value, torch.Tensor):
+        return tx.output.add_input(value, source)
+    if is_constant_value(value):
+        guards.constant(source, value)
+        return ConstantVariable(value, source)
+    if isinstance(value, enum.Enum):
+        guards.identity(source, value)
+        return ConstantVariable(value, source)
+    if kind in (list, tuple) or is_namedtuple_class(kind):
+        guards.type_and_length(source, value)
+        items = [wrap(tx, item, ItemSource(source, i)) for i, item in enumerate(value)]
+        if kind is list:
+            return ListVariable(items, source)
+        if kind is tuple:
+            return TupleVariable(items, source)
+        return NamedTupleVariable(items, kind, source)
+    if kind in (dict, collections.OrderedDict):
+        guards.type_and_keys(source, value)
+        entries = {
+            key: (ConstantVariable(key), wrap(tx, item, ItemSource(source, key)))
+            for key, item in value.items()
+        }
+        return DictVariable(entries, source, cls=kind)
+    if kind in (set, frozenset):
+        guards.constant_set(source, value)
+        return SetVariable([ConstantVariable(v) for v in value], source, cls=kind)
+    if isinstance(value, torch.nn.Module):
+        guards.identity(source, value)
+        return objects.ModuleVariable(value, source)
+    if isinstance(value, types.ModuleType):
+        guards.identity(source, value)
+        return objects.PythonModuleVariable(value, source)
+    return wrap_callable_or_object(tx, value, source, guard=True)
+
+
+def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:
+    from kiln_capture.variables import objects
+    from kiln_capture.variables.builtin_calls import BuiltinVariable, is_pure_builtin
+
+    guards = tx.output.guards
+    if guard:
+        guards.identity(source, value) if _identity_guarded(value) else guards.type(source, value)
+    if isinstance(value, types.FunctionType):
+        return UserFunctionVariable(value, source)
+    if isinstance(value, types.MethodType):
+        func = wrap_callable_or_object(tx, value.__func__, None, guard=False)
+        self_var = wrap_derived(tx, value.__self__) if source is None else wrap_method_self(
+            tx, value, source)
+        return BoundMethodVariable(func, self_var, source)
+    if is_torch_callable(value):
+        return TorchFunctionVariable(value, source)
+    if isinstance(value, (types.BuiltinFunctionType, functools.partial)) or (
+        callable(value) and is_pure_builtin(value)
+    ):
+        if isinstance(value, functools.partial):
+            return objects.PartialVariable(value, source, tx)
+        return BuiltinVariable(value, source)
+    if isinstance(value, type):
+        return objects.ClassVariable(value, source)
+    return objects.ObjectVariable(value, source)
+
+
+def wrap_method_self(tx, method, source):
+    from kiln_capture.sources import AttrSource
+
+    return wrap(tx, method.__self__, AttrSource(source, "__self__"))
+
+
+def _identity_guarded(value) -> bool:
+    return callable(value) or isinstance(value, type)
+
+
+def wrap_derived(tx, value) -> Variable:
+    """A variable for a value computed during capture from known values (no guard)."""
+    if isinstance(value, Variable):
+        return value
+    if is_constant_value(value) or isinstance(value, enum.Enum):
+        return ConstantVariable(value)
+    kind = type(value)
+    if kind is list:
+        return ListVariable([wrap_derived(tx, v) for v in value])
+    if kind is tuple:
+        return TupleVariable([wrap_derived(tx, v) for v in value])
+    if is_namedtuple_class(kind):
+        return NamedTupleVariable([wrap_derived(tx, v) for v in value], kind)
+    if kind is torch.Size:
+        from kiln_capture.variables.containers import SizeVariable
+
+        return SizeVariable([wrap_derived(tx, v) for v in value])
+    if kind in (dict, collections.OrderedDict):
+        return DictVariable(
+            {k: (ConstantVariable(k), wrap_derived(tx, v)) for k, v in value.items()}, cls=kind
+        )
+    if kind in (set, frozenset):
+        return SetVariable([wrap_derived(tx, v) for v in value], cls=kind)
+    if isinstance(value, torch.Tensor):
+        from kiln_capture.exc import GraphBreak
+
+        raise GraphBreak("a tensor created outside the graph during capture")
+    from kiln_capture.variables import objects
+
+    if isinstance(value, torch.nn.Module):
+        return objects.ModuleVariable(value, None)
+    if isinstance(value, types.ModuleType):
+        return objects.PythonModuleVariable(value, None)
+    return wrap_callable_or_object(tx, value, None, guard=False)
+
+
+def wrap_constant_like(tx, value) -> Variable:
+    """A default argument value."""
+    return wrap_derived(tx, value)
+
+
+def is_dataclass_instance(value) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+BUILTIN_NAMES = set(dir(builtins))

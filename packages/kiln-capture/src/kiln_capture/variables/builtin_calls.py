@@ -1,0 +1,434 @@
+"""Python's builtins and pure standard-library functions, applied to variables.
+
+Each builtin has a handler in ``BUILTIN_HANDLERS``; a pure function whose arguments are all
+constants is folded by calling it. Anything else breaks the graph.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import math
+import operator
+
+import torch
+
+from kiln_capture.exc import GraphBreak, UserError
+from kiln_capture.variables.base import Variable
+from kiln_capture.variables.builder import is_namedtuple_class, wrap_derived
+from kiln_capture.variables.constant import ConstantVariable
+from kiln_capture.variables.containers import (
+    DictVariable,
+    ListIteratorVariable,
+    ListVariable,
+    SequenceVariable,
+    SetVariable,
+    TupleVariable,
+)
+from kiln_capture.variables.ops import apply_operator, contains, is_graph_value, sort_variables
+from kiln_capture.variables.tensor import TensorVariable
+
+BUILTIN_HANDLERS: dict = {}
+
+PURE_BUILTINS = {
+    abs, all, any, bin, bool, callable, chr, complex, divmod, float, format, hex, int, len,
+    max, min, oct, ord, pow, repr, round, sorted, str, sum, hash, isinstance, issubclass,
+    tuple, frozenset, range, slice, type,
+}
+
+
+def is_pure_builtin(fn) -> bool:
+    module = getattr(fn, "__module__", None)
+    return fn in BUILTIN_HANDLERS or module in ("math", "_operator", "operator") or (
+        getattr(fn, "__self__", None) is math
+    )
+
+
+def builtin(*fns):
+    def register(handler):
+        for fn in fns:
+            BUILTIN_HANDLERS[fn] = handler
+        return handler
+
+    return register
+
+
+class BuiltinVariable(Variable):
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def describe(self) -> str:
+        return f"builtin {getattr(self.fn, '__name__', self.fn)}"
+
+    def identity_key(self):
+        return ("object", id(self.fn))
+
+    def call(self, tx, args, kwargs):
+        handler = BUILTIN_HANDLERS.get(self.fn)
+        if handler is not None:
+            result = handler(tx, *args, **kwargs)
+            if result is not None:
+                return result
+        if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
+            if self.fn in PURE_BUILTINS or is_pure_builtin(self.fn):
+                value = tx.run_user_code(self.fn, *(a.as_constant() for a in args),
+                                         **{k: v.as_constant() for k, v in kwargs.items()})
+                return wrap_derived(tx, value)
+        if getattr(self.fn, "__module__", None) in ("_operator", "operator") and not kwargs:
+            return apply_operator(tx, self.fn, list(args))
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        raise GraphBreak(f"call to {name}, which capture cannot trace (a C function or I/O)")
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.emit(cg)
+        cg.load_const(self.fn)
+
+
+def constant_args(*args) -> bool:
+    return all(a.is_constant() for a in args)
+
+
+@builtin(len)
+def _len(tx, obj):
+    if isinstance(obj, SequenceVariable):
+        return ConstantVariable(len(obj.items))
+    if isinstance(obj, (DictVariable,)):
+        return ConstantVariable(len(obj.entries))
+    if isinstance(obj, SetVariable):
+        return ConstantVariable(len(obj.members))
+    if obj.is_constant():
+        return ConstantVariable(len(obj.as_constant()))
+    from kiln_capture.variables.objects import ModuleVariable
+
+    if isinstance(obj, ModuleVariable):
+        return ConstantVariable(len(obj.value))
+    return obj.call_method(tx, "__len__", [], {})
+
+
+@builtin(isinstance)
+def _isinstance(tx, obj, classes):
+    cls = classes.as_constant() if classes.is_constant() else class_of(classes)
+    return ConstantVariable(issubclass(obj.python_type(), cls))
+
+
+def class_of(v: Variable):
+    if isinstance(v, TupleVariable):
+        return tuple(class_of(item) for item in v.items)
+    value = getattr(v, "value", None)
+    if isinstance(value, type):
+        return value
+    raise GraphBreak(f"isinstance() with {v.describe()} as the class")
+
+
+@builtin(issubclass)
+def _issubclass(tx, cls, classes):
+    return ConstantVariable(issubclass(class_of(cls), class_of(classes)))
+
+
+@builtin(type)
+def _type(tx, obj, *rest):
+    if rest:
+        return None
+    from kiln_capture.variables.objects import ClassVariable
+
+    return ClassVariable(obj.python_type())
+
+
+@builtin(range)
+def _range(tx, *args):
+    if constant_args(*args):
+        return ConstantVariable(range(*(a.as_constant() for a in args)))
+    raise GraphBreak("range() over a symbolic size")
+
+
+@builtin(enumerate)
+def _enumerate(tx, iterable, start=None):
+    first = start.as_constant() if start is not None else 0
+    items = iterable.unpack(tx)
+    return ListIteratorVariable([TupleVariable([ConstantVariable(first + i), v])
+                                 for i, v in enumerate(items)])
+
+
+@builtin(zip)
+def _zip(tx, *iterables, strict=None):
+    columns = [it.unpack(tx) for it in iterables]
+    if strict is not None and strict.as_constant() and len({len(c) for c in columns}) > 1:
+        raise UserError(ValueError("zip() arguments have different lengths"))
+    return ListIteratorVariable([TupleVariable(list(row)) for row in zip(*columns, strict=False)])
+
+
+@builtin(map)
+def _map(tx, fn, *iterables):
+    columns = [it.unpack(tx) for it in iterables]
+    return ListIteratorVariable([fn.call(tx, list(row), {}) for row in zip(*columns,
+                                                                              strict=False)])
+
+
+@builtin(filter)
+def _filter(tx, fn, iterable):
+    items = iterable.unpack(tx)
+    if fn.is_constant() and fn.as_constant() is None:
+        return ListIteratorVariable([v for v in items if v.truthy(tx)])
+    return ListIteratorVariable([v for v in items if fn.call(tx, [v], {}).truthy(tx)])
+
+
+@builtin(reversed)
+def _reversed(tx, seq):
+    return ListIteratorVariable(list(reversed(seq.unpack(tx))))
+
+
+@builtin(iter)
+def _iter(tx, obj, *rest):
+    if rest:
+        return None
+    if isinstance(obj, ListIteratorVariable):
+        return obj
+    return ListIteratorVariable(obj.unpack(tx))
+
+
+@builtin(next)
+def _next(tx, it, default=None):
+    if isinstance(it, ListIteratorVariable):
+        item = it.next(tx)
+        if item is not None:
+            return item
+        if default is not None:
+            return default
+        raise UserError(StopIteration())
+    return it.call_method(tx, "__next__", [], {})
+
+
+@builtin(list)
+def _list(tx, iterable=None):
+    return ListVariable(iterable.unpack(tx) if iterable is not None else [])
+
+
+@builtin(tuple)
+def _tuple(tx, iterable=None):
+    return TupleVariable(iterable.unpack(tx) if iterable is not None else [])
+
+
+@builtin(set)
+def _set(tx, iterable=None):
+    return SetVariable(iterable.unpack(tx) if iterable is not None else [])
+
+
+@builtin(frozenset)
+def _frozenset(tx, iterable=None):
+    return SetVariable(iterable.unpack(tx) if iterable is not None else [], cls=frozenset)
+
+
+@builtin(dict)
+def _dict(tx, source=None, **kwargs):
+    pairs = []
+    if isinstance(source, DictVariable):
+        pairs = list(source.entries.values())
+    elif source is not None:
+        pairs = [tuple(p.unpack(tx)) for p in source.unpack(tx)]
+    pairs += [(ConstantVariable(k), v) for k, v in kwargs.items()]
+    return DictVariable.from_pairs(tx, pairs)
+
+
+@builtin(sorted)
+def _sorted(tx, iterable, key=None, reverse=None):
+    flag = reverse.as_constant() if reverse is not None else False
+    return ListVariable(sort_variables(tx, iterable.unpack(tx), key, flag))
+
+
+@builtin(sum)
+def _sum(tx, iterable, start=None):
+    total = start if start is not None else ConstantVariable(0)
+    for item in iterable.unpack(tx):
+        total = apply_operator(tx, operator.add, [total, item])
+    return total
+
+
+def _extreme(pick, name):
+    def handler(tx, *args, key=None, default=None):
+        items = args[0].unpack(tx) if len(args) == 1 else list(args)
+        if not items:
+            if default is not None:
+                return default
+            raise UserError(ValueError(f"{name}() arg is an empty sequence"))
+        if key is None and all(v.is_constant() for v in items):
+            return ConstantVariable(pick(v.as_constant() for v in items))
+        if key is not None:
+            keyed = [(key.call(tx, [v], {}).as_constant(), v) for v in items]
+            return pick(keyed, key=lambda pair: pair[0])[1]
+        if any(isinstance(v, TensorVariable) for v in items):
+            raise GraphBreak(f"{name}() over tensors compares their values")
+        sym = torch.sym_max if pick is max else torch.sym_min
+        result = items[0]
+        for item in items[1:]:
+            result = tx.output.call_graph("call_function", sym, [result, item], {})
+        return result
+
+    return handler
+
+
+BUILTIN_HANDLERS[max] = _extreme(max, "max")
+BUILTIN_HANDLERS[min] = _extreme(min, "min")
+
+
+@builtin(abs)
+def _abs(tx, x):
+    if is_graph_value(x):
+        return tx.output.call_graph("call_function", operator.abs, [x], {})
+    return None
+
+
+@builtin(any)
+def _any(tx, iterable):
+    return ConstantVariable(any(item.truthy(tx) for item in iterable.unpack(tx)))
+
+
+@builtin(all)
+def _all(tx, iterable):
+    return ConstantVariable(all(item.truthy(tx) for item in iterable.unpack(tx)))
+
+
+@builtin(getattr)
+def _getattr(tx, obj, name, default=None):
+    try:
+        return obj.getattr(tx, name.as_constant())
+    except UserError as err:
+        if default is not None and isinstance(err.exc, AttributeError):
+            return default
+        raise
+
+
+@builtin(hasattr)
+def _hasattr(tx, obj, name):
+    try:
+        obj.getattr(tx, name.as_constant())
+    except UserError as err:
+        if isinstance(err.exc, AttributeError):
+            return ConstantVariable(False)
+        raise
+    return ConstantVariable(True)
+
+
+@builtin(setattr)
+def _setattr(tx, obj, name, value):
+    tx.store_attr(obj, name.as_constant(), value)
+    return ConstantVariable(None)
+
+
+@builtin(callable)
+def _callable(tx, obj):
+    from kiln_capture.variables.functions import (
+        BaseFunctionVariable,
+        BoundMethodVariable,
+        TorchFunctionVariable,
+    )
+
+    if isinstance(obj, (BaseFunctionVariable, BoundMethodVariable, TorchFunctionVariable,
+                        BuiltinVariable)):
+        return ConstantVariable(True)
+    if obj.is_constant():
+        return ConstantVariable(callable(obj.as_constant()))
+    return ConstantVariable(callable(obj.python_type()) and hasattr(obj.python_type(),
+                                                                    "__call__"))
+
+
+@builtin(bool)
+def _bool(tx, x=None):
+    if x is None:
+        return ConstantVariable(False)
+    return ConstantVariable(x.truthy(tx))
+
+
+@builtin(int, float)
+def _number(tx, x=None, *rest):
+    if x is not None and is_graph_value(x):
+        raise GraphBreak("converting a tensor or symbolic value to a Python number")
+    return None
+
+
+@builtin(print)
+def _print(tx, *args, **kwargs):
+    raise GraphBreak("print() (I/O)")
+
+
+@builtin(id)
+def _id(tx, obj):
+    raise GraphBreak("id()")
+
+
+@builtin(operator.contains)
+def _contains(tx, container, item):
+    return ConstantVariable(contains(tx, container, item))
+
+
+@builtin(super)
+def _super(tx, *args):
+    from kiln_capture.variables.objects import SuperVariable
+
+    if len(args) == 2:
+        return SuperVariable(class_of(args[0]), args[1])
+    return tx.zero_arg_super()
+
+
+def call_constructor(tx, cls: type, args, kwargs):
+    """Calling a class during capture."""
+    from kiln_capture.variables.objects import DataclassVariable, ExceptionVariable, make_namedtuple
+
+    handler = BUILTIN_HANDLERS.get(cls)
+    if handler is not None:
+        result = handler(tx, *args, **kwargs)
+        if result is not None:
+            return result
+    if issubclass(cls, BaseException):
+        values = [a.as_constant() for a in args]
+        return ExceptionVariable(cls(*values, **{k: v.as_constant() for k, v in kwargs.items()}))
+    if is_namedtuple_class(cls):
+        return make_namedtuple(tx, cls, args, kwargs)
+    if dataclasses.is_dataclass(cls):
+        return build_dataclass(tx, cls, args, kwargs, DataclassVariable)
+    if cls in (torch.Size,):
+        return wrap_derived(tx, cls(args[0].as_constant())) if args[0].is_constant() else None
+    if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()) and (
+        cls in PURE_BUILTINS or cls.__module__ in ("builtins", "torch", "math")
+    ):
+        return wrap_derived(tx, tx.run_user_code(
+            cls, *(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}
+        ))
+    raise GraphBreak(f"constructing a {cls.__qualname__} object")
+
+
+def build_dataclass(tx, cls, args, kwargs, variable_cls):
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    values: dict[str, Variable] = {}
+    for field, arg in zip(fields, args, strict=False):
+        values[field.name] = arg
+    for name, arg in kwargs.items():
+        if name not in {f.name for f in fields}:
+            raise UserError(TypeError(f"{cls.__name__}.__init__() got an unexpected keyword "
+                                      f"argument {name!r}"))
+        values[name] = arg
+    for field in fields:
+        if field.name in values:
+            continue
+        if field.default is not dataclasses.MISSING:
+            values[field.name] = wrap_derived(tx, field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            values[field.name] = wrap_derived(tx, field.default_factory())
+        else:
+            raise UserError(TypeError(f"{cls.__name__}.__init__() missing 1 required positional "
+                                      f"argument: {field.name!r}"))
+    has_post_init = hasattr(cls, "__post_init__")
+    if has_post_init and not _is_model_output(cls):
+        raise GraphBreak(f"dataclass {cls.__name__} with __post_init__")
+    return variable_cls(cls, values)
+
+
+def _is_model_output(cls) -> bool:
+    return any(base.__name__ == "ModelOutput" for base in cls.__mro__)
+
+
+__all__ = ["BuiltinVariable", "builtins", "call_constructor", "is_pure_builtin"]

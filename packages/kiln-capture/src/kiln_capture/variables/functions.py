@@ -1,0 +1,245 @@
+"""Callables: user functions (inlined), closures made inside the captured code, bound
+methods, torch functions and tensor methods (recorded in the graph)."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+
+from kiln_capture.exc import GraphBreak
+from kiln_capture.variables.base import Variable
+from kiln_capture.variables.constant import ConstantVariable
+
+
+class CellVariable(Variable):
+    """A closure cell: either made during capture or a real one of an existing function."""
+
+    mutable = True
+
+    def __init__(self, contents: Variable | None = None, real_cell=None, source=None):
+        self.contents = contents
+        self.real_cell = real_cell
+        self.source = source
+
+    def describe(self) -> str:
+        return "a closure cell"
+
+    def load(self, tx) -> Variable:
+        if self.contents is not None:
+            return self.contents
+        if self.real_cell is None:
+            raise GraphBreak("reading a free variable before it is bound")
+        from kiln_capture.variables.builder import wrap
+
+        try:
+            value = self.real_cell.cell_contents
+        except ValueError:
+            raise GraphBreak("reading an empty closure cell") from None
+        self.contents = wrap(tx, value, self.source)
+        return self.contents
+
+    def store(self, tx, value: Variable) -> None:
+        self.contents = value
+        if self.real_cell is not None:
+            tx.side_effects.store_cell(self, value)
+
+
+class BaseFunctionVariable(Variable):
+    def python_type(self):
+        return types.FunctionType
+
+    def call(self, tx, args, kwargs):
+        return tx.inline_call(self, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(self.function_object(), name))
+        return super().getattr(tx, name)
+
+
+class UserFunctionVariable(BaseFunctionVariable):
+    """A Python function that exists outside the frame: its body is inlined when called."""
+
+    def __init__(self, fn: types.FunctionType, source=None):
+        self.fn = fn
+        self.source = source
+
+    def function_object(self):
+        return self.fn
+
+    def describe(self) -> str:
+        return f"function {self.fn.__qualname__}"
+
+    def identity_key(self):
+        return ("object", id(self.fn))
+
+    def code(self):
+        return self.fn.__code__
+
+    def globals(self):
+        return self.fn.__globals__
+
+    def bind(self, tx, args, kwargs) -> inspect.BoundArguments:
+        return bind_arguments(tx, self.fn, args, kwargs)
+
+    def closure_cells(self, tx) -> dict[str, CellVariable]:
+        from kiln_capture.sources import AttrSource, ItemSource
+
+        cells = {}
+        for i, name in enumerate(self.fn.__code__.co_freevars):
+            cell = self.fn.__closure__[i]
+            source = None
+            if self.source is not None:
+                source = AttrSource(ItemSource(AttrSource(self.source, "__closure__"), i),
+                                    "cell_contents")
+            cells[name] = tx.output.cell_for(cell, source)
+        return cells
+
+
+class NestedFunctionVariable(BaseFunctionVariable):
+    """A function made by MAKE_FUNCTION inside the captured code (a closure, a lambda)."""
+
+    def __init__(self, code, qualname, defaults, kwdefaults, closure, globals_):
+        self.code_object = code
+        self.qualname = qualname
+        self.defaults = defaults  # TupleVariable or None
+        self.kwdefaults = kwdefaults  # DictVariable or None
+        self.closure = closure  # tuple of CellVariable or None
+        self.globals_dict = globals_
+
+    def function_object(self):
+        return types.FunctionType(self.code_object, self.globals_dict, self.qualname)
+
+    def describe(self) -> str:
+        return f"function {self.qualname} (defined in the captured code)"
+
+    def code(self):
+        return self.code_object
+
+    def globals(self):
+        return self.globals_dict
+
+    def bind(self, tx, args, kwargs):
+        code = self.code_object
+        defaults = tuple(self.defaults.items) if self.defaults else None
+        kwdefaults = ({k: v for k, (_, v) in self.kwdefaults.entries.items()}
+                      if self.kwdefaults else None)
+        dummy_cells = tuple(types.CellType() for _ in code.co_freevars)
+        fn = types.FunctionType(code, {}, code.co_name, defaults, dummy_cells or None)
+        fn.__kwdefaults__ = kwdefaults
+        return bind_arguments(tx, fn, args, kwargs)
+
+    def closure_cells(self, tx):
+        names = self.code_object.co_freevars
+        return dict(zip(names, self.closure or (), strict=True))
+
+
+def bind_arguments(tx, fn, args, kwargs) -> inspect.BoundArguments:
+    """Bind variables to ``fn``'s parameters; defaults that are real objects get wrapped."""
+    from kiln_capture.exc import UserError
+    from kiln_capture.variables.builder import wrap_constant_like
+
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise UserError(TypeError(f"{fn.__name__}() {exc}")) from None
+    bound.apply_defaults()
+    for name, value in bound.arguments.items():
+        if not isinstance(value, Variable) and not isinstance(value, (tuple, dict)):
+            bound.arguments[name] = wrap_constant_like(tx, value)
+    return bound
+
+
+class BoundMethodVariable(Variable):
+    """``obj.method`` for a Python method: calling it inlines ``method(obj, ...)``."""
+
+    def __init__(self, function: Variable, self_var: Variable, source=None):
+        self.function = function
+        self.self_var = self_var
+        self.source = source
+
+    def python_type(self):
+        return types.MethodType
+
+    def describe(self) -> str:
+        return f"method {self.function.describe()} of {self.self_var.describe()}"
+
+    def call(self, tx, args, kwargs):
+        return self.function.call(tx, [self.self_var, *args], kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__self__":
+            return self.self_var
+        if name == "__func__":
+            return self.function
+        return self.function.getattr(tx, name)
+
+    def reconstruct(self, cg) -> None:
+        if self.source is not None:
+            return self.source.emit(cg)
+        cg.call_object(types.MethodType, [self.function, self.self_var])
+
+
+class TorchFunctionVariable(Variable):
+    """A function from torch, torch.nn.functional, torch.Tensor, operator or math that
+    runs on tensors: calling it records a node in the graph."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def describe(self) -> str:
+        return f"torch function {getattr(self.fn, '__name__', self.fn)}"
+
+    def identity_key(self):
+        return ("object", id(self.fn))
+
+    def call(self, tx, args, kwargs):
+        from kiln_capture.variables.torch_calls import call_torch_function
+
+        return call_torch_function(tx, self.fn, args, kwargs)
+
+    def reconstruct(self, cg):
+        cg.load_const(self.fn)
+
+
+class TensorMethodVariable(Variable):
+    """``tensor.method`` before it is called."""
+
+    def __init__(self, tensor, name: str):
+        self.tensor = tensor
+        self.name = name
+
+    def describe(self) -> str:
+        return f"Tensor.{self.name}"
+
+    def call(self, tx, args, kwargs):
+        return self.tensor.call_method(tx, self.name, args, kwargs)
+
+    def reconstruct(self, cg):
+        cg.reconstruct(self.tensor)
+        cg.load_attr(self.name)
+
+
+def is_torch_callable(value) -> bool:
+    """Functions whose calls with tensors become graph nodes."""
+    if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    module = getattr(value, "__module__", None) or ""
+    if isinstance(value, types.BuiltinFunctionType | types.BuiltinMethodType) or callable(value):
+        if module.startswith(("torch.nn.functional", "torch.functional", "torch._C._nn",
+                              "torch._C._linalg", "torch._C._fft", "torch._C._special",
+                              "torch.fft", "torch.linalg", "torch.special")):
+            return True
+        if module == "torch" or module.startswith("torch._tensor") or module == "torch._C":
+            return not isinstance(value, type)
+        if getattr(value, "__self__", None) is torch._C._VariableFunctions:
+            return True
+        if getattr(value, "__objclass__", None) is torch._C.TensorBase:
+            return True
+    return False

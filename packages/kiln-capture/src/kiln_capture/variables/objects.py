@@ -1,0 +1,362 @@
+"""Objects: nn.Modules, Python modules, classes, user objects, dataclasses and exceptions."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import types
+
+import torch
+
+from kiln_capture.exc import GraphBreak, UserError
+from kiln_capture.sources import AttrSource, ItemSource, ModuleMemberSource
+from kiln_capture.variables.base import Variable
+from kiln_capture.variables.builder import is_namedtuple_class, wrap, wrap_derived
+from kiln_capture.variables.constant import ConstantVariable
+from kiln_capture.variables.containers import DictVariable, NamedTupleVariable, TupleVariable
+from kiln_capture.variables.functions import BoundMethodVariable, UserFunctionVariable
+
+
+class ObjectVariable(Variable):
+    """A Python object from outside the frame, read through its attributes."""
+
+    mutable = True
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def describe(self) -> str:
+        return f"a {type(self.value).__name__} object"
+
+    def identity_key(self):
+        return ("object", id(self.value))
+
+    def getattr(self, tx, name):
+        pending = tx.side_effects.pending_attr(self, name)
+        if pending is not None:
+            return pending
+        return self.read_attr(tx, name)
+
+    def read_attr(self, tx, name):
+        value = self.value
+        try:
+            static = inspect.getattr_static(value, name)
+        except AttributeError:
+            static = None
+        if isinstance(static, (types.FunctionType,)) and name not in getattr(value, "__dict__", {}):
+            return BoundMethodVariable(UserFunctionVariable(static), self)
+        if isinstance(static, property) and static.fget is not None:
+            return UserFunctionVariable(static.fget).call(tx, [self], {})
+        if isinstance(static, staticmethod):
+            return wrap_derived(tx, static.__func__)
+        if isinstance(static, classmethod):
+            return BoundMethodVariable(UserFunctionVariable(static.__func__),
+                                       ClassVariable(type(value)))
+        try:
+            attr = getattr(value, name)
+        except AttributeError as exc:
+            raise UserError(exc) from None
+        source = AttrSource(self.source, name) if self.source is not None else None
+        return wrap(tx, attr, source)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__getitem__" and args and args[0].is_constant():
+            key = args[0].as_constant()
+            item = tx.run_user_code(self.value.__getitem__, key)
+            source = ItemSource(self.source, key) if self.source is not None else None
+            return wrap(tx, item, source)
+        if name == "__setattr__":
+            return self.setattr(tx, args[0].as_constant(), args[1])
+        if name == "__contains__" and args[0].is_constant():
+            return ConstantVariable(tx.run_user_code(self.value.__contains__, args[0].as_constant()))
+        if name == "__len__" and isinstance(self.value, dict):
+            return ConstantVariable(len(self.value))
+        if isinstance(self.value, dict) and name in ("keys", "values", "items", "get"):
+            return self.as_dict(tx).call_method(tx, name, args, kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+    def as_dict(self, tx) -> DictVariable:
+        source = self.source
+        entries = {
+            k: (ConstantVariable(k), wrap(tx, v, ItemSource(source, k) if source else None))
+            for k, v in self.value.items()
+        }
+        return DictVariable(entries)
+
+    def setattr(self, tx, name: str, value: Variable):
+        if self.source is None:
+            raise GraphBreak(f"setting attribute {name!r} on {self.describe()}")
+        tx.side_effects.store_attr(self, name, value)
+        return ConstantVariable(None)
+
+    def truthy(self, tx) -> bool:
+        kind = type(self.value)
+        if getattr(kind, "__bool__", None) is None and getattr(kind, "__len__", None) is None:
+            return True
+        raise GraphBreak(f"truth value of {self.describe()}")
+
+    def unpack(self, tx):
+        if isinstance(self.value, dict):
+            return [ConstantVariable(k) for k in self.value]
+        return super().unpack(tx)
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.emit(cg)
+        cg.load_const(self.value)
+
+
+class ModuleVariable(ObjectVariable):
+    """An ``nn.Module``: its parameters and buffers become graph inputs, ``forward`` is inlined."""
+
+    def describe(self) -> str:
+        return f"module {type(self.value).__name__}"
+
+    def read_attr(self, tx, name):
+        module = self.value
+        for registry in ("_parameters", "_buffers", "_modules"):
+            members = module.__dict__.get(registry)
+            if members is not None and name in members:
+                source = ModuleMemberSource(self.source, registry, name) if self.source else None
+                if source is None:
+                    raise GraphBreak(f"{registry[1:-1]} {name!r} of a module built during capture")
+                return wrap(tx, members[name], source)
+        return super().read_attr(tx, name)
+
+    def call(self, tx, args, kwargs):
+        module = self.value
+        if has_hooks(module):
+            raise GraphBreak(f"calling {type(module).__name__} with hooks registered")
+        forward = type(module).forward
+        if isinstance(forward, types.FunctionType):
+            return UserFunctionVariable(forward).call(tx, [self, *args], kwargs)
+        raise GraphBreak(f"forward of {type(module).__name__} is not a Python function")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
+                    "named_children", "modules", "named_modules"):
+            raise GraphBreak(f"Module.{name}() inside captured code")
+        return super().call_method(tx, name, args, kwargs)
+
+    def unpack(self, tx):
+        module = self.value
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            return [self.read_attr(tx, key) for key in module._modules]
+        if isinstance(module, torch.nn.ModuleDict):
+            return [ConstantVariable(key) for key in module._modules]
+        return super().unpack(tx)
+
+    def getitem(self, tx, key):
+        module = self.value
+        index = key.as_constant()
+        if isinstance(module, torch.nn.ModuleDict):
+            return self.read_attr(tx, index)
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            keys = list(module._modules)
+            if isinstance(index, slice):
+                raise GraphBreak("slicing a ModuleList")
+            try:
+                return self.read_attr(tx, keys[index])
+            except IndexError as exc:
+                raise UserError(exc) from None
+        return super().getitem(tx, key)
+
+    def call_method_len(self):
+        return len(self.value)
+
+
+def has_hooks(module: torch.nn.Module) -> bool:
+    from torch.nn.modules import module as module_impl
+
+    own = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
+           getattr(module, "_backward_pre_hooks", {}))
+    global_hooks = (module_impl._global_forward_hooks, module_impl._global_forward_pre_hooks,
+                    module_impl._global_backward_hooks)
+    return any(own) or any(global_hooks)
+
+
+class PythonModuleVariable(ObjectVariable):
+    def describe(self) -> str:
+        return f"module {self.value.__name__}"
+
+    def read_attr(self, tx, name):
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as exc:
+            raise UserError(exc) from None
+        source = AttrSource(self.source, name) if self.source is not None else None
+        return wrap(tx, attr, source)
+
+
+class ClassVariable(ObjectVariable):
+    """A class: calling it builds a dataclass, NamedTuple, exception or dict subclass."""
+
+    def describe(self) -> str:
+        return f"class {self.value.__qualname__}"
+
+    def call(self, tx, args, kwargs):
+        from kiln_capture.variables.builtin_calls import call_constructor
+
+        return call_constructor(tx, self.value, args, kwargs)
+
+    def read_attr(self, tx, name):
+        static = inspect.getattr_static(self.value, name, None)
+        if isinstance(static, (staticmethod,)):
+            return wrap_derived(tx, static.__func__)
+        if isinstance(static, classmethod):
+            return BoundMethodVariable(UserFunctionVariable(static.__func__), self)
+        if isinstance(static, types.FunctionType):
+            return UserFunctionVariable(static)
+        return super().read_attr(tx, name)
+
+
+class DataclassVariable(Variable):
+    """An instance of a dataclass (Hugging Face's ModelOutput included) made during capture."""
+
+    mutable = True
+
+    def __init__(self, cls: type, fields: dict[str, Variable]):
+        self.cls = cls
+        self.fields = dict(fields)
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self) -> str:
+        return f"a {self.cls.__name__}"
+
+    def is_mapping(self) -> bool:
+        return issubclass(self.cls, dict)
+
+    def present(self) -> list[tuple[str, Variable]]:
+        """The (key, value) pairs a ModelOutput-style dict exposes: fields that are not None."""
+        return [(k, v) for k, v in self.fields.items()
+                if not (v.is_constant() and v.as_constant() is None)]
+
+    def getattr(self, tx, name):
+        if name in self.fields:
+            return self.fields[name]
+        static = inspect.getattr_static(self.cls, name, None)
+        if isinstance(static, types.FunctionType):
+            return BoundMethodVariable(UserFunctionVariable(static), self)
+        if isinstance(static, property):
+            return UserFunctionVariable(static.fget).call(tx, [self], {})
+        raise GraphBreak(f"attribute {name!r} of {self.describe()}")
+
+    def getitem(self, tx, key):
+        index = key.as_constant()
+        if isinstance(index, str):
+            entries = dict(self.present()) if self.is_mapping() else self.fields
+            if index not in entries:
+                raise UserError(KeyError(index))
+            return entries[index]
+        values = [v for _, v in self.present()]
+        if isinstance(index, slice):
+            return TupleVariable(values[index])
+        return values[index]
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "to_tuple":
+            return TupleVariable([v for _, v in self.present()])
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if self.is_mapping() and name in ("keys", "values", "items", "get", "__contains__",
+                                          "__len__"):
+            mapping = DictVariable.from_pairs(tx, [(ConstantVariable(k), v)
+                                                   for k, v in self.present()])
+            return mapping.call_method(tx, name, args, kwargs)
+        if name == "__setattr__" or name == "__setitem__":
+            key = args[0].as_constant()
+            self.fields[key] = args[1]
+            return ConstantVariable(None)
+        return super().call_method(tx, name, args, kwargs)
+
+    def setattr(self, tx, name, value):
+        self.fields[name] = value
+        return ConstantVariable(None)
+
+    def unpack(self, tx):
+        if self.is_mapping():
+            return [ConstantVariable(k) for k, _ in self.present()]
+        return super().unpack(tx)
+
+    def reconstruct(self, cg):
+        init_fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
+        names = [n for n in init_fields if n in self.fields]
+        cg.call_object(self.cls, [self.fields[n] for n in names], kw_names=tuple(names))
+
+
+class ExceptionVariable(Variable):
+    """An exception object made by the user's code during capture."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def python_type(self):
+        return type(self.exc)
+
+    def describe(self) -> str:
+        return f"{type(self.exc).__name__}({self.exc})"
+
+    def getattr(self, tx, name):
+        if name == "args":
+            return wrap_derived(tx, self.exc.args)
+        return wrap_derived(tx, getattr(self.exc, name))
+
+
+class PartialVariable(Variable):
+    def __init__(self, value: functools.partial, source, tx):
+        self.func = wrap_derived(tx, value.func)
+        self.args = [wrap_derived(tx, a) for a in value.args]
+        self.keywords = {k: wrap_derived(tx, v) for k, v in value.keywords.items()}
+        self.source = source
+
+    def describe(self) -> str:
+        return "a functools.partial"
+
+    def call(self, tx, args, kwargs):
+        return self.func.call(tx, [*self.args, *args], {**self.keywords, **kwargs})
+
+
+class SuperVariable(Variable):
+    """``super()`` inside a method: attribute lookup starts after ``cls`` in the MRO."""
+
+    def __init__(self, cls: type, obj: Variable):
+        self.cls = cls
+        self.obj = obj
+
+    def describe(self) -> str:
+        return f"super({self.cls.__name__})"
+
+    def getattr(self, tx, name):
+        mro = self.obj.python_type().__mro__
+        for klass in mro[mro.index(self.cls) + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return BoundMethodVariable(UserFunctionVariable(attr), self.obj)
+                if isinstance(attr, classmethod):
+                    return BoundMethodVariable(UserFunctionVariable(attr.__func__),
+                                               ClassVariable(self.obj.python_type()))
+                if attr is object.__init__:
+                    return ConstantVariable(None)
+                raise GraphBreak(f"super().{name} of kind {type(attr).__name__}")
+        raise UserError(AttributeError(f"'super' object has no attribute {name!r}"))
+
+
+def make_namedtuple(tx, cls, args, kwargs):
+    bound = inspect.signature(cls).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return NamedTupleVariable([wrap_derived(tx, v) for v in bound.arguments.values()], cls)
+
+
+__all__ = [
+    "ClassVariable", "DataclassVariable", "ExceptionVariable", "ModuleVariable",
+    "ObjectVariable", "PartialVariable", "PythonModuleVariable", "SuperVariable",
+    "is_namedtuple_class", "make_namedtuple",
+]

@@ -1,0 +1,193 @@
+"""Calls of torch functions during capture, and torch's global-state context managers.
+
+A torch function called with tensors becomes a ``call_function`` node. Functions that read
+global state (grad mode, default dtype, ...) are answered from that state, which the
+guards check. ``no_grad``/``enable_grad``/``set_grad_enabled``/``autocast`` become
+variables whose enter and exit are recorded in the graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln_capture.exc import GraphBreak
+from kiln_capture.variables.base import Variable
+from kiln_capture.variables.constant import ConstantVariable
+
+
+def _answer(value):
+    return lambda tx, *args, **kwargs: ConstantVariable(value() if callable(value) else value)
+
+
+STATE_READERS = {
+    torch.is_grad_enabled: _answer(torch.is_grad_enabled),
+    torch.get_default_dtype: _answer(torch.get_default_dtype),
+    torch.is_autocast_enabled: None,  # filled below: depends on the device argument
+    torch.jit.is_scripting: _answer(False),
+    torch.jit.is_tracing: _answer(False),
+    torch.compiler.is_compiling: _answer(True),
+    torch.is_inference_mode_enabled: _answer(torch.is_inference_mode_enabled),
+}
+if hasattr(torch.compiler, "is_dynamo_compiling"):
+    STATE_READERS[torch.compiler.is_dynamo_compiling] = _answer(False)
+GRAPH_BREAKING = {torch.manual_seed, torch.seed, torch.set_default_dtype}
+
+
+def _is_autocast_enabled(tx, *args):
+    device = args[0].as_constant() if args else "cuda"
+    return ConstantVariable(torch.is_autocast_enabled(device))
+
+
+STATE_READERS[torch.is_autocast_enabled] = _is_autocast_enabled
+METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel}
+
+
+def call_torch_function(tx, fn, args, kwargs) -> Variable:
+    reader = STATE_READERS.get(fn)
+    if reader is not None:
+        return reader(tx, *args, **kwargs)
+    context = CONTEXT_MANAGERS.get(fn)
+    if context is not None:
+        return context(tx, *args, **kwargs)
+    if fn in GRAPH_BREAKING:
+        raise GraphBreak(f"torch.{fn.__name__}() changes global state")
+    if fn is torch.is_tensor:
+        from kiln_capture.variables.tensor import TensorVariable
+
+        return ConstantVariable(isinstance(args[0], TensorVariable))
+    if fn in (torch.is_floating_point, torch.is_complex, torch.numel):
+        return args[0].call_method(tx, fn.__name__, [], {})
+    if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
+        if fn in (torch.finfo, torch.iinfo) or isinstance(fn, type):
+            return ConstantVariable(fn(*(a.as_constant() for a in args)))
+    return tx.output.call_graph("call_function", fn, list(args), kwargs)
+
+
+class GradModeVariable(Variable):
+    """``torch.no_grad()``, ``torch.enable_grad()`` or ``torch.set_grad_enabled(mode)``."""
+
+    def __init__(self, mode: bool):
+        self.mode = mode
+        self.previous: bool | None = None
+
+    def describe(self) -> str:
+        return f"grad mode {self.mode}"
+
+    def enter(self, tx) -> Variable:
+        self.previous = torch.is_grad_enabled()
+        set_grad_mode(tx, self.mode)
+        return ConstantVariable(None)
+
+    def exit(self, tx) -> Variable:
+        set_grad_mode(tx, self.previous)
+        return ConstantVariable(None)
+
+    def call(self, tx, args, kwargs):
+        # used as a decorator: @torch.no_grad()
+        from kiln_capture.variables.functions import BaseFunctionVariable
+
+        if len(args) == 1 and isinstance(args[0], BaseFunctionVariable):
+            return ContextWrappedFunction(self, args[0])
+        return super().call(tx, args, kwargs)
+
+    def reconstruct(self, cg):
+        cg.call_object(_grad_mode_class(self.mode), [])
+
+
+def _grad_mode_class(mode):
+    return torch.enable_grad if mode else torch.no_grad
+
+
+def set_grad_mode(tx, mode: bool) -> None:
+    """Switch grad mode for the rest of the trace and record the switch in the graph."""
+    torch._C._set_grad_enabled(mode)
+    tx.output.graph.call_function(torch._C._set_grad_enabled, (mode,))
+    tx.output.grad_mode_changes.append(mode)
+
+
+class AutocastVariable(Variable):
+    def __init__(self, device_type: str, dtype, enabled: bool, cache_enabled):
+        self.args = (device_type, dtype, enabled, cache_enabled)
+        self.node = None
+
+    def describe(self) -> str:
+        return f"autocast({self.args[0]})"
+
+    def enter(self, tx) -> Variable:
+        from torch.amp import autocast_mode
+
+        device_type, dtype, enabled, cache = self.args
+        real = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache)
+        real.__enter__()
+        tx.output.live_contexts.append(real)
+        self.real = real
+        self.node = tx.output.graph.call_function(autocast_mode._enter_autocast, self.args)
+        return ConstantVariable(None)
+
+    def exit(self, tx) -> Variable:
+        from torch.amp import autocast_mode
+
+        self.real.__exit__(None, None, None)
+        tx.output.live_contexts.remove(self.real)
+        tx.output.graph.call_function(autocast_mode._exit_autocast, (self.node,))
+        return ConstantVariable(None)
+
+
+class ContextWrappedFunction(Variable):
+    """A function decorated by a grad-mode context: calling it runs it inside the context."""
+
+    def __init__(self, context, function):
+        self.context = context
+        self.function = function
+
+    def call(self, tx, args, kwargs):
+        self.context.enter(tx)
+        try:
+            return self.function.call(tx, args, kwargs)
+        finally:
+            self.context.exit(tx)
+
+
+def _no_grad(tx, *args, **kwargs):
+    return GradModeVariable(False)
+
+
+def _enable_grad(tx, *args, **kwargs):
+    return GradModeVariable(True)
+
+
+class SetGradEnabledVariable(GradModeVariable):
+    """``torch.set_grad_enabled(mode)``: takes effect when called, and restores the previous
+    mode when used as a context manager."""
+
+    def __init__(self, tx, mode: bool):
+        super().__init__(mode)
+        self.previous = torch.is_grad_enabled()
+        set_grad_mode(tx, mode)
+
+    def enter(self, tx) -> Variable:
+        return ConstantVariable(None)
+
+    def reconstruct(self, cg):
+        cg.call_object(torch.set_grad_enabled, [ConstantVariable(self.mode)])
+
+
+def _set_grad_enabled(tx, mode, *args, **kwargs):
+    return SetGradEnabledVariable(tx, mode.as_constant())
+
+
+def _autocast(tx, device_type=None, dtype=None, enabled=None, cache_enabled=None, **kwargs):
+    def const(v, default=None):
+        return v.as_constant() if v is not None else default
+
+    device = const(device_type, "cuda")
+    return AutocastVariable(device, const(dtype), const(enabled, True), const(cache_enabled))
+
+
+CONTEXT_MANAGERS = {
+    torch.no_grad: _no_grad,
+    torch.enable_grad: _enable_grad,
+    torch.set_grad_enabled: _set_grad_enabled,
+    torch.autocast: _autocast,
+    torch.amp.autocast: _autocast,
+}

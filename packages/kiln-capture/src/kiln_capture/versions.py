@@ -1,0 +1,71 @@
+"""Everything that differs between CPython versions, in one place.
+
+Opcode handlers register with the versions they serve (``@handles("PRECALL",
+max_version=(3, 11))``), and the bytecode sequences that differ per version (calls,
+attribute loads, the NULL that precedes a callable) are emitted from here. The rest of
+kiln-capture is written against this layer.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from bytecode import Instr
+
+PY = sys.version_info[:2]
+SUPPORTED = ((3, 11), (3, 12), (3, 13))
+
+HANDLERS: dict[str, Callable] = {}
+
+
+def handles(*names: str, min_version=(3, 11), max_version=(3, 99)):
+    """Register an opcode handler ``fn(tx, inst)`` for the versions it serves."""
+
+    def register(fn):
+        if min_version <= PY <= max_version:
+            for name in names:
+                assert name not in HANDLERS, f"two handlers for {name}"
+                HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+def is_supported_version() -> bool:
+    return PY in SUPPORTED
+
+
+# --- emitting -----------------------------------------------------------------------
+
+
+def null_before_callable() -> bool:
+    """Before 3.13 the NULL that marks a plain call sits below the callable."""
+    return PY < (3, 13)
+
+
+def call_instrs(nargs: int, kw_names: tuple[str, ...] = ()) -> list[Instr]:
+    """Instructions that call ``callable, NULL-or-self`` (in this version's order) + args."""
+    if PY >= (3, 13):
+        if kw_names:
+            return [Instr("LOAD_CONST", kw_names), Instr("CALL_KW", nargs)]
+        return [Instr("CALL", nargs)]
+    out = [Instr("KW_NAMES", kw_names)] if kw_names else []
+    if PY == (3, 11):
+        out.append(Instr("PRECALL", nargs))
+    out.append(Instr("CALL", nargs))
+    return out
+
+
+def load_global_instr(name: str, push_null: bool = False) -> Instr:
+    return Instr("LOAD_GLOBAL", (push_null, name))
+
+
+def load_attr_instr(name: str) -> Instr:
+    if PY >= (3, 12):
+        return Instr("LOAD_ATTR", (False, name))
+    return Instr("LOAD_ATTR", name)
+
+
+def return_const_instrs(value) -> list[Instr]:
+    return [Instr("LOAD_CONST", value), Instr("RETURN_VALUE")]
