@@ -99,8 +99,8 @@ class CapturedFunction:
                                    wrap_callee=self.wrap_callee)
         except Unsupported:
             raise
-        except UserError:
-            return self.fn(*args, **kwargs)  # the user's own exception, raised eagerly
+        except UserError as err:
+            return self.run_raising(err, args, kwargs)
         except CaptureFailed as exc:
             return self.run_eagerly(exc.reason, args, kwargs)
         except Exception as exc:  # an internal failure must not change what the user sees
@@ -114,6 +114,16 @@ class CapturedFunction:
         if self.observer is not None:
             self.observer.on_capture(self, result)
         return result.function(*args, **kwargs)
+
+    def run_raising(self, err: UserError, args, kwargs):
+        """The trace saw the user's code raise: run it eagerly so it raises for real. If it
+        does not raise, capture misjudged the code: it stays eager, with a warning."""
+        result = self.fn(*args, **kwargs)
+        reason = f"capture saw {err} but the function returned normally"
+        self.stats.eager_reason = reason
+        warnings.warn(f"kiln-capture runs {self.fn.__qualname__} eagerly: {reason}",
+                      RuntimeWarning, stacklevel=3)
+        return result
 
     def run_eagerly(self, reason, args, kwargs, warn=False):
         self.stats.eager_reason = reason

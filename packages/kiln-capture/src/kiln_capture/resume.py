@@ -35,7 +35,7 @@ def resume_code(code: types.CodeType, target: int, stack_depth: int,
     while rest and isinstance(rest[0], Instr) and rest[0].name in PROLOGUE_OPS:
         prologue.append(rest[0])
         rest = rest[1:]
-    stack_names = [f"___stack{i}" for i in range(stack_depth)]
+    stack_names = fresh_names("___stack", stack_depth, set(local_names))
     setup = [Instr("LOAD_FAST", name) for name in stack_names]
     setup.append(Instr("JUMP_FORWARD", label))
 
@@ -56,3 +56,11 @@ def make_resume_function(fn: types.FunctionType, target: int, stack_depth: int,
                          local_names: tuple[str, ...]) -> types.FunctionType:
     code = resume_code(fn.__code__, target, stack_depth, local_names)
     return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+
+
+def fresh_names(prefix: str, count: int, taken: set[str]) -> list[str]:
+    """``count`` names starting with ``prefix`` that are not in ``taken``."""
+    level = 0
+    while any(f"{prefix}{level}_{i}" in taken for i in range(count)):
+        level += 1
+    return [f"{prefix}{level}_{i}" for i in range(count)]

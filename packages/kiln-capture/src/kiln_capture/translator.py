@@ -155,12 +155,21 @@ class Translator:
             return self.inline_generator(fn, args, kwargs)
         if self.depth >= MAX_INLINE_DEPTH:
             raise GraphBreak("recursion deeper than capture inlines")
-        bound = fn.bind(self, args, kwargs)
-        local_vars = {name: self.as_variable(value) for name, value in bound.arguments.items()}
+        local_vars = self.bind_locals(fn, code, args, kwargs)
         child = Translator(load_program(code), self.output, fn.globals(), local_vars,
                            fn.closure_cells(self), parent=self)
         child.function = fn
         return child.run()
+
+    def bind_locals(self, fn, code, args, kwargs) -> dict:
+        """Arguments bound to the callee's parameters, by position in ``co_varnames`` (names
+        like a comprehension's ``.0`` are not valid in a signature)."""
+        bound = fn.bind(self, args, kwargs)
+        count = code.co_argcount + code.co_kwonlyargcount
+        count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+        names = code.co_varnames[:count]
+        return {name: self.as_variable(value)
+                for name, value in zip(names, bound.arguments.values(), strict=True)}
 
     def inline_generator(self, fn, args, kwargs) -> Variable:
         """A generator consumed inside the frame: run it to the end, collecting what it yields."""
@@ -169,8 +178,7 @@ class Translator:
         code = fn.code()
         if code.co_flags & (0x80 | 0x100 | 0x200):
             raise GraphBreak("coroutines and async generators")
-        bound = fn.bind(self, args, kwargs)
-        local_vars = {name: self.as_variable(value) for name, value in bound.arguments.items()}
+        local_vars = self.bind_locals(fn, code, args, kwargs)
         child = Translator(load_program(code), self.output, fn.globals(), local_vars,
                            fn.closure_cells(self), parent=self)
         child.function = fn

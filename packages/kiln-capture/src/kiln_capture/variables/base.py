@@ -33,13 +33,22 @@ class Variable:
     # --- behaviour --------------------------------------------------------------
 
     def getattr(self, tx, name: str) -> Variable:
+        try:
+            kind = self.python_type()
+        except NotImplementedError:
+            kind = None
+        if kind is not None and callable(getattr(kind, name, None)):
+            return MethodVariable(self, name)
         raise GraphBreak(f"attribute {name!r} of {self.describe()}")
 
     def call(self, tx, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
         raise GraphBreak(f"calling {self.describe()}")
 
     def call_method(self, tx, name: str, args, kwargs) -> Variable:
-        return self.getattr(tx, name).call(tx, args, kwargs)
+        method = self.getattr(tx, name)
+        if isinstance(method, MethodVariable) and method.obj is self:
+            raise GraphBreak(f"method {name}() of {self.describe()}")
+        return method.call(tx, args, kwargs)
 
     def unpack(self, tx) -> list[Variable]:
         raise GraphBreak(f"iterating over {self.describe()}")
@@ -74,3 +83,22 @@ class DeletedVariable(Variable):
 
     def describe(self) -> str:
         return "an unbound local"
+
+
+class MethodVariable(Variable):
+    """``obj.name`` for a method of a value the interpreter models: calling it is
+    ``obj.call_method(name, ...)``."""
+
+    def __init__(self, obj: Variable, name: str):
+        self.obj = obj
+        self.name = name
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.obj.describe()}"
+
+    def call(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def reconstruct(self, cg) -> None:
+        cg.reconstruct(self.obj)
+        cg.load_attr(self.name)

@@ -378,6 +378,10 @@ def call_constructor(tx, cls: type, args, kwargs):
     """Calling a class during capture."""
     from kiln_capture.variables.objects import DataclassVariable, ExceptionVariable, make_namedtuple
 
+    from kiln_capture.variables.torch_calls import CONTEXT_MANAGERS
+
+    if cls in CONTEXT_MANAGERS:
+        return CONTEXT_MANAGERS[cls](tx, *args, **kwargs)
     handler = BUILTIN_HANDLERS.get(cls)
     if handler is not None:
         result = handler(tx, *args, **kwargs)

@@ -3,6 +3,8 @@ dtypes, devices, types of the standard library, ..."""
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from kiln_capture.variables.base import Variable
@@ -10,6 +12,7 @@ from kiln_capture.variables.base import Variable
 CONSTANT_TYPES = (
     int, float, bool, complex, str, bytes, type(None), type(Ellipsis), type(NotImplemented),
     torch.dtype, torch.device, torch.layout, torch.memory_format, range, slice,
+    types.CodeType,
 )
 
 
@@ -40,9 +43,13 @@ class ConstantVariable(Variable):
         return bool(self.value)
 
     def getattr(self, tx, name: str):
+        from kiln_capture.variables.base import MethodVariable
         from kiln_capture.variables.builder import wrap_derived
 
-        return wrap_derived(tx, getattr(self.value, name))
+        attr = tx.run_user_code(getattr, self.value, name)
+        if callable(attr) and not isinstance(attr, type):
+            return MethodVariable(self, name)
+        return wrap_derived(tx, attr)
 
     def call_method(self, tx, name, args, kwargs):
         from kiln_capture.variables.builder import wrap_derived
