@@ -201,7 +201,7 @@ class AllDims(dict):
 
     def __init__(self, fn, args, kwargs):
         super().__init__()
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
         for name, value in bound.arguments.items():
             if isinstance(value, torch.Tensor):
                 self[name] = set(range(value.dim()))

@@ -67,6 +67,12 @@ class Codegen:
     def store_subscr(self) -> None:
         self.emit(Instr("STORE_SUBSCR"))
 
+    def store_temp(self, name: str) -> None:
+        self.emit(Instr("STORE_FAST", name))
+
+    def load_temp(self, name: str) -> None:
+        self.emit(Instr("LOAD_FAST", name))
+
     def pop_top(self) -> None:
         self.emit(Instr("POP_TOP"))
 

@@ -45,6 +45,22 @@ JUMP_OPS = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE",
             "POP_JUMP_BACKWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE")
 
 
+# Instructions that cannot be replayed alone: they jump, return, or need the frame's blocks.
+NATIVE_OK_EXCLUDED = (
+    "RETURN_VALUE", "RETURN_CONST", "FOR_ITER", "YIELD_VALUE", "SEND", "RAISE_VARARGS",
+    "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP",
+    "BEFORE_WITH", "PUSH_EXC_INFO", "POP_EXCEPT", "LOAD_FAST", "STORE_FAST", "DELETE_FAST",
+    "LOAD_DEREF", "STORE_DEREF", "LOAD_CLOSURE", "MAKE_CELL", "KW_NAMES", "PRECALL",
+)
+
+
+def copy_instr(inst):
+    from bytecode import Instr
+
+    return Instr(inst.name, inst.arg, location=inst.location) if inst.require_arg() else Instr(
+        inst.name, location=inst.location)
+
+
 @dataclass
 class GraphBreakRecord:
     reason: str
@@ -97,7 +113,7 @@ class RootTranslator(Translator):
         try:
             super().step()
         except GraphBreak as brk:
-            where = source_line(self.program, index)
+            where = brk.inner_where or source_line(self.program, index)
             if self.fullgraph:
                 raise Unsupported(brk.reason, where) from None
             raise RestartAnalysis(index, brk.reason, where) from None
@@ -107,7 +123,7 @@ class RootTranslator(Translator):
 
 
 def bind_locals(fn, args, kwargs) -> dict:
-    signature = inspect.signature(fn)
+    signature = inspect.signature(fn, follow_wrapped=False)
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     return {name: LazyLocal(value, LocalSource(name)) for name, value in bound.arguments.items()}
@@ -232,8 +248,10 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
     cg.prologue()
     if compiled is not None:
         cg.call_graph(compiled, [s for s, _, _ in output.inputs])
-    output.side_effects.replay(cg, fn.__globals__)
+    # values are rebuilt before the side effects are replayed: a replay may empty a
+    # container that a value is read from
     cg.reconstruct(returned)
+    output.side_effects.replay(cg, fn.__globals__)
     cg.emit_return()
     return CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards), gm)
 
@@ -254,10 +272,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     cg.prologue()
     if compiled is not None:
         cg.call_graph(compiled, [s for s, _, _ in output.inputs])
-    output.side_effects.replay(cg, fn.__globals__)
     for name, value in live.items():
         cg.reconstruct(value)
         cg.store_local(name)
+    output.side_effects.replay(cg, fn.__globals__)
     local_names = tuple(live)
     resumes = []
 
@@ -282,8 +300,14 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resume_after(index + 1, depth)
         cg.emit(other)
         resume_after(root.program.target(inst.arg), depth)
-    else:
+    elif inst.name in NATIVE_OK_EXCLUDED:
         raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
+    else:
+        # any other instruction runs as it is, on the rebuilt stack
+        for value in stack:
+            cg.reconstruct(value)
+        cg.emit(copy_instr(inst))
+        resume_after(index + 1, len(stack) + inst.stack_effect(jump=False))
     result = CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards), gm,
                            break_info, resumes)
     return result

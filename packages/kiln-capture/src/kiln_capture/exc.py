@@ -21,6 +21,7 @@ class GraphBreak(Exception):
 
     def __init__(self, reason: str):
         self.reason = reason
+        self.inner_where: str | None = None  # the innermost inlined line where it happened
         super().__init__(reason)
 
 

@@ -190,7 +190,7 @@ class GuardFunction:
 def parameter_list(fn, scope: dict) -> str:
     """``fn``'s parameters as source, defaults bound to names in ``scope``."""
     parts = []
-    for i, p in enumerate(inspect.signature(fn).parameters.values()):
+    for i, p in enumerate(inspect.signature(fn, follow_wrapped=False).parameters.values()):
         text = p.name
         if p.kind is p.VAR_POSITIONAL:
             text = "*" + p.name

@@ -60,13 +60,16 @@ class SideEffects:
                 cg.load_const(slice(None))
                 cg.store_subscr()
             elif isinstance(container, (DictVariable, SetVariable)):
+                # the new contents are built first: they may be read from the container
+                fresh = (DictVariable(container.entries) if isinstance(container, DictVariable)
+                         else SetVariable(list(container.members.values())))
+                cg.reconstruct(fresh)
+                cg.store_temp("___contents")
                 container.source.emit(cg)
                 cg.call_method_on_tos("clear", [])
                 cg.pop_top()
                 container.source.emit(cg)
-                fresh = (DictVariable(container.entries) if isinstance(container, DictVariable)
-                         else SetVariable(list(container.members.values())))
-                cg.call_method_on_tos("update", [fresh])
+                cg.call_method_on_tos("update", [TempVariable("___contents")])
                 cg.pop_top()
         for obj, attrs in self.attr_stores.values():
             for name, value in attrs.items():
@@ -85,3 +88,16 @@ class SideEffects:
                 cg.load_const(f_globals)
                 cg.load_const(name)
                 cg.store_subscr()
+
+
+class TempVariable:
+    """A value the generated code keeps in a temporary local."""
+
+    mutable = False
+    source = None
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def reconstruct(self, cg) -> None:
+        cg.load_temp(self.name)

@@ -89,6 +89,19 @@ class Translator:
             handler(self, inst)
         except UserError as err:
             self.handle_exception(index, err)
+        except GraphBreak as brk:
+            if brk.inner_where is None:
+                from kiln_capture.program import source_line
+
+                brk.inner_where = source_line(self.program, index)
+            raise
+        except (CaptureFailed, ReturnValue):
+            raise
+        except Exception as exc:
+            if not getattr(exc, "__kiln_where__", False):
+                exc.__kiln_where__ = True
+                exc.add_note(f"while capturing {inst.name} at {self.program.where(index)}")
+            raise
 
     def handle_exception(self, index: int, err: UserError) -> None:
         """Jump to the handler covering instruction ``index``, as CPython would."""

@@ -101,7 +101,13 @@ def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:
     guards = tx.output.guards
     if guard:
         guards.identity(source, value) if _identity_guarded(value) else guards.type(source, value)
+    if is_special_torch_function(value):
+        return TorchFunctionVariable(value, source)
     if isinstance(value, types.FunctionType):
+        from kiln_capture.variables.functions import PURE_MODULES, PureFunctionVariable
+
+        if (value.__module__ or "").split(".")[0] in PURE_MODULES:
+            return PureFunctionVariable(value, source)
         return UserFunctionVariable(value, source)
     if isinstance(value, types.MethodType):
         func = wrap_callable_or_object(tx, value.__func__, None, guard=False)
@@ -177,3 +183,13 @@ def is_dataclass_instance(value) -> bool:
 
 
 BUILTIN_NAMES = set(dir(builtins))
+
+
+def is_special_torch_function(value) -> bool:
+    """torch functions answered from global state or turned into context managers."""
+    from kiln_capture.variables.torch_calls import CONTEXT_MANAGERS, STATE_READERS
+
+    try:
+        return value in STATE_READERS or value in CONTEXT_MANAGERS
+    except TypeError:  # unhashable
+        return False

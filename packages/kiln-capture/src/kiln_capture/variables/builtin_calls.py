@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import math
 import operator
+import types
 
 import torch
 
@@ -103,9 +105,9 @@ def _len(tx, obj):
         return ConstantVariable(len(obj.members))
     if obj.is_constant():
         return ConstantVariable(len(obj.as_constant()))
-    from kiln_capture.variables.objects import ModuleVariable
+    from kiln_capture.variables.objects import ModuleVariable, ObjectVariable
 
-    if isinstance(obj, ModuleVariable):
+    if isinstance(obj, ModuleVariable) or (isinstance(obj, ObjectVariable) and obj.source is None):
         return ConstantVariable(len(obj.value))
     return obj.call_method(tx, "__len__", [], {})
 
@@ -119,9 +121,11 @@ def _isinstance(tx, obj, classes):
 def class_of(v: Variable):
     if isinstance(v, TupleVariable):
         return tuple(class_of(item) for item in v.items)
-    value = getattr(v, "value", None)
+    value = getattr(v, "value", getattr(v, "fn", None))
     if isinstance(value, type):
         return value
+    if v.is_constant() and isinstance(v.as_constant(), (type, tuple)):
+        return v.as_constant()
     raise GraphBreak(f"isinstance() with {v.describe()} as the class")
 
 
@@ -350,6 +354,16 @@ def _number(tx, x=None, *rest):
     return None
 
 
+@builtin(str, repr)
+def _str(tx, obj=None, *rest):
+    value = getattr(obj, "value", None)
+    if obj is not None and not rest and not obj.is_constant() and isinstance(
+        value, (type, types.FunctionType, types.ModuleType)
+    ):
+        return ConstantVariable(str(value))
+    return None
+
+
 @builtin(print)
 def _print(tx, *args, **kwargs):
     raise GraphBreak("print() (I/O)")
@@ -387,6 +401,10 @@ def call_constructor(tx, cls: type, args, kwargs):
         result = handler(tx, *args, **kwargs)
         if result is not None:
             return result
+    if cls is functools.partial:
+        from kiln_capture.variables.objects import PartialVariable
+
+        return PartialVariable.of(args[0], args[1:], kwargs)
     if issubclass(cls, BaseException):
         values = [a.as_constant() for a in args]
         return ExceptionVariable(cls(*values, **{k: v.as_constant() for k, v in kwargs.items()}))

@@ -56,7 +56,19 @@ class BaseFunctionVariable(Variable):
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(self.function_object(), name))
-        return super().getattr(tx, name)
+        if name == "__code__":
+            return ConstantVariable(self.code())
+        fn = self.function_object()
+        if name in ("__wrapped__", "__defaults__", "__kwdefaults__", "__dict__", "__globals__") \
+                and hasattr(fn, name):
+            from kiln_capture.sources import AttrSource
+            from kiln_capture.variables.builder import wrap
+
+            source = AttrSource(self.source, name) if self.source is not None else None
+            return wrap(tx, getattr(fn, name), source)
+        if name == "__get__":
+            return super().getattr(tx, name)
+        raise GraphBreak(f"attribute {name!r} of {self.describe()}")
 
 
 class UserFunctionVariable(BaseFunctionVariable):
@@ -142,7 +154,7 @@ def bind_arguments(tx, fn, args, kwargs) -> inspect.BoundArguments:
     from kiln_capture.variables.builder import wrap_constant_like
 
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     except TypeError as exc:
         raise UserError(TypeError(f"{fn.__name__}() {exc}")) from None
     bound.apply_defaults()
@@ -243,3 +255,48 @@ def is_torch_callable(value) -> bool:
         if getattr(value, "__objclass__", None) is torch._C.TensorBase:
             return True
     return False
+
+
+# Standard-library modules whose functions only read their arguments: called for real at
+# capture time when every argument is a value known then.
+PURE_MODULES = ("inspect", "typing", "re", "string", "dataclasses", "enum", "keyword",
+                "posixpath", "genericpath", "fnmatch", "textwrap")
+
+
+def real_value(v: Variable):
+    """The real Python object a variable stands for, or ``None`` when there is none."""
+    from kiln_capture.variables.containers import SequenceVariable
+
+    if v.is_constant():
+        return (v.as_constant(),)
+    if isinstance(v, UserFunctionVariable):
+        return (v.fn,)
+    if isinstance(v, BoundMethodVariable):
+        func, obj = real_value(v.function), real_value(v.self_var)
+        if func is not None and obj is not None:
+            return (types.MethodType(func[0], obj[0]),)
+        return None
+    for attr in ("value", "fn"):
+        obj = getattr(v, attr, None)
+        if obj is not None and not isinstance(obj, Variable):
+            return (obj,)
+    if isinstance(v, SequenceVariable) and not v.mutable:
+        parts = [real_value(item) for item in v.items]
+        if all(part is not None for part in parts):
+            return (tuple(part[0] for part in parts),)
+    return None
+
+
+class PureFunctionVariable(UserFunctionVariable):
+    """A function of a pure standard-library module: run for real on known values."""
+
+    def call(self, tx, args, kwargs):
+        from kiln_capture.variables.builder import wrap_derived
+
+        reals = [real_value(a) for a in args]
+        kw_reals = {k: real_value(v) for k, v in kwargs.items()}
+        if all(r is not None for r in reals) and all(r is not None for r in kw_reals.values()):
+            result = tx.run_user_code(self.fn, *(r[0] for r in reals),
+                                      **{k: r[0] for k, r in kw_reals.items()})
+            return wrap_derived(tx, result)
+        return super().call(tx, args, kwargs)

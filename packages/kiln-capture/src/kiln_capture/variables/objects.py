@@ -65,6 +65,17 @@ class ObjectVariable(Variable):
         return wrap(tx, attr, source)
 
     def call_method(self, tx, name, args, kwargs):
+        if self.source is None:
+            # an object computed during capture by pure code: its methods run for real
+            from kiln_capture.variables.functions import real_value
+
+            reals = [real_value(a) for a in args]
+            kw_reals = {k: real_value(v) for k, v in kwargs.items()}
+            if all(r is not None for r in [*reals, *kw_reals.values()]):
+                method = tx.run_user_code(getattr, self.value, name)
+                result = tx.run_user_code(method, *(r[0] for r in reals),
+                                          **{k: r[0] for k, r in kw_reals.items()})
+                return wrap_derived(tx, result)
         if name == "__getitem__" and args and args[0].is_constant():
             key = args[0].as_constant()
             item = tx.run_user_code(self.value.__getitem__, key)
@@ -316,6 +327,13 @@ class PartialVariable(Variable):
         self.keywords = {k: wrap_derived(tx, v) for k, v in value.keywords.items()}
         self.source = source
 
+    @classmethod
+    def of(cls, func: Variable, args, keywords):
+        partial = cls.__new__(cls)
+        partial.func, partial.args, partial.keywords = func, list(args), dict(keywords)
+        partial.source = None
+        return partial
+
     def describe(self) -> str:
         return "a functools.partial"
 
@@ -345,8 +363,49 @@ class SuperVariable(Variable):
                                                ClassVariable(self.obj.python_type()))
                 if attr is object.__init__:
                     return ConstantVariable(None)
+                if attr is object.__getattribute__ and hasattr(self.obj, "read_attr"):
+                    return ReadAttrVariable(self.obj)
+                if name in READ_ONLY_METHODS and hasattr(self.obj, "value") and isinstance(
+                    attr, (types.MethodDescriptorType, types.WrapperDescriptorType)
+                ):
+                    return RealMethodVariable(attr, self.obj)
                 raise GraphBreak(f"super().{name} of kind {type(attr).__name__}")
         raise UserError(AttributeError(f"'super' object has no attribute {name!r}"))
+
+
+# Methods of builtin containers that only read: called on the real object at capture time.
+READ_ONLY_METHODS = {
+    "get", "__getitem__", "__contains__", "keys", "values", "items", "__len__", "copy",
+    "index", "count", "__eq__", "__ne__",
+}
+
+
+class RealMethodVariable(Variable):
+    """A read-only builtin method applied to a real object (``super().get(key)`` on a dict
+    subclass): called during capture with constant arguments."""
+
+    def __init__(self, method, obj: Variable):
+        self.method = method
+        self.obj = obj
+
+    def describe(self) -> str:
+        return f"{self.method.__qualname__} of {self.obj.describe()}"
+
+    def call(self, tx, args, kwargs):
+        if not all(a.is_constant() for a in args) or kwargs:
+            raise GraphBreak(f"{self.describe()} with non-constant arguments")
+        result = tx.run_user_code(self.method, self.obj.value, *(a.as_constant() for a in args))
+        return wrap_derived(tx, result)
+
+
+class ReadAttrVariable(Variable):
+    """``super().__getattribute__`` of an object: a plain attribute read."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def call(self, tx, args, kwargs):
+        return self.obj.read_attr(tx, args[0].as_constant())
 
 
 def make_namedtuple(tx, cls, args, kwargs):
