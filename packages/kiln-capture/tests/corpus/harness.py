@@ -15,6 +15,7 @@ import importlib.util
 import io
 import math
 import pathlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -214,6 +215,8 @@ def load_cases() -> list[tuple[str, Case]]:
         topic = path.stem.removeprefix("programs_")
         spec = importlib.util.spec_from_file_location(f"kiln_corpus_programs_{topic}", path)
         module = importlib.util.module_from_spec(spec)
+        # Registered so that functions can be found by their module name (pickling, tracing).
+        sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         out.extend((f"{topic}-{case.name}", case) for case in module.CASES)
     return out
