@@ -11,17 +11,26 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib.util
 import io
 import math
 import pathlib
 import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 HERE = pathlib.Path(__file__).parent
+_ROUTINES = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.ModuleType,
+    type,
+)
 
 
 @dataclasses.dataclass
@@ -189,7 +198,10 @@ def same(a: object, b: object, tol: dict | None = None, path: str = "value") -> 
         assert a == b, f"{path}: {a!r} != {b!r}"
     elif isinstance(a, torch.dtype | torch.device | torch.Size | range | slice):
         assert a == b, f"{path}: {a!r} != {b!r}"
-    elif hasattr(a, "__dict__") and not callable(a):
+    elif isinstance(a, functools.partial):
+        assert a.func is b.func, f"{path}: partial of {a.func!r} != {b.func!r}"
+        same((a.args, a.keywords), (b.args, b.keywords), tol, f"{path}(partial)")
+    elif hasattr(a, "__dict__") and not isinstance(a, _ROUTINES):
         same(_public_attrs(a), _public_attrs(b), tol, f"{path}.__dict__")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
