@@ -17,6 +17,7 @@ def torch_compile_capture(fn, backend):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Dynamo:UserWarning")
 @pytest.mark.parametrize("case", [case for _, case in CASES], ids=[cid for cid, _ in CASES])
 def test_oracle(case):
     torch._dynamo.reset()
