@@ -24,6 +24,20 @@ from typing import Any
 import torch
 
 HERE = pathlib.Path(__file__).parent
+# Values compared with ==; their types were checked to be identical first.
+_PLAIN = (
+    int,
+    str,
+    bytes,
+    bool,
+    set,
+    frozenset,
+    type(None),
+    torch.dtype,
+    torch.device,
+    range,
+    slice,
+)
 _ROUTINES = (
     types.FunctionType,
     types.BuiltinFunctionType,
@@ -194,9 +208,7 @@ def same(a: object, b: object, tol: dict | None = None, path: str = "value") -> 
         rtol, atol = tol.get("rtol", 1.3e-6), tol.get("atol", 1e-5)
         ok = (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=rtol, abs_tol=atol)
         assert ok, f"{path}: {a!r} != {b!r}"
-    elif isinstance(a, int | str | bytes | bool | set | frozenset | type(None)):
-        assert a == b, f"{path}: {a!r} != {b!r}"
-    elif isinstance(a, torch.dtype | torch.device | torch.Size | range | slice):
+    elif isinstance(a, _PLAIN):
         assert a == b, f"{path}: {a!r} != {b!r}"
     elif isinstance(a, functools.partial):
         assert a.func is b.func, f"{path}: partial of {a.func!r} != {b.func!r}"

@@ -244,7 +244,7 @@ def lru_cached_constant(x):
     return x * cached_square(4)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=8)
 def cached_square(n):
     return n * n
 

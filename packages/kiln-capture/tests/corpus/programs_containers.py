@@ -309,7 +309,9 @@ CASES = [
     Case("zip_dict", zip_dict, randn((3,), (3,)), graphs=0),
     Case("list_index_count", list_index_count, randn((3,))),
     Case("list_sort_inplace", list_sort_inplace, randn((3,))),
-    Case("dict_of_lists", dict_of_lists, lambda: ({"xs": [torch.randn(2), torch.randn(2)], "w": 2},)),
+    Case(
+        "dict_of_lists", dict_of_lists, lambda: ({"xs": [torch.randn(2), torch.randn(2)], "w": 2},)
+    ),
     Case("tuple_from_tensor_unpack", tuple_from_tensor_unpack, randn((3, 4))),
     Case("tuple_of_shapes", tuple_of_shapes, randn((3, 4), (4, 3))),
     Case("clear_list", clear_list, lambda: ([torch.randn(2), torch.randn(2)], torch.randn(2))),

@@ -46,7 +46,7 @@ def branch_on_string_mode(x, mode):
 
 
 def branch_on_tensor_value(x):
-    if x.abs().sum() > 0:
+    if x.abs().sum() > 0:  # noqa: SIM108 - the statement form is the point
         y = x + 1
     else:
         y = x - 1
@@ -372,7 +372,9 @@ CASES = [
     ),
     Case("generator_yield_from", generator_yield_from, randn((3,))),
     # Returns the input untouched: no graph.
-    Case("early_return_on_flag_skip", early_return_on_flag, lambda: (torch.randn(3), True), graphs=0),
+    Case(
+        "early_return_on_flag_skip", early_return_on_flag, lambda: (torch.randn(3), True), graphs=0
+    ),
     Case("early_return_on_flag", early_return_on_flag, lambda: (torch.randn(3), False)),
     Case("early_return_in_loop", early_return_in_loop, randn((3,))),
     Case("early_return_on_tensor", early_return_on_tensor, randn((3,)), graphs=2),

@@ -310,7 +310,13 @@ CASES = [
     Case("catch_dict_keyerror", catch_dict_keyerror, lambda: ({"a": 1}, torch.randn(3))),
     Case("catch_multiple_types", catch_multiple_types, randn((3,))),
     Case("nested_try", nested_try, randn((3,))),
-    Case("propagate_value_error", propagate_value_error, randn((3,)), raises=ValueError, oracle_graphs=0),
+    Case(
+        "propagate_value_error",
+        propagate_value_error,
+        randn((3,)),
+        raises=ValueError,
+        oracle_graphs=0,
+    ),
     Case(
         "propagate_type_error_no_ops",
         propagate_type_error_no_ops,
@@ -319,7 +325,13 @@ CASES = [
         graphs=0,
     ),
     Case("propagate_custom", propagate_custom, randn((3, 4)), raises=ShapeError, graphs=0),
-    Case("propagate_from_helper", propagate_from_helper, randn((3,)), raises=RuntimeError, oracle_graphs=0),
+    Case(
+        "propagate_from_helper",
+        propagate_from_helper,
+        randn((3,)),
+        raises=RuntimeError,
+        oracle_graphs=0,
+    ),
     Case(
         "reraise_after_cleanup",
         reraise_after_cleanup,
@@ -348,7 +360,13 @@ CASES = [
     Case("try_in_loop", try_in_loop, randn((3,))),
     Case("stop_iteration_manual", stop_iteration_manual, randn((3,))),
     Case("with_two_managers", with_two_managers, randn((3,)), **LOG),
-    Case("raise_not_implemented", raise_not_implemented, randn((3,)), raises=NotImplementedError, oracle_graphs=0),
+    Case(
+        "raise_not_implemented",
+        raise_not_implemented,
+        randn((3,)),
+        raises=NotImplementedError,
+        oracle_graphs=0,
+    ),
     Case(
         "exception_in_with_propagates",
         exception_in_with_propagates,

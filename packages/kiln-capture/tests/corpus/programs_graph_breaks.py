@@ -310,7 +310,15 @@ CASES = [
     Case("item_in_branch", item_in_branch, randn((3,)), graphs=2),
     Case("tolist_consumed", tolist_consumed, randn((3,)), graphs=2),
     Case("tolist_returned", tolist_returned, randn((3,)), graphs=1),
-    Case("tolist_float_values", tolist_float_values, randn((3,)), graphs=1),
+    # The resume part receives the list of floats; only its length is used, but a capture that
+    # guards on the values recaptures on the second call.
+    Case(
+        "tolist_float_values",
+        tolist_float_values,
+        randn((3,)),
+        graphs=1,
+        recompiles_ok=True,
+    ),
     Case("perf_counter_unused", perf_counter_unused, randn((3,)), graphs=2),
     # The time crosses the break as a float that differs on each call: recaptured.
     Case(

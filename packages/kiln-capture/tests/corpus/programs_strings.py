@@ -25,12 +25,12 @@ def str_format(x):
 
 
 def percent_format(x):
-    s = "%s=%d" % ("n", 4)
+    s = "%s=%d" % ("n", 4)  # noqa: UP031 - %-formatting is the point
     return x * len(s), s
 
 
 def join_split(x):
-    parts = "a,b,c".split(",")
+    parts = "a,b,c".split(",")  # noqa: SIM905
     joined = "-".join(parts)
     return x * len(parts), joined
 
@@ -110,7 +110,7 @@ def string_find_count(x):
 
 def string_partition_rsplit(x):
     head, _, tail = "model.layers.3".rpartition(".")
-    return x * int(tail), head, "a.b.c".rsplit(".", 1)
+    return x * int(tail), head, "a.b.c".rsplit(".", 1)  # noqa: SIM905
 
 
 def isdigit_isalpha(x):
@@ -167,8 +167,16 @@ CASES = [
     Case("upper_lower", upper_lower, randn((3,))),
     Case("startswith_endswith", startswith_endswith, randn((3,))),
     Case("replace_strip", replace_strip, randn((3,))),
-    Case("dict_string_keys", dict_string_keys, lambda: ({"query": torch.randn(2, 4), "key": torch.randn(3, 4)},)),
-    Case("string_key_lookup_built", string_key_lookup_built, lambda: ({"w1": torch.randn(3)}, torch.randn(3))),
+    Case(
+        "dict_string_keys",
+        dict_string_keys,
+        lambda: ({"query": torch.randn(2, 4), "key": torch.randn(3, 4)},),
+    ),
+    Case(
+        "string_key_lookup_built",
+        string_key_lookup_built,
+        lambda: ({"w1": torch.randn(3)}, torch.randn(3)),
+    ),
     Case("str_of_number", str_of_number, randn((3,))),
     Case("string_compare_double", string_compare, lambda: (torch.randn(3), "double")),
     Case("string_compare_half", string_compare, lambda: (torch.randn(3), "half")),

@@ -161,7 +161,7 @@ def model_output_access(out):
 
 def model_output_keys_iter(out):
     total = 0
-    for k in out.keys():
+    for k in out.keys():  # noqa: SIM118 - calls the keys() method on purpose
         total = total + out[k].sum()
     return total, list(out.keys())
 
