@@ -264,6 +264,8 @@ CASES = [
     Case("divmod_python", divmod_python, randn((3,))),
     Case("round_python", round_python, randn((3,))),
     Case("round_shape_ratio", round_shape_ratio, randn((3, 5))),
+    # torch.compile breaks on the builtin pow() of a tensor, before any op, so its count is also
+    # 1 (the graph after the break); a capture that handles pow() keeps a single graph.
     Case("pow_builtin", pow_builtin, randn((3,))),
     Case("reversed_range", reversed_range, randn((3,))),
     Case("list_tuple_constructors", list_tuple_constructors, randn((3,))),

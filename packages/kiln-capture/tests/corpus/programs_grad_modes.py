@@ -204,6 +204,8 @@ CASES = [
     # .backward() is not recorded into a forward graph: the graph breaks before it, backward runs
     # natively (filling x.grad), and the resume graph holds the detach.
     Case("backward_inside", backward_inside, grad_args((3,)), graphs=2),
+    # torch.autograd.grad is not recorded into a forward graph: the graph breaks before it, and
+    # the part after it has no op.
     Case("autograd_grad_inside", torch_grad_functional, grad_args((3,))),
     Case(
         "no_grad_inplace_on_leaf",

@@ -195,8 +195,8 @@ CASES = [
     Case("operator_inplace", operator_inplace, randn((3,), (3,))),
     Case("operator_reduce", operator_reduce, lambda: ([torch.randn(3) for _ in range(3)],)),
     Case("operator_contains_not", operator_contains_not, randn((3,))),
-    # torch.compile graph-breaks on operator.delitem (no handler for it); it is a plain dict
-    # mutation, so Kiln keeps one graph.
+    # torch.compile graph-breaks on operator.setitem and operator.delitem of a dict (no handler
+    # for them): graphs before and after. They are plain dict mutations: Kiln keeps one graph.
     Case(
         "operator_setitem_delitem",
         operator_setitem_delitem,
