@@ -235,8 +235,12 @@ def _is_callable_attr(v: object) -> bool:
     return callable(v) and not isinstance(v, torch.nn.Module | type)
 
 
-def load_cases() -> list[tuple[str, Case]]:
-    """Collect `CASES` from every programs_<topic>.py beside this file, as (id, case) pairs."""
+@functools.cache
+def load_cases() -> tuple[tuple[str, Case], ...]:
+    """Collect `CASES` from every programs_<topic>.py beside this file, as (id, case) pairs.
+
+    Loaded once per process, so that every test file sees the same program objects.
+    """
     out = []
     for path in sorted(HERE.glob("programs_*.py")):
         topic = path.stem.removeprefix("programs_")
@@ -246,7 +250,7 @@ def load_cases() -> list[tuple[str, Case]]:
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         out.extend((f"{topic}-{case.name}", case) for case in module.CASES)
-    return out
+    return tuple(out)
 
 
 def randn(*shapes: tuple[int, ...], requires_grad: bool = False) -> Callable[[], tuple]:
