@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from kiln_capture import versions
 from kiln_capture.codegen import Codegen
 from kiln_capture.exc import CaptureFailed, GraphBreak, RestartAnalysis, Unsupported
 from kiln_capture.guards import GuardFunction, build_guard_function
@@ -279,42 +280,49 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     local_names = tuple(live)
     resumes = []
 
-    def resume_after(target: int, depth: int):
+    def resume_after(target: int, null_mask: tuple[bool, ...]):
         from kiln_capture.resume import make_resume_function
 
-        resume = wrap_callee(make_resume_function(fn, target, depth, local_names))
+        resume = wrap_callee(make_resume_function(fn, target, null_mask, local_names))
         resumes.append(resume)
-        cg.call_resume(resume, depth, list(local_names))
+        cg.call_resume(resume, null_mask.count(False), list(local_names))
 
-    if inst.name in CALL_OPS or inst.name in ("KW_NAMES",):
-        emit_native_call(cg, root, inst, stack, wrap_callee)
-        resume_after(index + 1, len(root.stack_after_call))
+    if inst.name in CALL_OPS:
+        below = emit_native_call(cg, root, inst, wrap_callee)
+        resume_after(index + 1, (*nulls(below), False))
     elif inst.name in JUMP_OPS:
-        for value in stack:
-            cg.reconstruct(value)
+        below, condition = stack[:-1], stack[-1]
+        reconstruct_values(cg, below)
+        cg.reconstruct(condition)
         from bytecode import Instr
 
         other = cg.new_label()
         cg.emit(Instr(inst.name, other))
-        depth = len(stack) - 1
-        resume_after(index + 1, depth)
+        resume_after(index + 1, nulls(below))
         cg.emit(other)
-        resume_after(root.program.target(inst.arg), depth)
+        resume_after(root.program.target(inst.arg), nulls(below))
     elif inst.name in NATIVE_OK_EXCLUDED:
         raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
     else:
         # any other instruction runs as it is, on the rebuilt stack
-        for value in stack:
+        popped, pushed = inst.pre_and_post_stack_effect(jump=False)
+        below, operands = stack[:len(stack) + popped], stack[len(stack) + popped:]
+        if any(is_null(v) for v in operands):
+            raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be "
+                                f"resumed")
+        reconstruct_values(cg, below)
+        for value in operands:
             cg.reconstruct(value)
         cg.emit(copy_instr(inst))
-        resume_after(index + 1, len(stack) + inst.stack_effect(jump=False))
+        resume_after(index + 1, (*nulls(below), *([False] * pushed)))
     result = CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards), gm,
                            break_info, resumes)
     return result
 
 
-def emit_native_call(cg, root, inst, stack, wrap_callee) -> None:
-    """Rebuild the stack and perform the breaking call natively (user functions captured)."""
+def emit_native_call(cg, root, inst, wrap_callee) -> list[Variable]:
+    """Rebuild the stack below the call and perform the call natively (user functions are
+    captured); the values below the call's operands."""
     from kiln_capture.opcodes.calls import pop_callable, split_kwargs
     from kiln_capture.variables.containers import DictVariable
 
@@ -323,9 +331,13 @@ def emit_native_call(cg, root, inst, stack, wrap_callee) -> None:
     if inst.name == "CALL_FUNCTION_EX":
         kwargs_var = root.pop() if inst.arg & 1 else DictVariable({})
         args_var = root.pop()
-        fn_var = root.pop()
-        if root.stack and type(root.peek()).__name__ == "NullVariable":
+        if versions.PY >= (3, 13):
             root.pop()
+            fn_var = root.pop()
+        else:
+            fn_var = root.pop()
+            if root.stack and is_null(root.peek()):
+                root.pop()
         args = args_var.unpack(root)
         kwargs = {k: v for k, (_, v) in kwargs_var.entries.items()}
     else:
@@ -336,13 +348,27 @@ def emit_native_call(cg, root, inst, stack, wrap_callee) -> None:
         args, kwargs = split_kwargs(raw, names)
         args = list(args)
     below = list(root.stack)
-    root.stack_after_call = [*below, None]
     root.stack[:] = saved
-    for value in below:
-        cg.reconstruct(value)
+    reconstruct_values(cg, below)
     cg.call(lambda: emit_callee(cg, fn_var, wrap_callee),
             [lambda a=a: cg.reconstruct(a) for a in [*args, *kwargs.values()]],
             tuple(kwargs))
+    return below
+
+
+def is_null(v) -> bool:
+    return type(v).__name__ == "NullVariable"
+
+
+def nulls(values) -> tuple[bool, ...]:
+    return tuple(is_null(v) for v in values)
+
+
+def reconstruct_values(cg, values) -> None:
+    """Push the non-NULL values; the resume function pushes the NULLs itself."""
+    for value in values:
+        if not is_null(value):
+            cg.reconstruct(value)
 
 
 def emit_callee(cg, fn_var, wrap_callee) -> None:

@@ -1,8 +1,8 @@
 """Resume functions: the rest of a frame after a graph break, as a new code object.
 
 ``resume_at(i)`` is the original code with a prologue that puts the saved stack back and
-jumps to instruction ``i``. Its arguments are the stack values, then the live locals under
-their own names. Since 3.11 exception handling is a table of instruction ranges, the jump
+jumps to instruction ``i``. Its arguments are the stack values (NULLs are pushed by the
+prologue, never passed), then the live locals under their own names. Since 3.11 exception handling is a table of instruction ranges, the jump
 may land inside a ``try`` body. A resume function is captured like any other function.
 """
 
@@ -19,8 +19,10 @@ PROLOGUE_OPS = ("MAKE_CELL", "COPY_FREE_VARS", "RESUME", "NOP")
 
 
 @functools.lru_cache(maxsize=1024)
-def resume_code(code: types.CodeType, target: int, stack_depth: int,
+def resume_code(code: types.CodeType, target: int, null_mask: tuple[bool, ...],
                 local_names: tuple[str, ...]) -> types.CodeType:
+    """``null_mask`` has one entry per stack slot: True where the slot holds the NULL that
+    marks a call (pushed again here), False where the value arrives as an argument."""
     from kiln_capture.program import load_program
 
     program: Program = load_program(code)
@@ -35,8 +37,10 @@ def resume_code(code: types.CodeType, target: int, stack_depth: int,
     while rest and isinstance(rest[0], Instr) and rest[0].name in PROLOGUE_OPS:
         prologue.append(rest[0])
         rest = rest[1:]
-    stack_names = fresh_names("___stack", stack_depth, set(local_names))
-    setup = [Instr("LOAD_FAST", name) for name in stack_names]
+    stack_names = fresh_names("___stack", null_mask.count(False), set(local_names))
+    values = iter(stack_names)
+    setup = [Instr("PUSH_NULL") if is_null else Instr("LOAD_FAST", next(values))
+             for is_null in null_mask]
     setup.append(Instr("JUMP_FORWARD", label))
 
     resumed = Bytecode(prologue + setup + rest)
@@ -52,9 +56,9 @@ def resume_code(code: types.CodeType, target: int, stack_depth: int,
     return resumed.to_code()
 
 
-def make_resume_function(fn: types.FunctionType, target: int, stack_depth: int,
+def make_resume_function(fn: types.FunctionType, target: int, null_mask: tuple[bool, ...],
                          local_names: tuple[str, ...]) -> types.FunctionType:
-    code = resume_code(fn.__code__, target, stack_depth, local_names)
+    code = resume_code(fn.__code__, target, null_mask, local_names)
     return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
 
 

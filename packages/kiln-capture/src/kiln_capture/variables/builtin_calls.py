@@ -420,6 +420,17 @@ def call_constructor(tx, cls: type, args, kwargs):
         return wrap_derived(tx, tx.run_user_code(
             cls, *(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}
         ))
+    from kiln_capture.variables.objects import NewObjectVariable, can_build_symbolically
+
+    if can_build_symbolically(cls):
+        obj = NewObjectVariable(cls)
+        if cls.__init__ is not object.__init__:
+            from kiln_capture.variables.functions import UserFunctionVariable
+
+            UserFunctionVariable(cls.__init__).call(tx, [obj, *args], kwargs)
+        elif args or kwargs:
+            raise UserError(TypeError(f"{cls.__name__}() takes no arguments"))
+        return obj
     raise GraphBreak(f"constructing a {cls.__qualname__} object")
 
 

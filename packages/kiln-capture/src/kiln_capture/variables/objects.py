@@ -419,3 +419,109 @@ __all__ = [
     "ObjectVariable", "PartialVariable", "PythonModuleVariable", "SuperVariable",
     "is_namedtuple_class", "make_namedtuple",
 ]
+
+
+class NewObjectVariable(Variable):
+    """An instance of a plain Python class created during capture: ``__init__`` is
+    inlined, attributes are tracked, and it is rebuilt after the graph if it escapes."""
+
+    mutable = True
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.attrs: dict[str, Variable] = {}
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self) -> str:
+        return f"a new {self.cls.__qualname__}"
+
+    def identity_key(self):
+        return ("new", id(self))
+
+    def getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "__class__":
+            return ClassVariable(self.cls)
+        static = inspect.getattr_static(self.cls, name, _MISSING)
+        if static is _MISSING:
+            getattr_hook = inspect.getattr_static(self.cls, "__getattr__", None)
+            if isinstance(getattr_hook, types.FunctionType):
+                return UserFunctionVariable(getattr_hook).call(tx, [self, ConstantVariable(name)],
+                                                               {})
+            raise UserError(AttributeError(
+                f"'{self.cls.__name__}' object has no attribute {name!r}"))
+        if isinstance(static, types.FunctionType):
+            return BoundMethodVariable(UserFunctionVariable(static), self)
+        if isinstance(static, property) and static.fget is not None:
+            return UserFunctionVariable(static.fget).call(tx, [self], {})
+        if isinstance(static, staticmethod):
+            return wrap_derived(tx, static.__func__)
+        if isinstance(static, classmethod):
+            return BoundMethodVariable(UserFunctionVariable(static.__func__),
+                                       ClassVariable(self.cls))
+        if hasattr(static, "__get__") and not isinstance(static, (int, float, str, tuple)):
+            raise GraphBreak(f"descriptor {name!r} of {self.cls.__qualname__}")
+        return wrap_derived(tx, static)
+
+    def setattr(self, tx, name, value):
+        self.attrs[name] = value
+        return ConstantVariable(None)
+
+    def call(self, tx, args, kwargs):
+        return self.getattr(tx, "__call__").call(tx, args, kwargs)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__setattr__":
+            return self.setattr(tx, args[0].as_constant(), args[1])
+        static = inspect.getattr_static(self.cls, name, None)
+        if isinstance(static, types.FunctionType):
+            return UserFunctionVariable(static).call(tx, [self, *args], kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+    def getitem(self, tx, key):
+        return self.call_method(tx, "__getitem__", [key], {})
+
+    def unpack(self, tx):
+        iterator = self.call_method(tx, "__iter__", [], {})
+        return iterator.unpack(tx)
+
+    def truthy(self, tx) -> bool:
+        for hook in ("__bool__", "__len__"):
+            if isinstance(inspect.getattr_static(self.cls, hook, None), types.FunctionType):
+                result = self.call_method(tx, hook, [], {})
+                return result.truthy(tx)
+        return True
+
+    def reconstruct(self, cg):
+        from kiln_capture.variables.containers import DictVariable
+
+        attrs = DictVariable({k: (ConstantVariable(k), v) for k, v in self.attrs.items()})
+        cg.call_object(rebuild_object, [ConstantVariable(self.cls), attrs])
+
+
+_MISSING = object()
+
+
+def rebuild_object(cls, attrs: dict):
+    """Make an instance of ``cls`` with ``attrs``, without running ``__init__`` again."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+def can_build_symbolically(cls: type) -> bool:
+    """Plain Python classes: default ``__new__``, a Python ``__init__``, a ``__dict__``."""
+    if cls.__new__ is not object.__new__ or "__slots__" in cls.__dict__:
+        return False
+    if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException, dict, list, tuple, set)):
+        return False
+    if type(cls) is not type:
+        import abc
+
+        if type(cls) is not abc.ABCMeta:
+            return False
+    init = cls.__init__
+    return init is object.__init__ or isinstance(init, types.FunctionType)

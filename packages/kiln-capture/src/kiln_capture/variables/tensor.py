@@ -62,6 +62,10 @@ class TensorVariable(Variable):
 
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
+        if not hasattr(torch.Tensor, name) and self.source is None:
+            from kiln_capture.exc import UserError
+
+            raise UserError(AttributeError(f"'Tensor' object has no attribute {name!r}"))
         raise GraphBreak(f"tensor attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs):
