@@ -245,6 +245,10 @@ def capture(fn_or_module, backend, *, fullgraph: bool = False, dynamic: bool | N
         captured = CapturedFunction(forward, backend, fullgraph=fullgraph, dynamic=dynamic,
                                     recompile_limit=recompile_limit, bound_self=fn_or_module)
         return CapturedModule(fn_or_module, captured)
+    if isinstance(fn_or_module, functools.partial):
+        inner = capture(fn_or_module.func, backend, fullgraph=fullgraph, dynamic=dynamic,
+                        recompile_limit=recompile_limit)
+        return functools.partial(inner, *fn_or_module.args, **fn_or_module.keywords)
     if isinstance(fn_or_module, types.MethodType):
         return CapturedFunction(fn_or_module.__func__, backend, fullgraph=fullgraph,
                                 dynamic=dynamic, recompile_limit=recompile_limit,

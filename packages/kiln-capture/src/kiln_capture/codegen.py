@@ -202,3 +202,18 @@ def _binary_add():
 
 
 _ADD = _binary_add()
+
+
+def _make_function(self, code, flags: int) -> None:
+    """MAKE_FUNCTION for a code object with the defaults already pushed (per version)."""
+    self.load_const(code)
+    if versions.PY >= (3, 13):
+        self.emit(Instr("MAKE_FUNCTION"))
+        for flag in (0x02, 0x01):
+            if flags & flag:
+                self.emit(Instr("SET_FUNCTION_ATTRIBUTE", flag))
+    else:
+        self.emit(Instr("MAKE_FUNCTION", flags))
+
+
+Codegen.make_function = _make_function

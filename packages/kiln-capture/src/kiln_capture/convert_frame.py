@@ -289,7 +289,12 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
 
     if inst.name in CALL_OPS:
         below = emit_native_call(cg, root, inst, wrap_callee)
-        resume_after(index + 1, (*nulls(below), False))
+        following = root.program.instrs[index + 1]
+        if following.name == "POP_TOP":  # the result is unused: drop it here
+            cg.pop_top()
+            resume_after(index + 2, nulls(below))
+        else:
+            resume_after(index + 1, (*nulls(below), False))
     elif inst.name in JUMP_OPS:
         below, condition = stack[:-1], stack[-1]
         reconstruct_values(cg, below)

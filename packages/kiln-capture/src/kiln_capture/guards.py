@@ -9,6 +9,7 @@ lines, evaluated one by one, say which guard failed when a cache entry misses.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -42,6 +43,11 @@ def tensor_key_dynamic(t: torch.Tensor, static_dims: tuple[int, ...]):
             t.requires_grad, torch._C._dispatch_keys(t).raw_repr())
 
 
+def module_has_hooks(module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or getattr(module, "_backward_pre_hooks", None))
+
+
 def global_state():
     return (torch.is_grad_enabled(), torch.get_default_dtype(),
             torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
@@ -64,7 +70,8 @@ class GuardSet:
 
     def __post_init__(self):
         self.scope.update(___G=self.f_globals, ___closure=self.closure, ___key=tensor_key,
-                          ___key_dyn=tensor_key_dynamic, ___state=global_state)
+                          ___key_dyn=tensor_key_dynamic, ___state=global_state,
+                          ___has_hooks=module_has_hooks)
         self.add("___state() == ___s0", "global state (grad mode, default dtype, autocast)",
                  ___s0=global_state())
 
@@ -94,9 +101,11 @@ class GuardSet:
         expr = self.bind(source)
         if value is None or isinstance(value, bool):
             self.add(f"{expr} is {value!r}", f"{expr} is {value!r}")
-        elif type(value) in (int, float, str, bytes, complex):
+        elif type(value) in (int, str, bytes) or (type(value) is float and math.isfinite(value)):
             self.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}",
                      f"{expr} == {value!r}")
+        elif type(value) is float and math.isnan(value):
+            self.add(f"type({expr}) is float and {expr} != {expr}", f"{expr} is nan")
         else:
             name = self.constant_name("c", value)
             self.add(f"type({expr}) is type({name}) and {expr} == {name}", f"{expr} == {value!r}")
@@ -106,6 +115,17 @@ class GuardSet:
         label = getattr(value, "__qualname__", None) or type(value).__name__
         expr = self.bind(source)
         self.add(f"{expr} is {name}", f"{expr} is the same {label}")
+
+    def method(self, source, value) -> None:
+        """A bound method is a new object at every read: guard its function instead."""
+        name = self.constant_name("id", value.__func__)
+        expr = self.bind(source)
+        self.add(f"{expr}.__func__ is {name}",
+                 f"{expr} is a method {value.__func__.__qualname__}")
+
+    def no_hooks(self, source, module) -> None:
+        expr = self.bind(source)
+        self.add(f"not ___has_hooks({expr})", f"{expr} has no hooks")
 
     def type(self, source, value) -> None:
         name = self.constant_name("T", type(value))

@@ -114,6 +114,9 @@ class OutputGraph:
                 raise GraphBreak(f"{describe_target(target)} has no fake implementation") from exc
             raise UserError(exc) from None
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        for arg in args:  # an in-place op returns its input: the same variable, so `is` holds
+            if isinstance(arg, TensorVariable) and arg.example is result:
+                return arg
         return self.wrap_result(node, result)
 
     def wrap_result(self, node, result) -> Variable:
@@ -133,7 +136,7 @@ class OutputGraph:
             for i, item in enumerate(result):
                 item_node = self.graph.call_function(operator.getitem, (node, i))
                 items.append(self.wrap_result(item_node, item))
-            if hasattr(type(result), "_fields"):
+            if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
                 return NamedTupleVariable(items, type(result))
             return TupleVariable(items) if isinstance(result, tuple) else _list(items)
         if result is None:

@@ -1,17 +1,26 @@
 """A code object as a list of instructions the interpreter can step through.
 
 Built from the ``bytecode`` library's abstract form: jump targets become instruction
-indices, and each instruction knows the exception handler (``TryBegin``) that covers it.
+indices. Each instruction knows the exception handler that covers it (target, stack depth,
+whether the offset is pushed), read from CPython's own exception table through ``dis``.
 The abstract form is kept so that resume functions can be cut from it.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import types
 from dataclasses import dataclass
 
-from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
+from bytecode import Bytecode, Instr, Label
+
+
+@dataclass(frozen=True)
+class Handler:
+    target: int  # index of the handler's first instruction
+    stack_depth: int
+    push_lasti: bool
 
 
 @dataclass
@@ -21,7 +30,7 @@ class Program:
     instrs: list[Instr]
     positions: list[int]  # index of each instruction in ``abstract``
     label_index: dict[int, int]  # id(Label) -> index of the instruction after it
-    handlers: list[TryBegin | None]
+    handlers: list[Handler | None]
 
     def target(self, label: Label) -> int:
         return self.label_index[id(label)]
@@ -34,21 +43,31 @@ class Program:
 @functools.lru_cache(maxsize=512)
 def load_program(code: types.CodeType) -> Program:
     abstract = list(Bytecode.from_code(code))
-    instrs, positions, handlers = [], [], []
+    instrs, positions = [], []
     label_index: dict[int, int] = {}
-    active: TryBegin | None = None
     for position, item in enumerate(abstract):
         if isinstance(item, Label):
             label_index[id(item)] = len(instrs)
-        elif isinstance(item, TryBegin):
-            active = item
-        elif isinstance(item, TryEnd):
-            active = None
         elif isinstance(item, Instr):
             instrs.append(item)
             positions.append(position)
-            handlers.append(active)
+    handlers = exception_handlers(code, instrs)
     return Program(code, abstract, instrs, positions, label_index, handlers)
+
+
+def exception_handlers(code: types.CodeType, instrs: list[Instr]) -> list[Handler | None]:
+    """The handler covering each instruction, from CPython's exception table."""
+    real = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    if [i.opname for i in real] != [i.name for i in instrs]:
+        raise RuntimeError(f"instructions of {code.co_qualname} do not line up with dis")
+    index_of = {inst.offset: n for n, inst in enumerate(real)}
+    handlers: list[Handler | None] = [None] * len(real)
+    for entry in dis.Bytecode(code).exception_entries:
+        handler = Handler(index_of[entry.target], entry.depth, entry.lasti)
+        for n, inst in enumerate(real):
+            if entry.start <= inst.offset < entry.end:
+                handlers[n] = handler
+    return handlers
 
 
 def source_line(program: Program, index: int) -> str:

@@ -114,7 +114,7 @@ class Translator:
         if handler.push_lasti:
             self.push(ConstantVariable(index))
         self.push(ExceptionVariable(err.exc))
-        self.jump(handler.target)
+        self.ip = handler.target
 
     def where(self) -> str:
         return self.program.where(self.current_index)
@@ -220,6 +220,8 @@ class Translator:
             raise GraphBreak("super() outside a method")
         first = code.co_varnames[0]
         self_var = self.locals.get(first)
+        if self_var is not None:
+            self_var = self.realize_local(first, self_var)
         if self_var is None and first in self.cells:
             self_var = self.cells[first].load(self)
         return SuperVariable(cell.load(self).value, self_var)

@@ -96,10 +96,14 @@ def end_for(tx, inst):
 def before_with(tx, inst):
     manager = tx.pop()
     enter = getattr(manager, "enter", None)
-    if enter is None:
-        raise GraphBreak(f"`with` on {manager.describe()}")
-    tx.push(ContextExit(manager))
-    tx.push(enter(tx))
+    if enter is not None:
+        tx.push(ContextExit(manager))
+        tx.push(enter(tx))
+        return
+    exit_method = manager.getattr(tx, "__exit__")
+    entered = manager.call_method(tx, "__enter__", [], {})
+    tx.push(exit_method)
+    tx.push(entered)
 
 
 class ContextExit(Variable):
@@ -118,9 +122,16 @@ class ContextExit(Variable):
 
 @handles("WITH_EXCEPT_START")
 def with_except_start(tx, inst):
+    from kiln_capture.variables.objects import ClassVariable
+
     exit_fn = tx.peek(4) if PY < (3, 13) else tx.peek(5)
-    exit_fn.call(tx, [], {})
-    tx.push(ConstantVariable(False))
+    exc = tx.peek()
+    if isinstance(exit_fn, ContextExit):
+        exit_fn.call(tx, [], {})
+        tx.push(ConstantVariable(False))
+        return
+    exc_type = ClassVariable(type(exc.exc))
+    tx.push(exit_fn.call(tx, [exc_type, exc, ConstantVariable(None)], {}))
 
 
 @handles("RETURN_GENERATOR")

@@ -86,7 +86,10 @@ def _wrap_new(tx, value, source) -> Variable:
         guards.constant_set(source, value)
         return SetVariable([ConstantVariable(v) for v in value], source, cls=kind)
     if isinstance(value, torch.nn.Module):
-        guards.identity(source, value)
+        # by type, not identity: another instance of the class reuses the capture (its
+        # parameters are graph inputs and its attributes are guarded where they are read)
+        guards.type(source, value)
+        guards.no_hooks(source, value)
         return objects.ModuleVariable(value, source)
     if isinstance(value, types.ModuleType):
         guards.identity(source, value)
@@ -100,7 +103,12 @@ def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:
 
     guards = tx.output.guards
     if guard:
-        guards.identity(source, value) if _identity_guarded(value) else guards.type(source, value)
+        if isinstance(value, types.MethodType):
+            guards.method(source, value)
+        elif _identity_guarded(value):
+            guards.identity(source, value)
+        else:
+            guards.type(source, value)
     if is_special_torch_function(value):
         return TorchFunctionVariable(value, source)
     if isinstance(value, types.FunctionType):
@@ -134,7 +142,13 @@ def wrap_method_self(tx, method, source):
 
 
 def _identity_guarded(value) -> bool:
-    return callable(value) or isinstance(value, type)
+    if isinstance(value, types.BuiltinMethodType) and not isinstance(
+        getattr(value, "__self__", None), types.ModuleType
+    ):
+        return False  # a builtin method bound to an object is a new object at every read
+    # functions, classes and builtins by identity; instances (callable or not) by type
+    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
+                              types.ModuleType)) or is_torch_callable(value)
 
 
 def wrap_derived(tx, value) -> Variable:
@@ -187,9 +201,9 @@ BUILTIN_NAMES = set(dir(builtins))
 
 def is_special_torch_function(value) -> bool:
     """torch functions answered from global state or turned into context managers."""
-    from kiln_capture.variables.torch_calls import CONTEXT_MANAGERS, STATE_READERS
+    from kiln_capture.variables.torch_calls import CONTEXT_MANAGERS, GRAPH_BREAKING, STATE_READERS
 
     try:
-        return value in STATE_READERS or value in CONTEXT_MANAGERS
+        return value in STATE_READERS or value in CONTEXT_MANAGERS or value in GRAPH_BREAKING
     except TypeError:  # unhashable
         return False

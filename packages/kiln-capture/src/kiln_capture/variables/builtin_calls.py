@@ -40,6 +40,8 @@ PURE_BUILTINS = {
 
 
 def is_pure_builtin(fn) -> bool:
+    if type(fn) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+        return True
     module = getattr(fn, "__module__", None)
     return fn in BUILTIN_HANDLERS or module in ("math", "_operator", "operator") or (
         getattr(fn, "__self__", None) is math
@@ -70,15 +72,20 @@ class BuiltinVariable(Variable):
         return ("object", id(self.fn))
 
     def call(self, tx, args, kwargs):
+        getter = OPERATOR_OBJECTS.get(type(self.fn))
+        if getter is not None:
+            return getter(tx, self.fn, *args, **kwargs)
         handler = BUILTIN_HANDLERS.get(self.fn)
         if handler is not None:
             result = handler(tx, *args, **kwargs)
             if result is not None:
                 return result
-        if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
-            if self.fn in PURE_BUILTINS or is_pure_builtin(self.fn):
-                value = tx.run_user_code(self.fn, *(a.as_constant() for a in args),
-                                         **{k: v.as_constant() for k, v in kwargs.items()})
+        if self.fn in PURE_BUILTINS or is_pure_builtin(self.fn):
+            values = [python_value(a) for a in args]
+            kw_values = {k: python_value(v) for k, v in kwargs.items()}
+            if all(v is not None for v in [*values, *kw_values.values()]):
+                value = tx.run_user_code(self.fn, *(v[0] for v in values),
+                                         **{k: v[0] for k, v in kw_values.items()})
                 return wrap_derived(tx, value)
         if getattr(self.fn, "__module__", None) in ("_operator", "operator") and not kwargs:
             return apply_operator(tx, self.fn, list(args))
@@ -89,6 +96,85 @@ class BuiltinVariable(Variable):
         if self.source is not None:
             return self.source.emit(cg)
         cg.load_const(self.fn)
+
+
+def python_value(v: Variable):
+    """A constant, or a list/tuple/dict/set of constants, as a fresh Python value (1-tuple)."""
+    if v.is_constant():
+        return (v.as_constant(),)
+    if isinstance(v, SequenceVariable):
+        items = [python_value(item) for item in v.items]
+        if all(item is not None for item in items):
+            return (v.python_cls([item[0] for item in items]) if v.python_cls in (list, tuple)
+                    else None,)
+    if isinstance(v, DictVariable):
+        values = {k: python_value(val) for k, (_, val) in v.entries.items()}
+        if all(val is not None for val in values.values()):
+            return ({k: val[0] for k, val in values.items()},)
+    return None
+
+
+def _itemgetter(tx, getter, obj):
+    keys = getter.__reduce__()[1]
+    items = [obj.getitem(tx, ConstantVariable(k)) for k in keys]
+    return items[0] if len(items) == 1 else TupleVariable(items)
+
+
+def _attrgetter(tx, getter, obj):
+    paths = getter.__reduce__()[1]
+    values = []
+    for path in paths:
+        value = obj
+        for part in path.split("."):
+            value = value.getattr(tx, part)
+        values.append(value)
+    return values[0] if len(values) == 1 else TupleVariable(values)
+
+
+def _methodcaller(tx, caller, obj):
+    reduced = caller.__reduce__()
+    if isinstance(reduced[0], functools.partial):  # keyword arguments
+        name, *args = reduced[0].args
+        kwargs = reduced[0].keywords
+    else:
+        name, *args = reduced[1]
+        kwargs = {}
+    return obj.call_method(tx, name, [wrap_derived(tx, a) for a in args],
+                           {k: wrap_derived(tx, v) for k, v in kwargs.items()})
+
+
+OPERATOR_OBJECTS = {
+    operator.itemgetter: _itemgetter,
+    operator.attrgetter: _attrgetter,
+    operator.methodcaller: _methodcaller,
+}
+
+
+@builtin(functools.reduce)
+def _reduce(tx, fn, iterable, *initial):
+    items = iterable.unpack(tx)
+    if initial:
+        items = [initial[0], *items]
+    if not items:
+        raise UserError(TypeError("reduce() of empty iterable with no initial value"))
+    result = items[0]
+    for item in items[1:]:
+        result = fn.call(tx, [result, item], {})
+    return result
+
+
+@builtin(operator.setitem)
+def _setitem(tx, obj, key, value):
+    tx.setitem(obj, key, value)
+    return ConstantVariable(None)
+
+
+@builtin(operator.delitem)
+def _delitem(tx, obj, key):
+    if is_graph_value(obj):
+        return None
+    obj.call_method(tx, "__delitem__", [key], {})
+    return ConstantVariable(None)
 
 
 def constant_args(*args) -> bool:
@@ -356,6 +442,10 @@ def _number(tx, x=None, *rest):
 
 @builtin(str, repr)
 def _str(tx, obj=None, *rest):
+    from kiln_capture.variables.objects import ExceptionVariable
+
+    if isinstance(obj, ExceptionVariable) and not rest:
+        return ConstantVariable(str(obj.exc))
     value = getattr(obj, "value", None)
     if obj is not None and not rest and not obj.is_constant() and isinstance(
         value, (type, types.FunctionType, types.ModuleType)

@@ -96,10 +96,16 @@ class NamedTupleVariable(TupleVariable):
         self.python_cls = cls
 
     def as_constant(self):
+        if not hasattr(self.python_cls, "_fields"):
+            return self.python_cls(tuple(v.as_constant() for v in self.items))
         return self.python_cls(*(v.as_constant() for v in self.items))
 
+    def fields(self) -> tuple[str, ...]:
+        cls = self.python_cls
+        return getattr(cls, "_fields", None) or cls.__match_args__  # struct sequences
+
     def getattr(self, tx, name):
-        fields = self.python_cls._fields
+        fields = self.fields()
         if name in fields:
             return self.items[fields.index(name)]
         return super().getattr(tx, name)
@@ -111,7 +117,10 @@ class NamedTupleVariable(TupleVariable):
         return super().getitem(tx, key)
 
     def reconstruct(self, cg) -> None:
-        cg.call_object(self.python_cls, self.items)
+        if hasattr(self.python_cls, "_fields"):
+            cg.call_object(self.python_cls, self.items)
+        else:  # a struct sequence takes one tuple
+            cg.call_object(self.python_cls, [TupleVariable(self.items)])
 
 
 class SizeVariable(TupleVariable):

@@ -135,7 +135,10 @@ class NestedFunctionVariable(BaseFunctionVariable):
 
     def bind(self, tx, args, kwargs):
         code = self.code_object
-        defaults = tuple(self.defaults.items) if self.defaults else None
+        defaults = None
+        if self.defaults is not None:
+            defaults = tuple(self.defaults.items if hasattr(self.defaults, "items") else (
+                ConstantVariable(v) for v in self.defaults.as_constant()))
         kwdefaults = ({k: v for k, (_, v) in self.kwdefaults.entries.items()}
                       if self.kwdefaults else None)
         dummy_cells = tuple(types.CellType() for _ in code.co_freevars)
@@ -146,6 +149,20 @@ class NestedFunctionVariable(BaseFunctionVariable):
     def closure_cells(self, tx):
         names = self.code_object.co_freevars
         return dict(zip(names, self.closure or (), strict=True))
+
+    def reconstruct(self, cg) -> None:
+        if self.closure:
+            from kiln_capture.exc import CaptureFailed
+
+            raise CaptureFailed(f"cannot rebuild the closure {self.qualname} after the graph")
+        flags = 0
+        if self.defaults is not None:
+            cg.reconstruct(self.defaults)
+            flags |= 0x01
+        if self.kwdefaults is not None:
+            cg.reconstruct(self.kwdefaults)
+            flags |= 0x02
+        cg.make_function(self.code_object, flags)
 
 
 def bind_arguments(tx, fn, args, kwargs) -> inspect.BoundArguments:
@@ -263,18 +280,29 @@ PURE_MODULES = ("inspect", "typing", "re", "string", "dataclasses", "enum", "key
                 "posixpath", "genericpath", "fnmatch", "textwrap")
 
 
-def real_value(v: Variable):
-    """The real Python object a variable stands for, or ``None`` when there is none."""
+def real_value(v: Variable, metadata_only: bool = False):
+    """The real Python object a variable stands for, as a 1-tuple, or ``None``.
+
+    Only objects the guards pin down (constants, functions, classes, modules, objects
+    computed during capture) qualify: a result computed from them is the same on every
+    call that passes the guards. With ``metadata_only`` (a function that reads only
+    signatures and types), objects from the frame's inputs qualify too.
+    """
     from kiln_capture.variables.containers import SequenceVariable
+    from kiln_capture.variables.objects import ModuleVariable, ObjectVariable
 
     if v.is_constant():
         return (v.as_constant(),)
     if isinstance(v, UserFunctionVariable):
         return (v.fn,)
     if isinstance(v, BoundMethodVariable):
-        func, obj = real_value(v.function), real_value(v.self_var)
+        func, obj = real_value(v.function), real_value(v.self_var, metadata_only)
         if func is not None and obj is not None:
             return (types.MethodType(func[0], obj[0]),)
+        return None
+    if isinstance(v, (ObjectVariable, ModuleVariable)) and v.source is not None and not (
+        metadata_only or isinstance(v.value, (type, types.ModuleType))
+    ):
         return None
     for attr in ("value", "fn"):
         obj = getattr(v, attr, None)
@@ -287,14 +315,24 @@ def real_value(v: Variable):
     return None
 
 
+def is_metadata_function(fn) -> bool:
+    """Functions that read signatures and types only, never the values they are given."""
+    import dataclasses
+
+    module = (fn.__module__ or "").split(".")[0]
+    return module in ("inspect", "typing") or fn in (dataclasses.fields,
+                                                     dataclasses.is_dataclass)
+
+
 class PureFunctionVariable(UserFunctionVariable):
     """A function of a pure standard-library module: run for real on known values."""
 
     def call(self, tx, args, kwargs):
         from kiln_capture.variables.builder import wrap_derived
 
-        reals = [real_value(a) for a in args]
-        kw_reals = {k: real_value(v) for k, v in kwargs.items()}
+        metadata = is_metadata_function(self.fn)
+        reals = [real_value(a, metadata) for a in args]
+        kw_reals = {k: real_value(v, metadata) for k, v in kwargs.items()}
         if all(r is not None for r in reals) and all(r is not None for r in kw_reals.values()):
             result = tx.run_user_code(self.fn, *(r[0] for r in reals),
                                       **{k: r[0] for k, r in kw_reals.items()})

@@ -50,6 +50,11 @@ class ObjectVariable(Variable):
             static = None
         if isinstance(static, (types.FunctionType,)) and name not in getattr(value, "__dict__", {}):
             return BoundMethodVariable(UserFunctionVariable(static), self)
+        if isinstance(static, (types.MethodDescriptorType, types.WrapperDescriptorType)) and \
+                isinstance(value, dict):
+            from kiln_capture.variables.base import MethodVariable
+
+            return MethodVariable(self, name)
         if isinstance(static, property) and static.fget is not None:
             return UserFunctionVariable(static.fget).call(tx, [self], {})
         if isinstance(static, staticmethod):
@@ -130,6 +135,10 @@ class ModuleVariable(ObjectVariable):
 
     def read_attr(self, tx, name):
         module = self.value
+        if name in MODULE_INTROSPECTION and name not in module.__dict__:
+            from kiln_capture.variables.base import MethodVariable
+
+            return MethodVariable(self, name)
         for registry in ("_parameters", "_buffers", "_modules"):
             members = module.__dict__.get(registry)
             if members is not None and name in members:
@@ -149,10 +158,30 @@ class ModuleVariable(ObjectVariable):
         raise GraphBreak(f"forward of {type(module).__name__} is not a Python function")
 
     def call_method(self, tx, name, args, kwargs):
-        if name in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
-                    "named_children", "modules", "named_modules"):
+        walker = MODULE_WALKS.get(name)
+        if walker is not None and all(a.is_constant() for a in [*args, *kwargs.values()]):
+            from kiln_capture.variables.containers import ListIteratorVariable
+
+            options = {k: v.as_constant() for k, v in kwargs.items()}
+            return ListIteratorVariable(walker(self, tx, *(a.as_constant() for a in args),
+                                               **options))
+        if name in MODULE_INTROSPECTION:
             raise GraphBreak(f"Module.{name}() inside captured code")
         return super().call_method(tx, name, args, kwargs)
+
+    def members(self, tx, registry: str, prefix: str, recurse: bool):
+        """(qualified name, variable) of each parameter/buffer/submodule, with sources."""
+        found = []
+        for key, value in self.value.__dict__[registry].items():
+            if value is not None:
+                source = ModuleMemberSource(self.source, registry, key)
+                found.append((prefix + key, wrap(tx, value, source)))
+        if recurse and registry != "_modules":
+            for key, child in self.value._modules.items():
+                if child is not None:
+                    child_var = self.read_attr(tx, key)
+                    found += child_var.members(tx, registry, f"{prefix}{key}.", True)
+        return found
 
     def unpack(self, tx):
         module = self.value
@@ -170,7 +199,7 @@ class ModuleVariable(ObjectVariable):
         if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
             keys = list(module._modules)
             if isinstance(index, slice):
-                raise GraphBreak("slicing a ModuleList")
+                return TupleVariable([self.read_attr(tx, k) for k in keys[index]])
             try:
                 return self.read_attr(tx, keys[index])
             except IndexError as exc:
@@ -179,6 +208,40 @@ class ModuleVariable(ObjectVariable):
 
     def call_method_len(self):
         return len(self.value)
+
+
+def _named(registry):
+    def walk(module_var, tx, prefix="", recurse=True, remove_duplicate=True):
+        seen, out = set(), []
+        for name, value in module_var.members(tx, registry, prefix + "." if prefix else "",
+                                              recurse):
+            if remove_duplicate and id(value) in seen:
+                continue
+            seen.add(id(value))
+            out.append(TupleVariable([ConstantVariable(name), value]))
+        return out
+
+    return walk
+
+
+def _values(registry):
+    named = _named(registry)
+    return lambda module_var, tx, recurse=True: [t.items[1] for t in named(module_var, tx, "",
+                                                                           recurse)]
+
+
+MODULE_WALKS = {
+    "named_parameters": _named("_parameters"), "parameters": _values("_parameters"),
+    "named_buffers": _named("_buffers"), "buffers": _values("_buffers"),
+    "named_children": lambda m, tx: _named("_modules")(m, tx, "", False),
+    "children": lambda m, tx: [t.items[1] for t in _named("_modules")(m, tx, "", False)],
+}
+# nn.Module methods that walk the module tree or its state: they run outside the graph.
+MODULE_INTROSPECTION = {
+    "parameters", "named_parameters", "buffers", "named_buffers", "children",
+    "named_children", "modules", "named_modules", "state_dict", "load_state_dict", "apply",
+    "register_buffer", "register_parameter", "add_module", "to", "cuda", "cpu", "zero_grad",
+}
 
 
 def has_hooks(module: torch.nn.Module) -> bool:

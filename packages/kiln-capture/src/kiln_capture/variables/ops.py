@@ -38,7 +38,8 @@ def apply_operator(tx, op, args: list[Variable]) -> Variable:
     name = DUNDER.get(op)
     if name is not None and len(args) == 2:
         return args[0].call_method(tx, name, [args[1]], {})
-    raise GraphBreak(f"operator {op.__name__} on {', '.join(a.describe() for a in args)}")
+    name = getattr(op, "__name__", repr(op))
+    raise GraphBreak(f"operator {name} on {', '.join(a.describe() for a in args)}")
 
 
 DUNDER = {

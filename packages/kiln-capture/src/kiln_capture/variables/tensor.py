@@ -24,7 +24,9 @@ STATIC_METHODS = {
 }
 # Methods whose result depends on the tensor's data: the graph must break.
 DATA_DEPENDENT = {"item", "tolist", "numpy", "__bool__", "__index__", "__int__", "__float__",
-                  "data_ptr", "nonzero_static_", "untyped_storage", "storage"}
+                  "data_ptr", "untyped_storage", "storage"}
+# Methods that run autograd or change what autograd records: they run outside the graph.
+AUTOGRAD_METHODS = {"backward", "register_hook", "retain_grad", "requires_grad_"}
 
 
 class TensorVariable(Variable):
@@ -71,6 +73,11 @@ class TensorVariable(Variable):
     def call_method(self, tx, name, args, kwargs):
         if name in DATA_DEPENDENT:
             raise GraphBreak(f"Tensor.{name}() needs the tensor's data")
+        turns_grad_on = name != "requires_grad_" or not args or args[0].truthy(tx)
+        if name in AUTOGRAD_METHODS and turns_grad_on and not (
+            name == "requires_grad_" and self.source is not None
+        ):
+            raise GraphBreak(f"Tensor.{name}() runs autograd outside the graph")
         if name == "size":
             from kiln_capture.variables.containers import SizeVariable
 

@@ -30,7 +30,8 @@ STATE_READERS = {
 }
 if hasattr(torch.compiler, "is_dynamo_compiling"):
     STATE_READERS[torch.compiler.is_dynamo_compiling] = _answer(False)
-GRAPH_BREAKING = {torch.manual_seed, torch.seed, torch.set_default_dtype}
+GRAPH_BREAKING = {torch.manual_seed, torch.seed, torch.set_default_dtype, torch.autograd.grad,
+                  torch.autograd.backward}
 
 
 def _is_autocast_enabled(tx, *args):
@@ -50,7 +51,8 @@ def call_torch_function(tx, fn, args, kwargs) -> Variable:
     if context is not None:
         return context(tx, *args, **kwargs)
     if fn in GRAPH_BREAKING:
-        raise GraphBreak(f"torch.{fn.__name__}() changes global state")
+        raise GraphBreak(f"{fn.__module__}.{fn.__qualname__}() runs outside the graph "
+                         f"(it changes global state or runs autograd)")
     if fn is torch.is_tensor:
         from kiln_capture.variables.tensor import TensorVariable
 
