@@ -212,9 +212,10 @@ def children(v: Variable) -> list:
     members = getattr(v, "members", None)
     if isinstance(members, dict):
         out.extend(members.values())
-    fields = getattr(v, "fields", None)
-    if isinstance(fields, dict):
-        out.extend(fields.values())
+    for attr in ("fields", "attrs"):
+        mapping = getattr(v, attr, None)
+        if isinstance(mapping, dict):
+            out.extend(mapping.values())
     for attr in ("self_var", "function", "contents", "tensor"):
         value = getattr(v, attr, None)
         if isinstance(value, Variable):

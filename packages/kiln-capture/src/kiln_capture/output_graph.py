@@ -55,6 +55,7 @@ class OutputGraph:
         node = self.graph.placeholder(self.unique_name(placeholder_name(source)))
         node.meta["source"] = source.expr()
         variable = TensorVariable(node, fake, type(value), source)
+        variable.real = value  # for attribute lookups only; the graph never sees it
         self.inputs.append((source, value, variable))
         self.input_by_id[id(value)] = variable
         return variable

@@ -111,6 +111,8 @@ def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:
             guards.type(source, value)
     if is_special_torch_function(value):
         return TorchFunctionVariable(value, source)
+    if has_builtin_handler(value):
+        return BuiltinVariable(value, source)
     if isinstance(value, types.FunctionType):
         from kiln_capture.variables.functions import PURE_MODULES, PureFunctionVariable
 
@@ -197,6 +199,15 @@ def is_dataclass_instance(value) -> bool:
 
 
 BUILTIN_NAMES = set(dir(builtins))
+
+
+def has_builtin_handler(value) -> bool:
+    from kiln_capture.variables.builtin_calls import BUILTIN_HANDLERS
+
+    try:
+        return value in BUILTIN_HANDLERS
+    except TypeError:  # unhashable
+        return False
 
 
 def is_special_torch_function(value) -> bool:

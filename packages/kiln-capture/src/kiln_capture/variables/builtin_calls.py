@@ -7,6 +7,7 @@ constants is folded by calling it. Anything else breaks the graph.
 from __future__ import annotations
 
 import builtins
+import copy
 import dataclasses
 import functools
 import math
@@ -161,6 +162,25 @@ def _reduce(tx, fn, iterable, *initial):
     for item in items[1:]:
         result = fn.call(tx, [result, item], {})
     return result
+
+
+@builtin(copy.copy, copy.deepcopy)
+def _copy(tx, obj, *memo):
+    """Copies of plain objects are made for real; the original is then guarded by identity,
+    since the copy depends on all of its attributes."""
+    from kiln_capture.variables.objects import ModuleVariable, ObjectVariable
+
+    if obj.is_constant():
+        return obj
+    if isinstance(obj, ObjectVariable) and not isinstance(obj, ModuleVariable) and not memo:
+        if obj.source is not None:
+            tx.output.guards.identity(obj.source, obj.value)
+        return wrap_derived(tx, tx.run_user_code(copy.deepcopy, obj.value))
+    if isinstance(obj, (ListVariable, DictVariable, SetVariable)) and not memo and (
+        BUILTIN_HANDLERS.get(copy.copy) is not None
+    ):
+        return obj.call_method(tx, "copy", [], {})
+    raise GraphBreak(f"copying {obj.describe()}")
 
 
 @builtin(operator.setitem)

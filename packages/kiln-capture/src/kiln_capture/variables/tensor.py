@@ -64,7 +64,8 @@ class TensorVariable(Variable):
 
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
-        if not hasattr(torch.Tensor, name) and self.source is None:
+        real = getattr(self, "real", None)
+        if not hasattr(torch.Tensor, name) and (real is None or not hasattr(real, name)):
             from kiln_capture.exc import UserError
 
             raise UserError(AttributeError(f"'Tensor' object has no attribute {name!r}"))
