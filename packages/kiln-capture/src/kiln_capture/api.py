@@ -227,6 +227,16 @@ class CapturedModule(torch.nn.Module):
             return super().__getattr__(name)
         return getattr(self._orig_mod, name)
 
+    # container modules (Sequential, ModuleList) keep their protocol
+    def __getitem__(self, index):
+        return self._orig_mod[index]
+
+    def __len__(self):
+        return len(self._orig_mod)
+
+    def __iter__(self):
+        return iter(self._orig_mod)
+
 
 def capture(fn_or_module, backend, *, fullgraph: bool = False, dynamic: bool | None = None,
             recompile_limit: int = 8):

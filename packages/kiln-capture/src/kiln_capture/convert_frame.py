@@ -255,7 +255,7 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
     cg.reconstruct(returned)
     output.side_effects.replay(cg, fn.__globals__)
     cg.emit_return()
-    return CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards), gm)
+    return CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards, shape_guards(output)), gm)
 
 
 def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureResult:
@@ -321,7 +321,7 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
             cg.reconstruct(value)
         cg.emit(copy_instr(inst))
         resume_after(index + 1, (*nulls(below), *([False] * pushed)))
-    result = CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards), gm,
+    result = CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards, shape_guards(output)), gm,
                            break_info, resumes)
     return result
 
@@ -401,6 +401,18 @@ class _Const(Variable):
 
 def _unbound(v) -> bool:
     return type(v).__name__ == "DeletedVariable"
+
+
+def shape_guards(output: OutputGraph) -> list[str]:
+    """Guards on symbolic sizes that the trace relied on, as Python over the arguments."""
+    from kiln_capture.guards import ShapeSource
+
+    dynamic = [(s, var) for s, _, var in output.inputs if output.dynamic_dims.get(s.expr())]
+    if not dynamic:
+        return []
+    fakes = [var.example for _, var in dynamic]
+    sources = [ShapeSource(s.expr()) for s, _ in dynamic]
+    return list(output.shape_env.produce_guards(fakes, sources))
 
 
 def make_function(fn, cg: Codegen) -> types.FunctionType:

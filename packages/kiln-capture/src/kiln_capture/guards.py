@@ -22,13 +22,20 @@ class ShapeSource(TorchSource):
 
     expression: str
 
+    @property
     def name(self) -> str:
-        return self.expression
+        # torch reads ``source.name`` as a property in newer releases and calls it in older
+        return _CallableStr(self.expression)
 
     def guard_source(self):
         from torch._guards import GuardSource
 
         return GuardSource.LOCAL
+
+
+class _CallableStr(str):
+    def __call__(self) -> str:
+        return str(self)
 
 
 def tensor_key(t: torch.Tensor):

@@ -1,0 +1,76 @@
+"""Hugging Face models built from small configs (random weights) capture in one graph each."""
+
+import pytest
+import torch
+
+import kiln_capture
+
+transformers = pytest.importorskip("transformers")
+
+
+def bert():
+    config = transformers.BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=64)
+    return transformers.BertModel(config), lambda: {"input_ids": torch.randint(0, 128, (2, 8))}
+
+
+def gpt2():
+    config = transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config), lambda: {
+        "input_ids": torch.randint(0, 128, (2, 8))}
+
+
+def llama():
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=64, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config), lambda: {
+        "input_ids": torch.randint(0, 128, (2, 8))}
+
+
+def t5():
+    config = transformers.T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                   num_heads=4)
+    return transformers.T5Model(config), lambda: {
+        "input_ids": torch.randint(0, 128, (2, 8)),
+        "decoder_input_ids": torch.randint(0, 128, (2, 6)),
+    }
+
+
+def vit():
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=64)
+    return transformers.ViTModel(config), lambda: {"pixel_values": torch.randn(2, 3, 32, 32)}
+
+
+MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "t5": t5, "vit": vit}
+
+
+def main_output(out):
+    return out.last_hidden_state if "last_hidden_state" in out else out.logits
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_inference_is_one_graph_equal_to_eager(name):
+    torch.manual_seed(0)
+    model, make_inputs = MODELS[name]()
+    model.eval()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    captured = kiln_capture.capture(model, backend)
+    for _ in range(2):  # the second call runs the cached capture
+        inputs = make_inputs()
+        with torch.no_grad():
+            expected = model(**inputs)
+            actual = captured(**inputs)
+        assert type(actual) is type(expected)
+        torch.testing.assert_close(main_output(actual), main_output(expected))
+    assert len(graphs) == 1, f"{name} broke into {len(graphs)} graphs"
+    assert captured._captured.stats.eager_reason is None
