@@ -20,6 +20,7 @@ import torch
 
 from kiln_capture import versions
 from kiln_capture.convert_frame import CaptureResult, convert_frame
+from kiln_capture.dispatch import make_call
 from kiln_capture.exc import CaptureFailed, Unsupported, UserError
 
 log = logging.getLogger("kiln.capture")
@@ -64,18 +65,22 @@ class CapturedFunction:
         self.bound_self = bound_self
         self.observer = observer
         self.entries: list[CacheEntry] = []
+        self.dispatch: list[tuple] = []  # (guard check, transformed function), newest first
         self.stats = CaptureStats()
         self.dynamic_dims: dict[str, set[int]] = {}
         self.callees: dict[int, CapturedFunction] = {}
         self.warned_limit = False
         functools.update_wrapper(self, fn)
+        fast_call = make_call(fn, bound=bound_self is not None)
+        if fast_call is not None:  # a class of its own, so that its __call__ is the fast one
+            self.__class__ = type(type(self).__name__, (type(self),), {"__call__": fast_call})
 
     def __call__(self, *args, **kwargs):
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        for entry in self.entries:
-            if entry.result.guard.check(*args, **kwargs):
-                return entry.result.function(*args, **kwargs)
+        for check, function in self.dispatch:
+            if check(*args, **kwargs):
+                return function(*args, **kwargs)
         return self.cache_miss(args, kwargs)
 
     def __get__(self, obj, objtype=None):
@@ -111,6 +116,7 @@ class CapturedFunction:
                                     kwargs, warn=True)
         self.stats.compiles += 1
         self.entries.insert(0, CacheEntry(result))
+        self.dispatch.insert(0, (result.guard.check, result.function))
         if self.observer is not None:
             self.observer.on_capture(self, result)
         return result.function(*args, **kwargs)

@@ -303,7 +303,8 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         from bytecode import Instr
 
         other = cg.new_label()
-        cg.emit(Instr(inst.name, other))
+        # the branch target is ahead in the generated code (3.11 names jumps by direction)
+        cg.emit(Instr(inst.name.replace("_BACKWARD_", "_FORWARD_"), other))
         resume_after(index + 1, nulls(below))
         cg.emit(other)
         resume_after(root.program.target(inst.arg), nulls(below))

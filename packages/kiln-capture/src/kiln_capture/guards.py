@@ -38,16 +38,13 @@ class _CallableStr(str):
         return str(self)
 
 
-def tensor_key(t: torch.Tensor):
-    """What a tensor guard compares: everything a captured graph specialises on."""
-    return (type(t), t.dtype, t.device, t.shape, t.stride(), t.requires_grad,
-            torch._C._dispatch_keys(t).raw_repr())
+def dispatch_keys(t: torch.Tensor) -> int:
+    return torch._C._dispatch_keys(t).raw_repr()
 
 
-def tensor_key_dynamic(t: torch.Tensor, static_dims: tuple[int, ...]):
-    shape = t.shape
-    return (type(t), t.dtype, t.device, t.dim(), tuple(shape[d] for d in static_dims),
-            t.requires_grad, torch._C._dispatch_keys(t).raw_repr())
+def device_index(device: torch.device) -> int:
+    """What ``Tensor.get_device()`` returns for a tensor on ``device`` (-1 on the CPU)."""
+    return -1 if device.type == "cpu" else (device.index or 0)
 
 
 def module_has_hooks(module) -> bool:
@@ -55,9 +52,8 @@ def module_has_hooks(module) -> bool:
                 or getattr(module, "_backward_pre_hooks", None))
 
 
-def global_state():
-    return (torch.is_grad_enabled(), torch.get_default_dtype(),
-            torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+def autocast_state():
+    return tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
 @dataclass
@@ -76,11 +72,21 @@ class GuardSet:
     tensor_sources: list = field(default_factory=list)
 
     def __post_init__(self):
-        self.scope.update(___G=self.f_globals, ___closure=self.closure, ___key=tensor_key,
-                          ___key_dyn=tensor_key_dynamic, ___state=global_state,
-                          ___has_hooks=module_has_hooks)
-        self.add("___state() == ___s0", "global state (grad mode, default dtype, autocast)",
-                 ___s0=global_state())
+        self.scope.update(
+            ___G=self.f_globals, ___closure=self.closure, ___dispatch_keys=torch._C._dispatch_keys,
+            ___grad_enabled=torch.is_grad_enabled, ___default_dtype=torch.get_default_dtype,
+            ___any_autocast=torch._C._is_any_autocast_enabled, ___autocast=autocast_state,
+            ___has_hooks=module_has_hooks,
+        )
+        grad = torch.is_grad_enabled()
+        self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")
+        dtype = self.constant_name("dtype", torch.get_default_dtype())
+        self.add(f"___default_dtype() is {dtype}", f"default dtype is {torch.get_default_dtype()}")
+        if torch._C._is_any_autocast_enabled():
+            state = self.constant_name("autocast", autocast_state())
+            self.add(f"___autocast() == {state}", f"autocast (cpu, cuda) is {autocast_state()}")
+        else:
+            self.add("___any_autocast() is False", "autocast is off")
 
     def constant_name(self, prefix: str, value) -> str:
         name = f"___{prefix}{len(self.scope)}"
@@ -162,18 +168,28 @@ class GuardSet:
         self.add(f"{expr} is {other_expr}", f"{expr} is {other_expr}")
 
     def tensor(self, source, value: torch.Tensor, dynamic_dims=()) -> None:
+        """Everything a graph specialises on, checked field by field (cheap in CPython)."""
         expr = self.bind(source)
-        shape = tuple(value.shape)
+        kind = self.constant_name("T", type(value))
+        dtype = self.constant_name("dtype", value.dtype)
+        checks = [f"type({expr}) is {kind}", f"{expr}.dtype is {dtype}"]
+        if value.device.type != "cpu":  # the dispatch keys tell CPU from other devices
+            checks.append(f"{expr}.get_device() == {device_index(value.device)}")
         if dynamic_dims:
-            static = tuple(d for d in range(value.dim()) if d not in dynamic_dims)
-            key = self.constant_name("k", tensor_key_dynamic(value, static))
-            statics = self.constant_name("dims", static)
-            self.add(f"___key_dyn({expr}, {statics}) == {key}",
-                     f"{expr}: {describe_tensor(value)} with dims {sorted(dynamic_dims)} dynamic")
+            checks.append(f"{expr}.dim() == {value.dim()}")
+            checks += [f"{expr}.size({d}) == {value.size(d)}" for d in range(value.dim())
+                       if d not in dynamic_dims]
+            if value.is_contiguous():
+                checks.append(f"{expr}.is_contiguous()")
+            about = f"{describe_tensor(value)} with dims {sorted(dynamic_dims)} dynamic"
         else:
-            key = self.constant_name("k", tensor_key(value))
-            self.add(f"___key({expr}) == {key}", f"{expr}: {describe_tensor(value)}")
-        self.tensor_sources.append((source, shape))
+            checks += [f"{expr}.shape == {tuple(value.shape)}",
+                       f"{expr}.stride() == {tuple(value.stride())}"]
+            about = describe_tensor(value)
+        checks += [f"{expr}.requires_grad is {value.requires_grad}",
+                   f"___dispatch_keys({expr}).raw_repr() == {dispatch_keys(value)}"]
+        self.add(" and ".join(checks), f"{expr}: {about}")
+        self.tensor_sources.append((source, tuple(value.shape)))
 
 
 def describe_tensor(t: torch.Tensor) -> str:
