@@ -68,7 +68,9 @@ class CapturedFunction:
         self.dispatch: list[tuple] = []  # (guard check, transformed function), newest first
         self.stats = CaptureStats()
         self.dynamic_dims: dict[str, set[int]] = {}
-        self.callees: dict[int, CapturedFunction] = {}
+        # functions called at graph breaks and resume functions, shared by the whole tree of
+        # captures that starts here (resume functions are keyed by their code)
+        self.callees: dict = {}
         self.warned_limit = False
         functools.update_wrapper(self, fn)
         fast_call = make_call(fn, bound=bound_self is not None)
@@ -190,12 +192,16 @@ class CapturedFunction:
 
     def wrap_callee(self, fn) -> CapturedFunction:
         """Functions called at a graph break (and resume functions) are captured too."""
-        key = id(fn)
+        from kiln_capture.resume import RESUME_ORIGINS
+
+        key = fn.__code__ if fn.__code__ in RESUME_ORIGINS else id(fn)
         if key not in self.callees:
-            self.callees[key] = CapturedFunction(
+            callee = CapturedFunction(
                 fn, self.backend, fullgraph=False, dynamic=self.dynamic,
                 recompile_limit=self.recompile_limit, observer=self.observer)
-            self.callees[key]._keep = fn
+            callee.callees = self.callees
+            callee._keep = fn
+            self.callees[key] = callee
         return self.callees[key]
 
     def cache_entries(self) -> list[CacheEntry]:

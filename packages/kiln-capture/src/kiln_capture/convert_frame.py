@@ -266,7 +266,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         raise CaptureFailed(f"graph break inside a try/with block at {break_info.where}")
     if fn.__code__.co_cellvars:
         raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
-    live = {name: v for name, v in root.locals.items() if not _unbound(v)}
+    from kiln_capture.resume import is_resume_argument
+
+    live = {name: v for name, v in root.locals.items()
+            if not _unbound(v) and not is_resume_argument(name)}
     stack = list(root.stack)
     needed = [*stack, *live.values(), *output.side_effects.stored_values()]
     gm, compiled, indices = compile_graph(output, needed, backend)

@@ -16,6 +16,12 @@ from bytecode import Bytecode, Instr, Label
 from kiln_capture.program import Program
 
 PROLOGUE_OPS = ("MAKE_CELL", "COPY_FREE_VARS", "RESUME", "NOP")
+STACK_PREFIX = "___stack"
+
+# resume code -> (the code it was cut from, how many instructions its setup added), so that a
+# break inside a resume function resumes the original code again: a loop that breaks at every
+# iteration reuses one resume function instead of making a new one each time.
+RESUME_ORIGINS: dict[types.CodeType, tuple[types.CodeType, int]] = {}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -37,7 +43,7 @@ def resume_code(code: types.CodeType, target: int, null_mask: tuple[bool, ...],
     while rest and isinstance(rest[0], Instr) and rest[0].name in PROLOGUE_OPS:
         prologue.append(rest[0])
         rest = rest[1:]
-    stack_names = fresh_names("___stack", null_mask.count(False), set(local_names))
+    stack_names = fresh_names(STACK_PREFIX, null_mask.count(False), set(local_names))
     values = iter(stack_names)
     setup = [Instr("PUSH_NULL") if is_null else Instr("LOAD_FAST", next(values))
              for is_null in null_mask]
@@ -53,13 +59,29 @@ def resume_code(code: types.CodeType, target: int, null_mask: tuple[bool, ...],
     resumed.name = f"{code.co_name}_resume_at_{target}"
     if hasattr(resumed, "qualname"):
         resumed.qualname = f"{code.co_qualname}_resume_at_{target}"
-    return resumed.to_code()
+    new_code = resumed.to_code()
+    RESUME_ORIGINS[new_code] = (code, len(setup))
+    return new_code
 
 
 def make_resume_function(fn: types.FunctionType, target: int, null_mask: tuple[bool, ...],
                          local_names: tuple[str, ...]) -> types.FunctionType:
-    code = resume_code(fn.__code__, target, null_mask, local_names)
-    return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+    code, target = original_position(fn.__code__, target)
+    new_code = resume_code(code, target, null_mask, local_names)
+    return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)
+
+
+def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:
+    """The original code and instruction that ``index`` of a resume function stands for."""
+    while code in RESUME_ORIGINS:
+        code, shift = RESUME_ORIGINS[code]
+        index -= shift
+    return code, index
+
+
+def is_resume_argument(name: str) -> bool:
+    """A saved stack value: it is on the stack once the resume function starts."""
+    return name.startswith(STACK_PREFIX)
 
 
 def fresh_names(prefix: str, count: int, taken: set[str]) -> list[str]:
