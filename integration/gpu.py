@@ -80,6 +80,29 @@ def run_suite(name: str, paths: list[str]) -> SuiteResult:
     return result
 
 
+def run_benchmarks() -> list[SuiteResult]:
+    """Every integration/benchmarks/bench_*.py: its table printed, a row in the summary."""
+    import importlib
+
+    bench_dir = ROOT / "integration" / "benchmarks"
+    sys.path.insert(0, str(bench_dir))
+    results = []
+    for path in sorted(bench_dir.glob("bench_*.py")):
+        start = time.perf_counter()
+        result = SuiteResult(f"bench {path.stem[6:]}")
+        try:
+            table = importlib.import_module(path.stem).main()
+            print(f"\n## {path.stem}\n\n{table}", flush=True)
+            (OUT / f"{path.stem}.md").write_text(table + "\n")
+            result.passed = 1
+        except Exception as exc:  # a broken benchmark is reported, the others still run
+            result.failed = 1
+            result.note = f"{type(exc).__name__}: {exc}"[:120]
+        result.seconds = time.perf_counter() - start
+        results.append(result)
+    return results
+
+
 def environment() -> list[str]:
     import torch
 
@@ -114,6 +137,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     print("\n".join(environment()), flush=True)
     results = [run_suite(name, paths) for name, paths in test_suites()]
+    results += run_benchmarks()
     print_table(results)
     return 1 if any(r.failed or r.note for r in results) else 0
 

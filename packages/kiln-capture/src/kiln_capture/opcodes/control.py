@@ -155,11 +155,23 @@ def get_yield_from_iter(tx, inst):
 
 @handles("SEND")
 def send(tx, inst):
-    iterator = tx.peek(2)
-    tx.pop()
+    """``yield from``: each step yields the next item; exhaustion jumps past the loop."""
+    tx.pop()  # the value sent in (always None here)
+    iterator = tx.peek()
     if not isinstance(iterator, ListIteratorVariable):
         raise GraphBreak("yield from a non-list iterator")
-    tx.yielded.extend(iterator.unpack(tx))
-    tx.pop()
+    item = iterator.next(tx)
+    if item is not None:
+        tx.push(item)
+        return
+    if PY < (3, 12):
+        tx.pop()  # 3.11 drops the iterator here; 3.12+ leaves it for END_SEND
     tx.push(ConstantVariable(None))
     tx.jump(inst.arg)
+
+
+@handles("END_SEND", min_version=(3, 12))
+def end_send(tx, inst):
+    value = tx.pop()
+    tx.pop()
+    tx.push(value)
