@@ -20,7 +20,7 @@ import torch
 
 from kiln_capture import versions
 from kiln_capture.convert_frame import CaptureResult, convert_frame
-from kiln_capture.dispatch import make_call
+from kiln_capture.dispatch import make_call, read_signature
 from kiln_capture.exc import CaptureFailed, Unsupported, UserError
 
 log = logging.getLogger("kiln.capture")
@@ -73,9 +73,10 @@ class CapturedFunction:
         self.callees: dict = {}
         self.warned_limit = False
         functools.update_wrapper(self, fn)
-        fast_call = make_call(fn, bound=bound_self is not None)
-        if fast_call is not None:  # a class of its own, so that its __call__ is the fast one
-            self.__class__ = type(type(self).__name__, (type(self),), {"__call__": fast_call})
+        self.fast_call = read_signature(fn, bound=bound_self is not None) is not None
+        if self.fast_call:  # a class of its own, whose __call__ is regenerated per cache entry
+            self.__class__ = type(type(self).__name__, (type(self),), {})
+            self.rebuild_dispatch()
 
     def __call__(self, *args, **kwargs):
         if self.bound_self is not None:
@@ -119,9 +120,18 @@ class CapturedFunction:
         self.stats.compiles += 1
         self.entries.insert(0, CacheEntry(result))
         self.dispatch.insert(0, (result.guard.check, result.function))
+        self.rebuild_dispatch()
         if self.observer is not None:
             self.observer.on_capture(self, result)
         return result.function(*args, **kwargs)
+
+    def rebuild_dispatch(self) -> None:
+        if self.fast_call:
+            type(self).__call__ = make_call(self.fn, self.bound_self is not None, self.entries)
+
+    def dispatch_source(self) -> str:
+        """The generated ``__call__`` (guards of every cache entry inlined), as source."""
+        return getattr(type(self).__call__, "__kiln_source__", "")
 
     def run_raising(self, err: UserError, args, kwargs):
         """The trace saw the user's code raise: run it eagerly so it raises for real. If it

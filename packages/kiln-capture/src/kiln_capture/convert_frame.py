@@ -77,6 +77,9 @@ class CaptureResult:
     graph: torch.fx.GraphModule | None
     graph_break: GraphBreakRecord | None = None
     resumes: list = field(default_factory=list)
+    # (compiled graph, argument names, output index) when the whole frame is "return one
+    # output of the graph, computed from the arguments": the dispatcher calls it directly
+    direct: tuple | None = None
 
 
 class LazyLocal(Variable):
@@ -255,7 +258,8 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
     cg.reconstruct(returned)
     output.side_effects.replay(cg, fn.__globals__)
     cg.emit_return()
-    return CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards, shape_guards(output)), gm)
+    return CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards, shape_guards(output)), gm,
+                         direct=direct_call(output, compiled, indices, returned))
 
 
 def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureResult:
@@ -405,6 +409,16 @@ class _Const(Variable):
 
 def _unbound(v) -> bool:
     return type(v).__name__ == "DeletedVariable"
+
+
+def direct_call(output: OutputGraph, compiled, indices, returned):
+    """(compiled, argument names, output index) if the frame only returns one graph output
+    computed from its arguments and has no side effects; else None."""
+    if compiled is None or id(returned) not in indices or not output.side_effects.is_empty():
+        return None
+    if not all(isinstance(source, LocalSource) for source, _, _ in output.inputs):
+        return None
+    return compiled, [source.name for source, _, _ in output.inputs], indices[id(returned)]
 
 
 def shape_guards(output: OutputGraph) -> list[str]:

@@ -1,21 +1,37 @@
 """The per-call fast path: a generated ``__call__`` with the captured function's own
-parameters, so that CPython binds the arguments once and no ``*args`` tuple is built.
+parameters and every cache entry's guards inlined, newest first.
 
     def __call__(___captured, x, y, *, scale=___d2):
-        for ___check, ___run in ___captured.dispatch:
-            if ___check(x, y, scale=scale):
-                return ___run(x, y, scale=scale)
+        if (___e0_grad_enabled() is True) and (type(x) is ___e0_T5 and x.dtype is ...):
+            return ___run0(x, y, scale=scale)
         return ___captured.cache_miss((x, y), {'scale': scale})
+
+An entry whose code only returns one output of its graph, computed from the arguments, is
+called as ``___graph0(x, y)[0]``: no transformed frame in between.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
+from dataclasses import dataclass
 
 
-def make_call(fn, bound: bool):
-    """``__call__`` for a captured ``fn``; with ``bound``, its first parameter is the
-    object the capture is bound to (a module's ``self``)."""
+@dataclass
+class Signature:
+    declared: list[str]  # the parameter list of __call__
+    positional: list[str]  # expressions passed positionally
+    keywords: list[str]  # "'name': name" or "**kwargs"
+    first: str | None  # the bound parameter (a module's self), if any
+    scope: dict
+
+    def call_args(self) -> str:
+        keyword_args = [k if k.startswith("**") else f"{k.split(': ')[1]}={k.split(': ')[1]}"
+                        for k in self.keywords]
+        return ", ".join([*self.positional, *keyword_args])
+
+
+def read_signature(fn, bound: bool) -> Signature | None:
     parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     scope: dict = {}
     declared, positional, keywords = [], [], []
@@ -29,38 +45,68 @@ def make_call(fn, bound: bool):
             declared.append("*" + p.name)
             positional.append("*" + p.name)
             star_seen = True
-            continue
-        if p.kind is p.VAR_KEYWORD:
+        elif p.kind is p.VAR_KEYWORD:
             declared.append("**" + p.name)
             keywords.append("**" + p.name)
-            continue
-        if p.kind is p.KEYWORD_ONLY:
+        elif p.kind is p.KEYWORD_ONLY:
             if not star_seen:
                 declared.append("*")
                 star_seen = True
             declared.append(text)
             keywords.append(f"{p.name!r}: {p.name}")
-            continue
-        declared.append(text)
-        positional.append(p.name)
+        else:
+            declared.append(text)
+            positional.append(p.name)
+    first = None
     if bound:
         if not positional or positional[0].startswith("*"):
             return None
         first = positional[0]
         declared = [d for d in declared if d.split("=")[0] != first]
-        positional[0] = "___captured.bound_self"
-    call_args = ", ".join([*positional, *(k if k.startswith("**") else
-                                          f"{k.split(': ')[1]}={k.split(': ')[1]}"
-                                          for k in keywords)])
-    args_tuple = f"({', '.join(positional)},)" if positional else "()"
-    kwargs_dict = "{" + ", ".join(keywords) + "}"
-    source = (
-        f"def __call__(___captured, {', '.join(declared)}):\n"
-        f"    for ___check, ___run in ___captured.dispatch:\n"
-        f"        if ___check({call_args}):\n"
-        f"            return ___run({call_args})\n"
-        f"    return ___captured.cache_miss({args_tuple}, {kwargs_dict})\n"
-    )
+    return Signature(declared, positional, keywords, first, scope)
+
+
+def _renamer(n: int, names):
+    """Give entry ``n``'s guard constants names of their own (parameters keep theirs)."""
+    pattern = re.compile(r"\b___([A-Za-z][A-Za-z0-9_]*)")
+
+    def rename(code: str) -> str:
+        return pattern.sub(
+            lambda m: f"___e{n}_{m.group(1)}" if m.group(0) in names else m.group(0), code)
+
+    return rename
+
+
+def make_call(fn, bound: bool, entries=()):
+    """``__call__`` for a captured ``fn`` over its cache ``entries`` (newest first); with
+    ``bound``, the first parameter is the object the capture is bound to. None when the
+    signature cannot be written out (the generic path is used)."""
+    sig = read_signature(fn, bound)
+    if sig is None:
+        return None
+    scope = dict(sig.scope)
+    call_args = sig.call_args()
+    lines = [f"def __call__(___captured, {', '.join(sig.declared)}):"]
+    if sig.first is not None:
+        lines.append(f"    {sig.first} = ___captured.bound_self")
+    for n, entry in enumerate(entries):
+        guard = entry.result.guard
+        rename = _renamer(n, guard.scope)
+        scope.update({rename(k): v for k, v in guard.scope.items() if k.startswith("___")})
+        condition = " and ".join(f"({rename(g.code)})" for g in guard.lines) or "True"
+        fast = entry.result.direct
+        if fast is not None:
+            compiled, argument_names, index = fast
+            scope[f"___graph{n}"] = compiled
+            action = f"___graph{n}({', '.join(argument_names)})[{index}]"
+        else:
+            scope[f"___run{n}"] = entry.result.function
+            action = f"___run{n}({call_args})"
+        lines += [f"    if {condition}:", f"        return {action}"]
+    args_tuple = f"({', '.join(sig.positional)},)" if sig.positional else "()"
+    kwargs_dict = "{" + ", ".join(sig.keywords) + "}"
+    lines.append(f"    return ___captured.cache_miss({args_tuple}, {kwargs_dict})")
+    source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatch {fn.__qualname__}>", "exec"), scope)  # noqa: S102
     call = scope["__call__"]
     call.__kiln_source__ = source
