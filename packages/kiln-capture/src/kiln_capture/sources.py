@@ -135,9 +135,11 @@ class ModuleMemberSource(Source):
 
 @dataclass(frozen=True, eq=False)
 class ObjectSource(Source):
-    """An object held by reference (a module's globals dict, the builtins dict)."""
+    """An object held by reference (a module's globals dict, the builtins dict), named by
+    ``label`` in guards: ``builtins`` or ``globals_<module>``."""
 
     obj: object
+    label: str
 
     def __hash__(self):
         return id(self.obj)
@@ -146,7 +148,7 @@ class ObjectSource(Source):
         return isinstance(other, ObjectSource) and other.obj is self.obj
 
     def expr(self) -> str:
-        return f"___o{id(self.obj)}"
+        return f"___{self.label}"
 
     def emit(self, cg) -> None:
         cg.load_const(self.obj)

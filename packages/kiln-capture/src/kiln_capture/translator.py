@@ -132,13 +132,15 @@ class Translator:
         if isinstance(builtins_dict, types.ModuleType):
             builtins_dict = builtins_dict.__dict__
         if name in builtins_dict:
-            return wrap(self, builtins_dict[name], ItemSource(ObjectSource(builtins_dict), name))
+            source = ItemSource(ObjectSource(builtins_dict, "builtins"), name)
+            return wrap(self, builtins_dict[name], source)
         raise UserError(NameError(f"name {name!r} is not defined"))
 
     def global_source(self, name: str):
         if self.f_globals is self.output.guards.f_globals:
             return GlobalSource(name)
-        return ItemSource(ObjectSource(self.f_globals), name)
+        module = str(self.f_globals.get("__name__", "module")).replace(".", "_")
+        return ItemSource(ObjectSource(self.f_globals, f"globals_{module}"), name)
 
     def store_global(self, name: str, value: Variable) -> None:
         self.side_effects.store_global(self.f_globals, name, value)
