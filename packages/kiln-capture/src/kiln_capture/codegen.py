@@ -179,6 +179,22 @@ class Codegen:
         self.emit(Instr("CALL_FUNCTION_EX", 0))
         self.emit(Instr("RETURN_VALUE"))
 
+    def begin_handler_region(self, entry) -> None:
+        if entry is not None:
+            self.emit(entry)
+
+    def end_handler_region(self, entry) -> None:
+        if entry is not None:
+            from bytecode import TryEnd
+
+            self.emit(TryEnd(entry))
+
+    def in_handler_region(self, entry, instr) -> None:
+        """Emit ``instr`` so that an exception it raises goes to ``entry``'s handler."""
+        self.begin_handler_region(entry)
+        self.emit(instr)
+        self.end_handler_region(entry)
+
     def emit_return(self) -> None:
         self.emit(Instr("RETURN_VALUE"))
 

@@ -112,6 +112,8 @@ class RootTranslator(Translator):
 
     def step(self) -> None:
         if self.ip == self.break_at:
+            self.grad_mode_at_stop = torch.is_grad_enabled()
+            self.autocast_at_stop = torch._C._is_any_autocast_enabled()
             raise StopBeforeBreak()
         index = self.ip
         try:
@@ -266,8 +268,9 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     """Graph up to the break, the breaking instruction natively, then the resume function."""
     index = root.ip
     inst = root.program.instrs[index]
-    if root.program.handlers[index] is not None:
-        raise CaptureFailed(f"graph break inside a try/with block at {break_info.where}")
+    handler = root.program.handlers[index]
+    if root.autocast_at_stop:
+        raise CaptureFailed(f"graph break inside an autocast region at {break_info.where}")
     if fn.__code__.co_cellvars:
         raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
     from kiln_capture.resume import is_resume_argument
@@ -276,11 +279,17 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
             if not _unbound(v) and not is_resume_argument(name)}
     stack = list(root.stack)
     needed = [*stack, *live.values(), *output.side_effects.stored_values()]
+    grad_mode_changed = root.grad_mode_at_stop != output.initial_grad_mode
+    if grad_mode_changed:  # the graph ends in the mode it started in; the code switches back
+        output.graph.call_function(torch._C._set_grad_enabled, (output.initial_grad_mode,))
     gm, compiled, indices = compile_graph(output, needed, backend)
     cg = Codegen(fn.__code__, indices)
     cg.prologue()
     if compiled is not None:
         cg.call_graph(compiled, [s for s, _, _ in output.inputs])
+    if grad_mode_changed:
+        cg.call_object(torch._C._set_grad_enabled, [_Const(root.grad_mode_at_stop)])
+        cg.pop_top()
     for name, value in live.items():
         cg.reconstruct(value)
         cg.store_local(name)
@@ -295,8 +304,16 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resumes.append(resume)
         cg.call_resume(resume, null_mask.count(False), list(local_names))
 
+    handler_entry = None
+    if handler is not None:
+        from bytecode import Label, TryBegin
+
+        handler_entry = TryBegin(Label(), handler.push_lasti, stack_depth=handler.stack_depth)
+        if any(is_null(v) for v in stack[:handler.stack_depth]):
+            raise CaptureFailed(f"graph break at {break_info.where} cannot be resumed")
+
     if inst.name in CALL_OPS:
-        below = emit_native_call(cg, root, inst, wrap_callee)
+        below = emit_native_call(cg, root, inst, wrap_callee, handler_entry)
         following = root.program.instrs[index + 1]
         if following.name == "POP_TOP":  # the result is unused: drop it here
             cg.pop_top()
@@ -311,7 +328,8 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
 
         other = cg.new_label()
         # the branch target is ahead in the generated code (3.11 names jumps by direction)
-        cg.emit(Instr(inst.name.replace("_BACKWARD_", "_FORWARD_"), other))
+        cg.in_handler_region(handler_entry, Instr(inst.name.replace("_BACKWARD_", "_FORWARD_"),
+                                                  other))
         resume_after(index + 1, nulls(below))
         cg.emit(other)
         resume_after(root.program.target(inst.arg), nulls(below))
@@ -327,14 +345,19 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         reconstruct_values(cg, below)
         for value in operands:
             cg.reconstruct(value)
-        cg.emit(copy_instr(inst))
+        cg.in_handler_region(handler_entry, copy_instr(inst))
         resume_after(index + 1, (*nulls(below), *([False] * pushed)))
+    if handler_entry is not None:
+        # an exception from the native instruction: the original handler, as a resume point
+        cg.emit(handler_entry.target)
+        depth = handler.stack_depth + handler.push_lasti + 1
+        resume_after(handler.target, (False,) * depth)
     result = CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards, shape_guards(output)), gm,
                            break_info, resumes)
     return result
 
 
-def emit_native_call(cg, root, inst, wrap_callee) -> list[Variable]:
+def emit_native_call(cg, root, inst, wrap_callee, handler_entry=None) -> list[Variable]:
     """Rebuild the stack below the call and perform the call natively (user functions are
     captured); the values below the call's operands."""
     from kiln_capture.opcodes.calls import pop_callable, split_kwargs
@@ -364,9 +387,11 @@ def emit_native_call(cg, root, inst, wrap_callee) -> list[Variable]:
     below = list(root.stack)
     root.stack[:] = saved
     reconstruct_values(cg, below)
+    cg.begin_handler_region(handler_entry)
     cg.call(lambda: emit_callee(cg, fn_var, wrap_callee),
             [lambda a=a: cg.reconstruct(a) for a in [*args, *kwargs.values()]],
             tuple(kwargs))
+    cg.end_handler_region(handler_entry)
     return below
 
 

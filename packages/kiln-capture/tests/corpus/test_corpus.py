@@ -16,7 +16,6 @@ KNOWN_GAPS = {
     "specialised (a recompile per value) instead of becoming dynamic",
     "exceptions-with_contextlib": "@contextlib.contextmanager runs a generator, which capture "
     "does not step through",
-    "graph_breaks-print_in_no_grad": "a graph break inside a `with` block runs the frame eagerly",
     "graph_breaks-break_in_comprehension_helper": "a graph break inside a comprehension runs "
     "the frame eagerly",
 }

@@ -119,6 +119,14 @@ class ContextExit(Variable):
         self.manager.exit(tx)
         return ConstantVariable(None)
 
+    def reconstruct(self, cg) -> None:
+        rebuild = getattr(self.manager, "reconstruct_exit", None)
+        if rebuild is None:
+            from kiln_capture.exc import CaptureFailed
+
+            raise CaptureFailed(f"cannot rebuild the exit of {self.manager.describe()}")
+        rebuild(cg)
+
 
 @handles("WITH_EXCEPT_START")
 def with_except_start(tx, inst):

@@ -84,6 +84,9 @@ class GradModeVariable(Variable):
         set_grad_mode(tx, self.previous)
         return ConstantVariable(None)
 
+    def reconstruct_exit(self, cg) -> None:
+        cg.call_object(grad_mode_exit, [ConstantVariable(self.previous)])
+
     def call(self, tx, args, kwargs):
         # used as a decorator: @torch.no_grad()
         from kiln_capture.variables.functions import BaseFunctionVariable
@@ -94,6 +97,24 @@ class GradModeVariable(Variable):
 
     def reconstruct(self, cg):
         cg.call_object(_grad_mode_class(self.mode), [])
+
+
+def _restore_grad_mode(previous: bool):
+    def exit_grad_mode(*exc_info):
+        torch._C._set_grad_enabled(previous)
+        return False
+
+    exit_grad_mode.__qualname__ = f"exit_grad_mode_to_{previous}"
+    return exit_grad_mode
+
+
+# One exit per mode, so that the identity guards on a rebuilt exit hold from call to call.
+GRAD_MODE_EXITS = {mode: _restore_grad_mode(mode) for mode in (False, True)}
+
+
+def grad_mode_exit(previous: bool):
+    """The ``__exit__`` of a grad-mode block entered during capture: restores ``previous``."""
+    return GRAD_MODE_EXITS[previous]
 
 
 def _grad_mode_class(mode):

@@ -1,0 +1,102 @@
+"""Graph breaks inside try/finally, except and with blocks keep Python's semantics."""
+
+import pytest
+import torch
+
+from kiln_capture import capture
+
+
+class Recorder:
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+CONFIG = {"mode": "default"}
+
+
+def body_with_item(x):
+    y = x * 2
+    scale = y.abs().sum().item()  # needs the data: the graph breaks here
+    return y / scale
+
+
+def decorated(x):
+    """The shape of Hugging Face's forward wrappers: state set, body called, state restored."""
+    CONFIG["mode"] = "inside"
+    try:
+        return body_with_item(x)
+    finally:
+        CONFIG["mode"] = "default"
+
+
+def test_break_inside_try_finally_runs_the_finally():
+    backend = Recorder()
+    fn = capture(decorated, backend)
+    for _ in range(2):
+        x = torch.randn(5)
+        torch.testing.assert_close(fn(x), decorated(x))
+        assert CONFIG["mode"] == "default"
+    assert len(backend.graphs) >= 2, "the parts around the break are still captured"
+
+
+def failing_call(x):
+    raise ValueError(f"rejected {x.shape[0]}")
+
+
+def handled(x):
+    y = x + 1
+    try:
+        print("calling")
+        z = failing_call(y)
+    except ValueError as err:
+        z = y * len(str(err))
+    return z
+
+
+def test_exception_from_the_native_call_reaches_the_users_handler(capsys):
+    fn = capture(handled, Recorder())
+    x = torch.randn(3)
+    torch.testing.assert_close(fn(x), handled(x))
+    assert capsys.readouterr().out == "calling\ncalling\n"
+
+
+def unhandled(x):
+    y = x + 1
+    try:
+        print("calling")
+        return failing_call(y)
+    finally:
+        CONFIG["mode"] = "cleaned"
+
+
+def test_exception_through_a_finally_propagates_after_the_cleanup():
+    CONFIG["mode"] = "default"
+    with pytest.raises(ValueError, match="rejected 3"):
+        capture(unhandled, Recorder())(torch.randn(3))
+    assert CONFIG["mode"] == "cleaned"
+    CONFIG["mode"] = "default"
+
+
+def print_in_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+        print("inside")
+        z = y + 1
+    return z, torch.is_grad_enabled()
+
+
+def test_break_inside_no_grad_keeps_the_mode_and_restores_it(capsys):
+    backend = Recorder()
+    fn = capture(print_in_no_grad, backend)
+    x = torch.randn(3, requires_grad=True)
+    z, grad_after = fn(x)
+    assert not z.requires_grad and grad_after is True and torch.is_grad_enabled()
+    torch.testing.assert_close(z, x.detach() * 2 + 1)
+    assert len(backend.graphs) == 2
+    for gm in backend.graphs:  # each graph leaves grad mode as it found it
+        calls = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
+        assert not calls or calls[-1] is True
