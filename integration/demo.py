@@ -11,10 +11,10 @@ import time
 
 import torch
 import torch._dynamo
+from models import tiny_bert
 
 import kiln
 import kiln_capture
-from models import tiny_bert
 
 
 def eager_backend(gm, example_inputs):
@@ -47,9 +47,11 @@ def main() -> None:
     torch.manual_seed(0)
     model, inputs = tiny_bert()
     report = kiln_capture.explain(model)(**inputs)
-    print(f"\nBERT (2 layers, hidden 64) captured by kiln-capture: {report.graph_count} graph, "
-          f"{report.op_count} ops, {len(report.graph_breaks)} graph breaks, "
-          f"{len(report.guards[0].splitlines()) // 2 - 1} guards")
+    print(
+        f"\nBERT (2 layers, hidden 64) captured by kiln-capture: {report.graph_count} graph, "
+        f"{report.op_count} ops, {len(report.graph_breaks)} graph breaks, "
+        f"{len(report.guards[0].splitlines()) // 2 - 1} guards"
+    )
 
     captured = kiln_capture.capture(model, eager_backend)
     kiln_capture_s = time_first_call(captured, inputs)
@@ -64,10 +66,14 @@ def main() -> None:
     kiln_us = per_call_us(captured, inputs)
     dynamo_us = per_call_us(dynamo, inputs)
     print("equal to eager: yes")
-    print(f"capture time:     kiln-capture {kiln_capture_s * 1e3:7.1f} ms   "
-          f"torch.compile {dynamo_s * 1e3:7.1f} ms   ({dynamo_s / kiln_capture_s:.1f}x faster)")
-    print(f"time per call:    eager {eager_us:7.1f} µs   kiln-capture {kiln_us:7.1f} µs   "
-          f"torch.compile {dynamo_us:7.1f} µs   (both with an eager backend)")
+    print(
+        f"capture time:     kiln-capture {kiln_capture_s * 1e3:7.1f} ms   "
+        f"torch.compile {dynamo_s * 1e3:7.1f} ms   ({dynamo_s / kiln_capture_s:.1f}x faster)"
+    )
+    print(
+        f"time per call:    eager {eager_us:7.1f} µs   kiln-capture {kiln_us:7.1f} µs   "
+        f"torch.compile {dynamo_us:7.1f} µs   (both with an eager backend)"
+    )
     print("Speedups over eager need Kiln's code generation, which is not in this release.")
 
 

@@ -55,14 +55,16 @@ def measure() -> dict[str, float]:
 def main() -> str:
     m = measure()
     ratio = m["kiln-capture"] / m["torch.compile"]
-    return "\n".join([
-        "| | µs per call |",
-        "|---|---:|",
-        f"| eager function | {m['eager']:.2f} |",
-        f"| kiln-capture overhead (eager backend) | {m['kiln-capture']:.2f} |",
-        f"| torch.compile overhead (backend=\"eager\") | {m['torch.compile']:.2f} |",
-        f"| kiln / torch.compile | {ratio:.2f} |",
-    ])
+    return "\n".join(
+        [
+            "| | µs per call |",
+            "|---|---:|",
+            f"| eager function | {m['eager']:.2f} |",
+            f"| kiln-capture overhead (eager backend) | {m['kiln-capture']:.2f} |",
+            f'| torch.compile overhead (backend="eager") | {m["torch.compile"]:.2f} |',
+            f"| kiln / torch.compile | {ratio:.2f} |",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ def test_fullgraph_raises_unsupported_with_the_source_line():
 
 def test_user_exceptions_surface_unchanged():
     def bad(x):
-        y = x + 1
+        x = x + 1
         raise KeyError("no such layer")
 
     with pytest.raises(KeyError) as info:
@@ -219,7 +219,7 @@ def test_explain_reports_graphs_breaks_and_guards():
     out = kiln_capture.explain(two_parts)(torch.randn(3))
     assert out.graph_count == 2
     assert out.graph_breaks and "print" in out.graph_breaks[0][0]
-    assert "print(\"between\")" in out.graph_breaks[0][1]
+    assert 'print("between")' in out.graph_breaks[0][1]
     assert out.guards and out.guards[0].startswith("def guard(x)")
     text = str(out)
     assert "graph break" in text and "relu" in text

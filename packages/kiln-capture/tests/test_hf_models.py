@@ -9,30 +9,51 @@ transformers = pytest.importorskip("transformers")
 
 
 def bert():
-    config = transformers.BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=64,
-                                     max_position_embeddings=64)
+    config = transformers.BertConfig(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return transformers.BertModel(config), lambda: {"input_ids": torch.randint(0, 128, (2, 8))}
 
 
 def gpt2():
-    config = transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4,
-                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(config), lambda: {
-        "input_ids": torch.randint(0, 128, (2, 8))}
+        "input_ids": torch.randint(0, 128, (2, 8))
+    }
 
 
 def llama():
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=64, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return transformers.LlamaForCausalLM(config), lambda: {
-        "input_ids": torch.randint(0, 128, (2, 8))}
+        "input_ids": torch.randint(0, 128, (2, 8))
+    }
 
 
 def t5():
-    config = transformers.T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                   num_heads=4)
+    config = transformers.T5Config(
+        vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4
+    )
     return transformers.T5Model(config), lambda: {
         "input_ids": torch.randint(0, 128, (2, 8)),
         "decoder_input_ids": torch.randint(0, 128, (2, 6)),
@@ -40,9 +61,14 @@ def t5():
 
 
 def vit():
-    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32,
-                                    num_hidden_layers=2, num_attention_heads=4,
-                                    intermediate_size=64)
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+    )
     return transformers.ViTModel(config), lambda: {"pixel_values": torch.randn(2, 3, 32, 32)}
 
 

@@ -9,8 +9,13 @@ def test_version_is_pep440():
 
 def test_public_api_is_pinned():
     assert sorted(kiln_capture.__all__) == [
-        "CapturedFunction", "CapturedModule", "ExplainOutput", "Unsupported", "__version__",
-        "capture", "explain",
+        "CapturedFunction",
+        "CapturedModule",
+        "ExplainOutput",
+        "Unsupported",
+        "__version__",
+        "capture",
+        "explain",
     ]
     for name in kiln_capture.__all__:
         assert hasattr(kiln_capture, name)

@@ -18,6 +18,11 @@ from kiln_capture.exc import Unsupported
 from kiln_capture.explain import ExplainOutput, explain
 
 __all__ = [
-    "CapturedFunction", "CapturedModule", "ExplainOutput", "Unsupported", "__version__",
-    "capture", "explain",
+    "CapturedFunction",
+    "CapturedModule",
+    "ExplainOutput",
+    "Unsupported",
+    "__version__",
+    "capture",
+    "explain",
 ]

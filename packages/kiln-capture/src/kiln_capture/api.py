@@ -49,14 +49,26 @@ class CaptureStats:
 class CapturedFunction:
     """A function (or module's forward) with its capture cache."""
 
-    def __init__(self, fn, backend, *, fullgraph=False, dynamic=None, recompile_limit=8,
-                 bound_self=None, observer=None):
+    def __init__(
+        self,
+        fn,
+        backend,
+        *,
+        fullgraph=False,
+        dynamic=None,
+        recompile_limit=8,
+        bound_self=None,
+        observer=None,
+    ):
         if not isinstance(fn, types.FunctionType):
-            raise TypeError(f"capture() needs a Python function or an nn.Module, got "
-                            f"{type(fn).__name__}: wrap it in a function first")
+            raise TypeError(
+                f"capture() needs a Python function or an nn.Module, got "
+                f"{type(fn).__name__}: wrap it in a function first"
+            )
         if not callable(backend):
-            raise TypeError(f"backend must be callable as backend(gm, example_inputs), got "
-                            f"{backend!r}")
+            raise TypeError(
+                f"backend must be callable as backend(gm, example_inputs), got {backend!r}"
+            )
         self.fn = fn
         self.backend = backend
         self.fullgraph = fullgraph
@@ -102,9 +114,15 @@ class CapturedFunction:
             log.info("recompiling %s: guard failed: %s", self.fn.__qualname__, failed)
             self.note_dynamic(failed, args, kwargs)
         try:
-            result = convert_frame(self.fn, args, kwargs, self.backend, fullgraph=self.fullgraph,
-                                   dynamic_dims=self.dims_for(args, kwargs),
-                                   wrap_callee=self.wrap_callee)
+            result = convert_frame(
+                self.fn,
+                args,
+                kwargs,
+                self.backend,
+                fullgraph=self.fullgraph,
+                dynamic_dims=self.dims_for(args, kwargs),
+                wrap_callee=self.wrap_callee,
+            )
         except Unsupported:
             raise
         except UserError as err:
@@ -115,8 +133,9 @@ class CapturedFunction:
             if self.fullgraph:
                 raise
             log.warning("capture of %s failed", self.fn.__qualname__, exc_info=True)
-            return self.run_eagerly(f"internal error: {type(exc).__name__}: {exc}", args,
-                                    kwargs, warn=True)
+            return self.run_eagerly(
+                f"internal error: {type(exc).__name__}: {exc}", args, kwargs, warn=True
+            )
         self.stats.compiles += 1
         self.entries.insert(0, CacheEntry(result))
         self.dispatch.insert(0, (result.guard.check, result.function))
@@ -139,8 +158,11 @@ class CapturedFunction:
         result = self.fn(*args, **kwargs)
         reason = f"capture saw {err} but the function returned normally"
         self.stats.eager_reason = reason
-        warnings.warn(f"kiln-capture runs {self.fn.__qualname__} eagerly: {reason}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"kiln-capture runs {self.fn.__qualname__} eagerly: {reason}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return result
 
     def run_eagerly(self, reason, args, kwargs, warn=False):
@@ -159,7 +181,10 @@ class CapturedFunction:
             warnings.warn(
                 f"kiln-capture: {self.fn.__qualname__} reached its recompile limit "
                 f"({self.recompile_limit}); the last guard to fail was: {failed}. It now runs "
-                f"eagerly for inputs no cached capture accepts.", RuntimeWarning, stacklevel=3)
+                f"eagerly for inputs no cached capture accepts.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return self.fn(*args, **kwargs)
 
     # --- dynamic shapes ---------------------------------------------------------
@@ -185,8 +210,9 @@ class CapturedFunction:
             return
         if len(old_shape) != new_value.dim():
             return
-        changed = {d for d, (a, b) in enumerate(zip(old_shape, new_value.shape, strict=True))
-                   if a != b}
+        changed = {
+            d for d, (a, b) in enumerate(zip(old_shape, new_value.shape, strict=True)) if a != b
+        }
         if changed:
             self.dynamic_dims.setdefault(expr, set()).update(changed)
 
@@ -207,8 +233,13 @@ class CapturedFunction:
         key = fn.__code__ if fn.__code__ in RESUME_ORIGINS else id(fn)
         if key not in self.callees:
             callee = CapturedFunction(
-                fn, self.backend, fullgraph=False, dynamic=self.dynamic,
-                recompile_limit=self.recompile_limit, observer=self.observer)
+                fn,
+                self.backend,
+                fullgraph=False,
+                dynamic=self.dynamic,
+                recompile_limit=self.recompile_limit,
+                observer=self.observer,
+            )
             callee.callees = self.callees
             callee._keep = fn
             self.callees[key] = callee
@@ -260,8 +291,14 @@ class CapturedModule(torch.nn.Module):
         return iter(self._orig_mod)
 
 
-def capture(fn_or_module, backend, *, fullgraph: bool = False, dynamic: bool | None = None,
-            recompile_limit: int = 8):
+def capture(
+    fn_or_module,
+    backend,
+    *,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    recompile_limit: int = 8,
+):
     """Capture ``fn_or_module`` into FX graphs compiled by ``backend``.
 
     Returns a callable with the same signature. ``backend(gm, example_inputs)`` gets each
@@ -270,20 +307,38 @@ def capture(fn_or_module, backend, *, fullgraph: bool = False, dynamic: bool | N
     that would break the graph raises ``Unsupported`` instead.
     """
     if not versions.is_supported_version():
-        raise RuntimeError(f"kiln-capture supports CPython 3.11 to 3.13, not "
-                           f"{versions.PY[0]}.{versions.PY[1]}")
+        raise RuntimeError(
+            f"kiln-capture supports CPython 3.11 to 3.13, not {versions.PY[0]}.{versions.PY[1]}"
+        )
     if isinstance(fn_or_module, torch.nn.Module):
         forward = type(fn_or_module).forward
-        captured = CapturedFunction(forward, backend, fullgraph=fullgraph, dynamic=dynamic,
-                                    recompile_limit=recompile_limit, bound_self=fn_or_module)
+        captured = CapturedFunction(
+            forward,
+            backend,
+            fullgraph=fullgraph,
+            dynamic=dynamic,
+            recompile_limit=recompile_limit,
+            bound_self=fn_or_module,
+        )
         return CapturedModule(fn_or_module, captured)
     if isinstance(fn_or_module, functools.partial):
-        inner = capture(fn_or_module.func, backend, fullgraph=fullgraph, dynamic=dynamic,
-                        recompile_limit=recompile_limit)
+        inner = capture(
+            fn_or_module.func,
+            backend,
+            fullgraph=fullgraph,
+            dynamic=dynamic,
+            recompile_limit=recompile_limit,
+        )
         return functools.partial(inner, *fn_or_module.args, **fn_or_module.keywords)
     if isinstance(fn_or_module, types.MethodType):
-        return CapturedFunction(fn_or_module.__func__, backend, fullgraph=fullgraph,
-                                dynamic=dynamic, recompile_limit=recompile_limit,
-                                bound_self=fn_or_module.__self__)
-    return CapturedFunction(fn_or_module, backend, fullgraph=fullgraph, dynamic=dynamic,
-                            recompile_limit=recompile_limit)
+        return CapturedFunction(
+            fn_or_module.__func__,
+            backend,
+            fullgraph=fullgraph,
+            dynamic=dynamic,
+            recompile_limit=recompile_limit,
+            bound_self=fn_or_module.__self__,
+        )
+    return CapturedFunction(
+        fn_or_module, backend, fullgraph=fullgraph, dynamic=dynamic, recompile_limit=recompile_limit
+    )

@@ -46,8 +46,9 @@ class Codegen:
             self.emit(Instr("STORE_FAST", name))
 
     def load_deref(self, name: str) -> None:
-        self.emit(Instr("LOAD_DEREF", FreeVar(name) if name in self.code.co_freevars
-                        else CellVar(name)))
+        self.emit(
+            Instr("LOAD_DEREF", FreeVar(name) if name in self.code.co_freevars else CellVar(name))
+        )
 
     def load_global(self, name: str) -> None:
         self.emit(versions.load_global_instr(name))
@@ -110,20 +111,25 @@ class Codegen:
         self.emit(*versions.call_instrs(len(emit_args), kw_names))
 
     def call_object(self, obj, args: list[Variable], kw_names: tuple[str, ...] = ()) -> None:
-        self.call(lambda: self.load_const(obj),
-                  [lambda a=a: self.reconstruct(a) for a in args], kw_names)
+        self.call(
+            lambda: self.load_const(obj), [lambda a=a: self.reconstruct(a) for a in args], kw_names
+        )
 
     def wrap_call(self, fn) -> None:
         """Replace the top of the stack by ``fn(top)``."""
         self.emit(Instr("STORE_FAST", "___tmp_arg"))
-        self.call(lambda: self.load_const(fn), [lambda: self.emit(Instr("LOAD_FAST", "___tmp_arg"))])
+        self.call(
+            lambda: self.load_const(fn), [lambda: self.emit(Instr("LOAD_FAST", "___tmp_arg"))]
+        )
 
     def call_method_on_tos(self, name: str, args: list[Variable]) -> None:
         """Replace the top of the stack ``obj`` by ``obj.name(*args)``."""
         self.load_attr(name)
         self.emit(Instr("STORE_FAST", "___tmp_method"))
-        self.call(lambda: self.emit(Instr("LOAD_FAST", "___tmp_method")),
-                  [lambda a=a: self.reconstruct(a) for a in args])
+        self.call(
+            lambda: self.emit(Instr("LOAD_FAST", "___tmp_method")),
+            [lambda a=a: self.reconstruct(a) for a in args],
+        )
 
     # --- values -----------------------------------------------------------------
 
@@ -163,8 +169,9 @@ class Codegen:
             self.emit(Instr(inst.name, inst.arg) if inst.arg is not None else Instr(inst.name))
 
     def call_graph(self, compiled, input_sources: list) -> None:
-        self.call(lambda: self.load_const(compiled),
-                  [lambda s=s: s.emit(self) for s in input_sources])
+        self.call(
+            lambda: self.load_const(compiled), [lambda s=s: s.emit(self) for s in input_sources]
+        )
         self.emit(Instr("STORE_FAST", GRAPH_OUT))
 
     def call_resume(self, resume_fn, stack_depth: int, local_names: list[str]) -> None:
@@ -198,6 +205,17 @@ class Codegen:
     def emit_return(self) -> None:
         self.emit(Instr("RETURN_VALUE"))
 
+    def make_function(self, code: types.CodeType, flags: int) -> None:
+        """MAKE_FUNCTION for ``code``, its defaults already pushed as ``flags`` says."""
+        self.load_const(code)
+        if versions.PY >= (3, 13):
+            self.emit(Instr("MAKE_FUNCTION"))
+            for flag in (0x02, 0x01):
+                if flags & flag:
+                    self.emit(Instr("SET_FUNCTION_ATTRIBUTE", flag))
+        else:
+            self.emit(Instr("MAKE_FUNCTION", flags))
+
     def new_label(self) -> Label:
         return Label()
 
@@ -218,18 +236,3 @@ def _binary_add():
 
 
 _ADD = _binary_add()
-
-
-def _make_function(self, code, flags: int) -> None:
-    """MAKE_FUNCTION for a code object with the defaults already pushed (per version)."""
-    self.load_const(code)
-    if versions.PY >= (3, 13):
-        self.emit(Instr("MAKE_FUNCTION"))
-        for flag in (0x02, 0x01):
-            if flags & flag:
-                self.emit(Instr("SET_FUNCTION_ATTRIBUTE", flag))
-    else:
-        self.emit(Instr("MAKE_FUNCTION", flags))
-
-
-Codegen.make_function = _make_function

@@ -33,33 +33,64 @@ from kiln_capture.output_graph import OutputGraph
 from kiln_capture.program import load_program, source_line
 from kiln_capture.sources import ClosureSource, LocalSource
 from kiln_capture.translator import Translator
-from kiln_capture.variables.base import Variable
+from kiln_capture.variables.base import DeletedVariable, NullVariable, Variable
 from kiln_capture.variables.builder import wrap
 
 log = logging.getLogger("kiln.capture")
 
 CALL_OPS = ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
-JUMP_OPS = ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE",
-            "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE",
-            "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
-            "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE",
-            "POP_JUMP_BACKWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE")
+JUMP_OPS = (
+    "POP_JUMP_IF_TRUE",
+    "POP_JUMP_IF_FALSE",
+    "POP_JUMP_FORWARD_IF_TRUE",
+    "POP_JUMP_FORWARD_IF_FALSE",
+    "POP_JUMP_BACKWARD_IF_TRUE",
+    "POP_JUMP_BACKWARD_IF_FALSE",
+    "POP_JUMP_IF_NONE",
+    "POP_JUMP_IF_NOT_NONE",
+    "POP_JUMP_FORWARD_IF_NONE",
+    "POP_JUMP_FORWARD_IF_NOT_NONE",
+    "POP_JUMP_BACKWARD_IF_NONE",
+    "POP_JUMP_BACKWARD_IF_NOT_NONE",
+)
 
 
 # Instructions that cannot be replayed alone: they jump, return, or need the frame's blocks.
 NATIVE_OK_EXCLUDED = (
-    "RETURN_VALUE", "RETURN_CONST", "FOR_ITER", "YIELD_VALUE", "SEND", "RAISE_VARARGS",
-    "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP",
-    "BEFORE_WITH", "PUSH_EXC_INFO", "POP_EXCEPT", "LOAD_FAST", "STORE_FAST", "DELETE_FAST",
-    "LOAD_DEREF", "STORE_DEREF", "LOAD_CLOSURE", "MAKE_CELL", "KW_NAMES", "PRECALL",
+    "RETURN_VALUE",
+    "RETURN_CONST",
+    "FOR_ITER",
+    "YIELD_VALUE",
+    "SEND",
+    "RAISE_VARARGS",
+    "RERAISE",
+    "JUMP_FORWARD",
+    "JUMP_BACKWARD",
+    "JUMP_IF_TRUE_OR_POP",
+    "JUMP_IF_FALSE_OR_POP",
+    "BEFORE_WITH",
+    "PUSH_EXC_INFO",
+    "POP_EXCEPT",
+    "LOAD_FAST",
+    "STORE_FAST",
+    "DELETE_FAST",
+    "LOAD_DEREF",
+    "STORE_DEREF",
+    "LOAD_CLOSURE",
+    "MAKE_CELL",
+    "KW_NAMES",
+    "PRECALL",
 )
 
 
 def copy_instr(inst):
     from bytecode import Instr
 
-    return Instr(inst.name, inst.arg, location=inst.location) if inst.require_arg() else Instr(
-        inst.name, location=inst.location)
+    return (
+        Instr(inst.name, inst.arg, location=inst.location)
+        if inst.require_arg()
+        else Instr(inst.name, location=inst.location)
+    )
 
 
 @dataclass
@@ -142,8 +173,9 @@ def root_cells(fn, output) -> dict:
     return cells
 
 
-def convert_frame(fn, args, kwargs, backend, *, fullgraph=False, dynamic_dims=None,
-                  wrap_callee=None) -> CaptureResult:
+def convert_frame(
+    fn, args, kwargs, backend, *, fullgraph=False, dynamic_dims=None, wrap_callee=None
+) -> CaptureResult:
     """Capture one call of ``fn``; see the module docstring for the steps."""
     code = fn.__code__
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
@@ -151,24 +183,39 @@ def convert_frame(fn, args, kwargs, backend, *, fullgraph=False, dynamic_dims=No
     break_at, break_info = None, None
     for _ in range(3):
         try:
-            return trace(fn, args, kwargs, backend, fullgraph, dynamic_dims or {}, break_at,
-                         break_info, wrap_callee)
+            return trace(
+                fn,
+                args,
+                kwargs,
+                backend,
+                fullgraph,
+                dynamic_dims or {},
+                break_at,
+                break_info,
+                wrap_callee,
+            )
         except RestartAnalysis as restart:
             if restart.break_at == break_at:
-                raise CaptureFailed(f"graph break at {restart.where} cannot be resumed") \
-                    from None
-            break_at, break_info = restart.break_at, GraphBreakRecord(restart.reason,
-                                                                      restart.where)
+                raise CaptureFailed(f"graph break at {restart.where} cannot be resumed") from None
+            break_at, break_info = restart.break_at, GraphBreakRecord(restart.reason, restart.where)
             log.info("graph break: %s at %s", restart.reason, restart.where)
     raise CaptureFailed("capture did not settle on a graph break")
 
 
-def trace(fn, args, kwargs, backend, fullgraph, dynamic_dims, break_at, break_info,
-          wrap_callee) -> CaptureResult:
+def trace(
+    fn, args, kwargs, backend, fullgraph, dynamic_dims, break_at, break_info, wrap_callee
+) -> CaptureResult:
     output = OutputGraph(fn.__globals__, fn.__closure__, dynamic_dims)
     program = load_program(fn.__code__)
-    root = RootTranslator(program, output, fn.__globals__, bind_locals(fn, args, kwargs),
-                          root_cells(fn, output), break_at=break_at, fullgraph=fullgraph)
+    root = RootTranslator(
+        program,
+        output,
+        fn.__globals__,
+        bind_locals(fn, args, kwargs),
+        root_cells(fn, output),
+        break_at=break_at,
+        fullgraph=fullgraph,
+    )
     with output.tracing_state():
         try:
             returned = root.run()
@@ -235,8 +282,11 @@ def compile_graph(output: OutputGraph, needed: list[Variable], backend):
         return None, None, {}
     output.graph.output(tuple(v.node for v in values))
     for node in output.graph.nodes:  # a metadata query whose answer went unused
-        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int \
-                and not node.users:
+        if (
+            node.op == "call_function"
+            and node.target is torch.ops.aten.sym_size.int
+            and not node.users
+        ):
             output.graph.erase_node(node)
     output.graph.lint()
     gm = torch.fx.GraphModule(torch.nn.Module(), output.graph, class_name="CapturedGraph")
@@ -260,8 +310,12 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
     cg.reconstruct(returned)
     output.side_effects.replay(cg, fn.__globals__)
     cg.emit_return()
-    return CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards, shape_guards(output)), gm,
-                         direct=direct_call(output, compiled, indices, returned))
+    return CaptureResult(
+        make_function(fn, cg),
+        build_guard_function(fn, output.guards, shape_guards(output)),
+        gm,
+        direct=direct_call(output, compiled, indices, returned),
+    )
 
 
 def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureResult:
@@ -275,8 +329,11 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
     from kiln_capture.resume import is_resume_argument
 
-    live = {name: v for name, v in root.locals.items()
-            if not _unbound(v) and not is_resume_argument(name)}
+    live = {
+        name: v
+        for name, v in root.locals.items()
+        if not _unbound(v) and not is_resume_argument(name)
+    }
     stack = list(root.stack)
     needed = [*stack, *live.values(), *output.side_effects.stored_values()]
     grad_mode_changed = root.grad_mode_at_stop != output.initial_grad_mode
@@ -309,7 +366,7 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         from bytecode import Label, TryBegin
 
         handler_entry = TryBegin(Label(), handler.push_lasti, stack_depth=handler.stack_depth)
-        if any(is_null(v) for v in stack[:handler.stack_depth]):
+        if any(is_null(v) for v in stack[: handler.stack_depth]):
             raise CaptureFailed(f"graph break at {break_info.where} cannot be resumed")
 
     if inst.name in CALL_OPS:
@@ -328,8 +385,9 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
 
         other = cg.new_label()
         # the branch target is ahead in the generated code (3.11 names jumps by direction)
-        cg.in_handler_region(handler_entry, Instr(inst.name.replace("_BACKWARD_", "_FORWARD_"),
-                                                  other))
+        cg.in_handler_region(
+            handler_entry, Instr(inst.name.replace("_BACKWARD_", "_FORWARD_"), other)
+        )
         resume_after(index + 1, nulls(below))
         cg.emit(other)
         resume_after(root.program.target(inst.arg), nulls(below))
@@ -338,10 +396,11 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     else:
         # any other instruction runs as it is, on the rebuilt stack
         popped, pushed = inst.pre_and_post_stack_effect(jump=False)
-        below, operands = stack[:len(stack) + popped], stack[len(stack) + popped:]
+        below, operands = stack[: len(stack) + popped], stack[len(stack) + popped :]
         if any(is_null(v) for v in operands):
-            raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be "
-                                f"resumed")
+            raise CaptureFailed(
+                f"graph break at {inst.name} ({break_info.where}) cannot be resumed"
+            )
         reconstruct_values(cg, below)
         for value in operands:
             cg.reconstruct(value)
@@ -352,8 +411,13 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         cg.emit(handler_entry.target)
         depth = handler.stack_depth + handler.push_lasti + 1
         resume_after(handler.target, (False,) * depth)
-    result = CaptureResult(make_function(fn, cg), build_guard_function(fn, output.guards, shape_guards(output)), gm,
-                           break_info, resumes)
+    result = CaptureResult(
+        make_function(fn, cg),
+        build_guard_function(fn, output.guards, shape_guards(output)),
+        gm,
+        break_info,
+        resumes,
+    )
     return result
 
 
@@ -388,15 +452,17 @@ def emit_native_call(cg, root, inst, wrap_callee, handler_entry=None) -> list[Va
     root.stack[:] = saved
     reconstruct_values(cg, below)
     cg.begin_handler_region(handler_entry)
-    cg.call(lambda: emit_callee(cg, fn_var, wrap_callee),
-            [lambda a=a: cg.reconstruct(a) for a in [*args, *kwargs.values()]],
-            tuple(kwargs))
+    cg.call(
+        lambda: emit_callee(cg, fn_var, wrap_callee),
+        [lambda a=a: cg.reconstruct(a) for a in [*args, *kwargs.values()]],
+        tuple(kwargs),
+    )
     cg.end_handler_region(handler_entry)
     return below
 
 
 def is_null(v) -> bool:
-    return type(v).__name__ == "NullVariable"
+    return isinstance(v, NullVariable)
 
 
 def nulls(values) -> tuple[bool, ...]:
@@ -416,8 +482,9 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
     if isinstance(fn_var, UserFunctionVariable):
         cg.load_const(wrap_callee(fn_var.fn))
         return
-    if isinstance(fn_var, BoundMethodVariable) and isinstance(fn_var.function,
-                                                              UserFunctionVariable):
+    if isinstance(fn_var, BoundMethodVariable) and isinstance(
+        fn_var.function, UserFunctionVariable
+    ):
         captured = wrap_callee(fn_var.function.fn)
         cg.call_object(types.MethodType, [_Const(captured), fn_var.self_var])
         return
@@ -433,7 +500,7 @@ class _Const(Variable):
 
 
 def _unbound(v) -> bool:
-    return type(v).__name__ == "DeletedVariable"
+    return isinstance(v, DeletedVariable)
 
 
 def direct_call(output: OutputGraph, compiled, indices, returned):

@@ -26,8 +26,10 @@ class Signature:
     scope: dict
 
     def call_args(self) -> str:
-        keyword_args = [k if k.startswith("**") else f"{k.split(': ')[1]}={k.split(': ')[1]}"
-                        for k in self.keywords]
+        keyword_args = [
+            k if k.startswith("**") else f"{k.split(': ')[1]}={k.split(': ')[1]}"
+            for k in self.keywords
+        ]
         return ", ".join([*self.positional, *keyword_args])
 
 
@@ -72,7 +74,8 @@ def _renamer(n: int, names):
 
     def rename(code: str) -> str:
         return pattern.sub(
-            lambda m: f"___e{n}_{m.group(1)}" if m.group(0) in names else m.group(0), code)
+            lambda m: f"___e{n}_{m.group(1)}" if m.group(0) in names else m.group(0), code
+        )
 
     return rename
 

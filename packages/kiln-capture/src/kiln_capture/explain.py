@@ -28,14 +28,19 @@ class ExplainOutput:
         counts = collections.Counter()
         for node in gm.graph.nodes:
             if node.op in ("call_function", "call_method", "call_module"):
-                target = node.target if isinstance(node.target, str) else getattr(
-                    node.target, "__name__", str(node.target))
+                target = (
+                    node.target
+                    if isinstance(node.target, str)
+                    else getattr(node.target, "__name__", str(node.target))
+                )
                 counts[target] += 1
         return counts
 
     def __str__(self) -> str:
-        lines = [f"graphs: {self.graph_count}, ops: {self.op_count}, "
-                 f"graph breaks: {len(self.graph_breaks)}"]
+        lines = [
+            f"graphs: {self.graph_count}, ops: {self.op_count}, "
+            f"graph breaks: {len(self.graph_breaks)}"
+        ]
         for i, gm in enumerate(self.graphs):
             ops = ", ".join(f"{k} x{v}" for k, v in self.op_counts(gm).most_common())
             lines.append(f"graph {i}: {ops or 'no ops'}")
@@ -82,4 +87,3 @@ def explain(fn, **options):
         return out
 
     return run
-

@@ -48,8 +48,12 @@ def device_index(device: torch.device) -> int:
 
 
 def module_has_hooks(module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or getattr(module, "_backward_pre_hooks", None))
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or getattr(module, "_backward_pre_hooks", None)
+    )
 
 
 def autocast_state():
@@ -69,13 +73,16 @@ class GuardSet:
     lines: list[Guard] = field(default_factory=list)
     scope: dict = field(default_factory=dict)
     seen: set = field(default_factory=set)
-    tensor_sources: list = field(default_factory=list)
 
     def __post_init__(self):
         self.scope.update(
-            ___G=self.f_globals, ___closure=self.closure, ___dispatch_keys=torch._C._dispatch_keys,
-            ___grad_enabled=torch.is_grad_enabled, ___default_dtype=torch.get_default_dtype,
-            ___any_autocast=torch._C._is_any_autocast_enabled, ___autocast=autocast_state,
+            ___G=self.f_globals,
+            ___closure=self.closure,
+            ___dispatch_keys=torch._C._dispatch_keys,
+            ___grad_enabled=torch.is_grad_enabled,
+            ___default_dtype=torch.get_default_dtype,
+            ___any_autocast=torch._C._is_any_autocast_enabled,
+            ___autocast=autocast_state,
             ___has_hooks=module_has_hooks,
         )
         grad = torch.is_grad_enabled()
@@ -115,8 +122,10 @@ class GuardSet:
         if value is None or isinstance(value, bool):
             self.add(f"{expr} is {value!r}", f"{expr} is {value!r}")
         elif type(value) in (int, str, bytes) or (type(value) is float and math.isfinite(value)):
-            self.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}",
-                     f"{expr} == {value!r}")
+            self.add(
+                f"type({expr}) is {type(value).__name__} and {expr} == {value!r}",
+                f"{expr} == {value!r}",
+            )
         elif type(value) is float and math.isnan(value):
             self.add(f"type({expr}) is float and {expr} != {expr}", f"{expr} is nan")
         else:
@@ -133,8 +142,7 @@ class GuardSet:
         """A bound method is a new object at every read: guard its function instead."""
         name = self.constant_name("id", value.__func__)
         expr = self.bind(source)
-        self.add(f"{expr}.__func__ is {name}",
-                 f"{expr} is a method {value.__func__.__qualname__}")
+        self.add(f"{expr}.__func__ is {name}", f"{expr} is a method {value.__func__.__qualname__}")
 
     def no_hooks(self, source, module) -> None:
         expr = self.bind(source)
@@ -148,15 +156,19 @@ class GuardSet:
     def type_and_length(self, source, value) -> None:
         name = self.constant_name("T", type(value))
         expr = self.bind(source)
-        self.add(f"type({expr}) is {name} and len({expr}) == {len(value)}",
-                 f"{expr} is a {type(value).__name__} of length {len(value)}")
+        self.add(
+            f"type({expr}) is {name} and len({expr}) == {len(value)}",
+            f"{expr} is a {type(value).__name__} of length {len(value)}",
+        )
 
     def type_and_keys(self, source, value) -> None:
         name = self.constant_name("T", type(value))
         keys = self.constant_name("keys", list(value.keys()))
         expr = self.bind(source)
-        self.add(f"type({expr}) is {name} and list({expr}.keys()) == {keys}",
-                 f"{expr} is a {type(value).__name__} with keys {list(value.keys())}")
+        self.add(
+            f"type({expr}) is {name} and list({expr}.keys()) == {keys}",
+            f"{expr} is a {type(value).__name__} with keys {list(value.keys())}",
+        )
 
     def constant_set(self, source, value) -> None:
         name = self.constant_name("c", value)
@@ -177,26 +189,33 @@ class GuardSet:
             checks.append(f"{expr}.get_device() == {device_index(value.device)}")
         if dynamic_dims:
             checks.append(f"{expr}.dim() == {value.dim()}")
-            checks += [f"{expr}.size({d}) == {value.size(d)}" for d in range(value.dim())
-                       if d not in dynamic_dims]
+            checks += [
+                f"{expr}.size({d}) == {value.size(d)}"
+                for d in range(value.dim())
+                if d not in dynamic_dims
+            ]
             if value.is_contiguous():
                 checks.append(f"{expr}.is_contiguous()")
             about = f"{describe_tensor(value)} with dims {sorted(dynamic_dims)} dynamic"
         else:
-            checks += [f"{expr}.shape == {tuple(value.shape)}",
-                       f"{expr}.stride() == {tuple(value.stride())}"]
+            checks += [
+                f"{expr}.shape == {tuple(value.shape)}",
+                f"{expr}.stride() == {tuple(value.stride())}",
+            ]
             about = describe_tensor(value)
-        checks += [f"{expr}.requires_grad is {value.requires_grad}",
-                   f"___dispatch_keys({expr}).raw_repr() == {dispatch_keys(value)}"]
+        checks += [
+            f"{expr}.requires_grad is {value.requires_grad}",
+            f"___dispatch_keys({expr}).raw_repr() == {dispatch_keys(value)}",
+        ]
         self.add(" and ".join(checks), f"{expr}: {about}")
-        self.tensor_sources.append((source, tuple(value.shape)))
 
 
 def describe_tensor(t: torch.Tensor) -> str:
     dtype = str(t.dtype).replace("torch.", "")
     grad = ", requires_grad" if t.requires_grad else ""
-    return f"{type(t).__name__}({dtype}, {t.device}, size={tuple(t.shape)}, " \
-           f"stride={t.stride()}{grad})"
+    return (
+        f"{type(t).__name__}({dtype}, {t.device}, size={tuple(t.shape)}, stride={t.stride()}{grad})"
+    )
 
 
 @dataclass

@@ -17,7 +17,7 @@ from kiln_capture.guards import GuardSet
 from kiln_capture.side_effects import SideEffects
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.constant import ConstantVariable
-from kiln_capture.variables.containers import SequenceVariable
+from kiln_capture.variables.containers import SequenceVariable, SliceVariable
 from kiln_capture.variables.tensor import SymNodeVariable, TensorVariable
 
 
@@ -68,11 +68,13 @@ class OutputGraph:
         from kiln_capture.guards import ShapeSource
 
         context = StatelessSymbolicContext(
-            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
-                           for d in range(value.dim())],
+            dynamic_sizes=[
+                DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())
+            ],
         )
-        return self.fake_mode.from_tensor(value, source=ShapeSource(source.expr()),
-                                          symbolic_context=context)
+        return self.fake_mode.from_tensor(
+            value, source=ShapeSource(source.expr()), symbolic_context=context
+        )
 
     def unique_name(self, base: str) -> str:
         names = {n.name for n in self.graph.nodes}
@@ -104,8 +106,9 @@ class OutputGraph:
                 else:
                     result = target(*fake_args, **fake_kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as exc:
-            raise GraphBreak(f"{describe_target(target)} has a data-dependent output shape") \
-                from exc
+            raise GraphBreak(
+                f"{describe_target(target)} has a data-dependent output shape"
+            ) from exc
         except torch._subclasses.fake_tensor.DataDependentOutputException as exc:
             raise GraphBreak(f"{describe_target(target)} needs a tensor's data") from exc
         except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
@@ -180,9 +183,14 @@ def describe_target(target) -> str:
 def as_node_arg(v):
     if isinstance(v, (TensorVariable, SymNodeVariable)):
         return v.node
+    if isinstance(v, SliceVariable):
+        return slice(*(as_node_arg(p) for p in v.parts))
     if isinstance(v, SequenceVariable):
-        return v.python_cls(as_node_arg(i) for i in v.items) if v.python_cls in (
-            tuple, list) else tuple(as_node_arg(i) for i in v.items)
+        return (
+            v.python_cls(as_node_arg(i) for i in v.items)
+            if v.python_cls in (tuple, list)
+            else tuple(as_node_arg(i) for i in v.items)
+        )
     if isinstance(v, ConstantVariable):
         return v.value
     if isinstance(v, Variable):
@@ -190,8 +198,6 @@ def as_node_arg(v):
 
         if isinstance(v, DictVariable):
             return {k: as_node_arg(val) for k, (_, val) in v.entries.items()}
-        if type(v).__name__ == "SliceVariable":
-            return slice(*(as_node_arg(p) for p in v.parts))
         raise GraphBreak(f"{v.describe()} as an argument of a tensor operation")
     return v
 
@@ -199,6 +205,8 @@ def as_node_arg(v):
 def as_fake_arg(v):
     if isinstance(v, (TensorVariable, SymNodeVariable)):
         return v.example
+    if isinstance(v, SliceVariable):
+        return slice(*(as_fake_arg(p) for p in v.parts))
     if isinstance(v, SequenceVariable):
         items = [as_fake_arg(i) for i in v.items]
         return list(items) if v.python_cls is list else tuple(items)
@@ -208,6 +216,4 @@ def as_fake_arg(v):
 
     if isinstance(v, DictVariable):
         return {k: as_fake_arg(val) for k, (_, val) in v.entries.items()}
-    if type(v).__name__ == "SliceVariable":
-        return slice(*(as_fake_arg(p) for p in v.parts))
     raise GraphBreak(f"{v.describe()} as an argument of a tensor operation")

@@ -2,8 +2,9 @@
 
 ``resume_at(i)`` is the original code with a prologue that puts the saved stack back and
 jumps to instruction ``i``. Its arguments are the stack values (NULLs are pushed by the
-prologue, never passed), then the live locals under their own names. Since 3.11 exception handling is a table of instruction ranges, the jump
-may land inside a ``try`` body. A resume function is captured like any other function.
+prologue, never passed), then the live locals under their own names. Since 3.11 exception
+handling is a table of instruction ranges, the jump may land inside a ``try`` body. A
+resume function is captured like any other function.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ RESUME_ORIGINS: dict[types.CodeType, tuple[types.CodeType, int]] = {}
 
 
 @functools.lru_cache(maxsize=1024)
-def resume_code(code: types.CodeType, target: int, null_mask: tuple[bool, ...],
-                local_names: tuple[str, ...]) -> types.CodeType:
+def resume_code(
+    code: types.CodeType, target: int, null_mask: tuple[bool, ...], local_names: tuple[str, ...]
+) -> types.CodeType:
     """``null_mask`` has one entry per stack slot: True where the slot holds the NULL that
     marks a call (pushed again here), False where the value arrives as an argument."""
     from kiln_capture.program import load_program
@@ -45,8 +47,9 @@ def resume_code(code: types.CodeType, target: int, null_mask: tuple[bool, ...],
         rest = rest[1:]
     stack_names = fresh_names(STACK_PREFIX, null_mask.count(False), set(local_names))
     values = iter(stack_names)
-    setup = [Instr("PUSH_NULL") if is_null else Instr("LOAD_FAST", next(values))
-             for is_null in null_mask]
+    setup = [
+        Instr("PUSH_NULL") if is_null else Instr("LOAD_FAST", next(values)) for is_null in null_mask
+    ]
     setup.append(Instr("JUMP_FORWARD", label))
 
     resumed = Bytecode(prologue + setup + rest)
@@ -64,8 +67,9 @@ def resume_code(code: types.CodeType, target: int, null_mask: tuple[bool, ...],
     return new_code
 
 
-def make_resume_function(fn: types.FunctionType, target: int, null_mask: tuple[bool, ...],
-                         local_names: tuple[str, ...]) -> types.FunctionType:
+def make_resume_function(
+    fn: types.FunctionType, target: int, null_mask: tuple[bool, ...], local_names: tuple[str, ...]
+) -> types.FunctionType:
     code, target = original_position(fn.__code__, target)
     new_code = resume_code(code, target, null_mask, local_names)
     return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)

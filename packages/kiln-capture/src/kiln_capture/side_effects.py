@@ -61,8 +61,11 @@ class SideEffects:
                 cg.store_subscr()
             elif isinstance(container, (DictVariable, SetVariable)):
                 # the new contents are built first: they may be read from the container
-                fresh = (DictVariable(container.entries) if isinstance(container, DictVariable)
-                         else SetVariable(list(container.members.values())))
+                fresh = (
+                    DictVariable(container.entries)
+                    if isinstance(container, DictVariable)
+                    else SetVariable(list(container.members.values()))
+                )
                 cg.reconstruct(fresh)
                 cg.store_temp("___contents")
                 container.source.emit(cg)

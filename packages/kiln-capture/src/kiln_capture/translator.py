@@ -7,6 +7,7 @@ looked up in the per-version table of ``versions``.
 
 from __future__ import annotations
 
+import operator
 import types
 
 from kiln_capture import opcodes  # noqa: F401  (fills the handler table)
@@ -27,8 +28,15 @@ class ReturnValue(Exception):
 
 
 class Translator:
-    def __init__(self, program: Program, output, f_globals: dict, local_vars: dict,
-                 cells: dict, parent: Translator | None = None):
+    def __init__(
+        self,
+        program: Program,
+        output,
+        f_globals: dict,
+        local_vars: dict,
+        cells: dict,
+        parent: Translator | None = None,
+    ):
         self.program = program
         self.output = output
         self.f_globals = f_globals
@@ -110,7 +118,7 @@ class Translator:
         handler = self.program.handlers[index]
         if handler is None:
             raise err
-        del self.stack[handler.stack_depth:]
+        del self.stack[handler.stack_depth :]
         if handler.push_lasti:
             self.push(ConstantVariable(index))
         self.push(ExceptionVariable(err.exc))
@@ -171,8 +179,14 @@ class Translator:
         if self.depth >= MAX_INLINE_DEPTH:
             raise GraphBreak("recursion deeper than capture inlines")
         local_vars = self.bind_locals(fn, code, args, kwargs)
-        child = Translator(load_program(code), self.output, fn.globals(), local_vars,
-                           fn.closure_cells(self), parent=self)
+        child = Translator(
+            load_program(code),
+            self.output,
+            fn.globals(),
+            local_vars,
+            fn.closure_cells(self),
+            parent=self,
+        )
         child.function = fn
         return child.run()
 
@@ -183,8 +197,10 @@ class Translator:
         count = code.co_argcount + code.co_kwonlyargcount
         count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
         names = code.co_varnames[:count]
-        return {name: self.as_variable(value)
-                for name, value in zip(names, bound.arguments.values(), strict=True)}
+        return {
+            name: self.as_variable(value)
+            for name, value in zip(names, bound.arguments.values(), strict=True)
+        }
 
     def inline_generator(self, fn, args, kwargs) -> Variable:
         """A generator consumed inside the frame: run it to the end, collecting what it yields."""
@@ -194,8 +210,14 @@ class Translator:
         if code.co_flags & (0x80 | 0x100 | 0x200):
             raise GraphBreak("coroutines and async generators")
         local_vars = self.bind_locals(fn, code, args, kwargs)
-        child = Translator(load_program(code), self.output, fn.globals(), local_vars,
-                           fn.closure_cells(self), parent=self)
+        child = Translator(
+            load_program(code),
+            self.output,
+            fn.globals(),
+            local_vars,
+            fn.closure_cells(self),
+            parent=self,
+        )
         child.function = fn
         child.yielded = []
         child.run()
@@ -209,8 +231,9 @@ class Translator:
         if isinstance(value, tuple):
             return TupleVariable([self.as_variable(v) for v in value])
         if isinstance(value, dict):
-            return DictVariable({k: (ConstantVariable(k), self.as_variable(v))
-                                 for k, v in value.items()})
+            return DictVariable(
+                {k: (ConstantVariable(k), self.as_variable(v)) for k, v in value.items()}
+            )
         return wrap(self, value, None)
 
     def zero_arg_super(self) -> Variable:
@@ -231,40 +254,22 @@ class Translator:
     def null(self) -> NullVariable:
         return NullVariable()
 
-    def check_break(self) -> None:
-        """A hook for the root frame: stop before the instruction chosen to break at."""
+    def truth(self, value: Variable) -> bool:
+        return value.truthy(self)
 
+    def realize_local(self, name: str, value: Variable) -> Variable:
+        """Hook: the root frame wraps its arguments on first use."""
+        return value
 
-def fail(reason: str):
-    raise CaptureFailed(reason)
+    def check_return(self) -> None:
+        """Hook: the root frame notes that it returned."""
 
+    def setitem(self, obj: Variable, key: Variable, value: Variable) -> None:
+        from kiln_capture.variables.tensor import TensorVariable
 
-def _truth(self, value) -> bool:
-    return value.truthy(self)
-
-
-def _realize_local(self, name, value):
-    return value
-
-
-def _check_return(self) -> None:
-    pass
-
-
-def _setitem(self, obj, key, value) -> None:
-    import operator
-
-    from kiln_capture.variables.tensor import TensorVariable
-
-    if isinstance(obj, TensorVariable):
-        self.output.call_graph("call_function", operator.setitem, [obj, key, value], {})
-    elif hasattr(obj, "setitem"):
-        obj.setitem(self, key, value)
-    else:
-        obj.call_method(self, "__setitem__", [key, value], {})
-
-
-Translator.truth = _truth
-Translator.realize_local = _realize_local
-Translator.check_return = _check_return
-Translator.setitem = _setitem
+        if isinstance(obj, TensorVariable):
+            self.output.call_graph("call_function", operator.setitem, [obj, key, value], {})
+        elif hasattr(obj, "setitem"):
+            obj.setitem(self, key, value)
+        else:
+            obj.call_method(self, "__setitem__", [key, value], {})

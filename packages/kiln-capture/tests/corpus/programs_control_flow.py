@@ -359,8 +359,13 @@ CASES = [
     # Each iteration breaks on the condition and resumes in the same resume function, whose
     # capture is reused: one graph before the loop, one for the loop body. From 3.12 CPython
     # tests a while condition twice (before the loop and at its end): two resume points.
-    Case("while_tensor_value", while_on_tensor_value_no_counter, randn((3,)),
-         graphs=2 if sys.version_info < (3, 12) else 3, oracle_graphs=2),
+    Case(
+        "while_tensor_value",
+        while_on_tensor_value_no_counter,
+        randn((3,)),
+        graphs=2 if sys.version_info < (3, 12) else 3,
+        oracle_graphs=2,
+    ),
     # As above, but the body also bumps a Python int. The resume function is first captured with
     # steps == 0, then recaptured once with steps dynamic (dynamic=None: automatic dynamic
     # after a changed int), and that capture serves the remaining iterations.

@@ -36,7 +36,8 @@ def test_corpus_size():
 
 
 @pytest.mark.skipif(capture is None, reason="kiln_capture.capture is not available")
-@pytest.mark.parametrize("case", [marked(cid, case) for cid, case in CASES],
-                         ids=[cid for cid, _ in CASES])
+@pytest.mark.parametrize(
+    "case", [marked(cid, case) for cid, case in CASES], ids=[cid for cid, _ in CASES]
+)
 def test_case(case):
     check_case(case, capture)

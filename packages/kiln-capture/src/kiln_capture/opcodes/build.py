@@ -8,6 +8,7 @@ from kiln_capture.variables.containers import (
     DictVariable,
     ListVariable,
     SetVariable,
+    SliceVariable,
     TupleVariable,
 )
 from kiln_capture.variables.ops import is_graph_value
@@ -39,8 +40,11 @@ def build_map(tx, inst):
 def build_const_key_map(tx, inst):
     keys = tx.pop().as_constant()
     values = tx.popn(inst.arg)
-    tx.push(DictVariable.from_pairs(tx, [(ConstantVariable(k), v)
-                                         for k, v in zip(keys, values, strict=True)]))
+    tx.push(
+        DictVariable.from_pairs(
+            tx, [(ConstantVariable(k), v) for k, v in zip(keys, values, strict=True)]
+        )
+    )
 
 
 @handles("LIST_APPEND")
@@ -81,8 +85,9 @@ def dict_update(tx, inst):
     if inst.name == "DICT_MERGE" and isinstance(other, DictVariable):
         dup = set(target.entries) & set(other.entries)
         if dup:
-            raise UserError(TypeError(f"got multiple values for keyword argument "
-                                      f"{sorted(dup)[0]!r}"))
+            raise UserError(
+                TypeError(f"got multiple values for keyword argument {sorted(dup)[0]!r}")
+            )
     if not isinstance(other, DictVariable):
         other = other.as_dict(tx) if hasattr(other, "as_dict") else other
     target.call_method(tx, "update", [other], {})
@@ -97,18 +102,6 @@ def make_slice(parts):
     if all(p.is_constant() for p in parts):
         return ConstantVariable(slice(*(p.as_constant() for p in parts)))
     return SliceVariable(parts)
-
-
-class SliceVariable(TupleVariable):
-    """A slice with a symbolic or tensor bound."""
-
-    def __init__(self, parts):
-        super().__init__(parts)
-        self.parts = parts
-        self.python_cls = slice
-
-    def reconstruct(self, cg):
-        cg.call_object(slice, self.parts)
 
 
 @handles("BUILD_SLICE")
@@ -165,8 +158,9 @@ def unpack_sequence(tx, inst):
     if len(items) != inst.arg:
         if len(items) > inst.arg:
             raise UserError(ValueError(f"too many values to unpack (expected {inst.arg})"))
-        raise UserError(ValueError(f"not enough values to unpack (expected {inst.arg}, "
-                                   f"got {len(items)})"))
+        raise UserError(
+            ValueError(f"not enough values to unpack (expected {inst.arg}, got {len(items)})")
+        )
     for item in reversed(items):
         tx.push(item)
 
@@ -176,10 +170,14 @@ def unpack_ex(tx, inst):
     before, after = inst.arg & 0xFF, inst.arg >> 8
     items = tx.pop().unpack(tx)
     if len(items) < before + after:
-        raise UserError(ValueError(f"not enough values to unpack (expected at least "
-                                   f"{before + after}, got {len(items)})"))
-    middle = ListVariable(items[before:len(items) - after])
-    for item in reversed(items[len(items) - after:]):
+        raise UserError(
+            ValueError(
+                f"not enough values to unpack (expected at least "
+                f"{before + after}, got {len(items)})"
+            )
+        )
+    middle = ListVariable(items[before : len(items) - after])
+    for item in reversed(items[len(items) - after :]):
         tx.push(item)
     tx.push(middle)
     for item in reversed(items[:before]):

@@ -19,7 +19,7 @@ def split_kwargs(args, names):
     if not names:
         return args, {}
     positional = args[: len(args) - len(names)]
-    keywords = dict(zip(names, args[len(args) - len(names):], strict=True))
+    keywords = dict(zip(names, args[len(args) - len(names) :], strict=True))
     return positional, keywords
 
 
@@ -95,17 +95,17 @@ def call_intrinsic_1(tx, inst):
 def make_function(tx, inst):
     code = tx.pop()
     flags = inst.arg if PY < (3, 13) else 0
-    if PY == (3, 11):
-        qualname = code.as_constant().co_qualname
-    else:
-        qualname = code.as_constant().co_qualname
+    qualname = code.as_constant().co_qualname
     closure = tx.pop().items if flags & 0x08 else None
     if flags & 0x04:
         tx.pop()  # annotations
     kwdefaults = tx.pop() if flags & 0x02 else None
     defaults = tx.pop() if flags & 0x01 else None
-    tx.push(NestedFunctionVariable(code.as_constant(), qualname, defaults, kwdefaults,
-                                   closure, tx.f_globals))
+    tx.push(
+        NestedFunctionVariable(
+            code.as_constant(), qualname, defaults, kwdefaults, closure, tx.f_globals
+        )
+    )
 
 
 @handles("SET_FUNCTION_ATTRIBUTE", min_version=(3, 13))

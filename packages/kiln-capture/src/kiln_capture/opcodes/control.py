@@ -9,8 +9,7 @@ from kiln_capture.variables.containers import ListIteratorVariable
 from kiln_capture.versions import PY, handles
 
 
-@handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP",
-         "JUMP_NO_INTERRUPT")
+@handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT")
 def jump(tx, inst):
     tx.jump(inst.arg)
 
@@ -33,8 +32,12 @@ def conditional(pop_when: bool | None, kind: str):
     return handler
 
 
-for _name, _when, _kind in (("TRUE", True, "truth"), ("FALSE", False, "truth"),
-                            ("NONE", True, "none"), ("NOT_NONE", False, "none")):
+for _name, _when, _kind in (
+    ("TRUE", True, "truth"),
+    ("FALSE", False, "truth"),
+    ("NONE", True, "none"),
+    ("NOT_NONE", False, "none"),
+):
     handles(f"POP_JUMP_IF_{_name}", min_version=(3, 12))(conditional(_when, _kind))
     handles(f"POP_JUMP_FORWARD_IF_{_name}", max_version=(3, 11))(conditional(_when, _kind))
     handles(f"POP_JUMP_BACKWARD_IF_{_name}", max_version=(3, 11))(conditional(_when, _kind))

@@ -57,8 +57,11 @@ def return_const(tx, inst):
 def _local(tx, name):
     value = tx.locals.get(name)
     if value is None or isinstance(value, DeletedVariable):
-        raise UserError(UnboundLocalError(
-            f"cannot access local variable {name!r} where it is not associated with a value"))
+        raise UserError(
+            UnboundLocalError(
+                f"cannot access local variable {name!r} where it is not associated with a value"
+            )
+        )
     return tx.realize_local(name, value)
 
 
@@ -145,8 +148,12 @@ def load_deref(tx, inst):
     if cell is None:
         raise GraphBreak(f"free variable {name!r} of unknown origin")
     if cell.contents is None and cell.real_cell is None:
-        raise UserError(NameError(f"cannot access free variable {name!r} where it is not "
-                                  f"associated with a value in enclosing scope"))
+        raise UserError(
+            NameError(
+                f"cannot access free variable {name!r} where it is not "
+                f"associated with a value in enclosing scope"
+            )
+        )
     tx.push(cell.load(tx))
 
 

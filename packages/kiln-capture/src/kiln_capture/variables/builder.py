@@ -7,13 +7,9 @@ is for values computed during capture from constants: they need no guard.
 
 from __future__ import annotations
 
-import builtins
 import collections
-import dataclasses
 import enum
 import functools
-import math
-import operator
 import types
 
 import torch
@@ -34,8 +30,6 @@ from kiln_capture.variables.functions import (
     UserFunctionVariable,
     is_torch_callable,
 )
-
-PURE_MODULES = (math, operator)
 
 
 def is_namedtuple_class(cls) -> bool:
@@ -121,8 +115,11 @@ def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:
         return UserFunctionVariable(value, source)
     if isinstance(value, types.MethodType):
         func = wrap_callable_or_object(tx, value.__func__, None, guard=False)
-        self_var = wrap_derived(tx, value.__self__) if source is None else wrap_method_self(
-            tx, value, source)
+        self_var = (
+            wrap_derived(tx, value.__self__)
+            if source is None
+            else wrap_method_self(tx, value, source)
+        )
         return BoundMethodVariable(func, self_var, source)
     if is_torch_callable(value):
         return TorchFunctionVariable(value, source)
@@ -149,8 +146,9 @@ def _identity_guarded(value) -> bool:
     ):
         return False  # a builtin method bound to an object is a new object at every read
     # functions, classes and builtins by identity; instances (callable or not) by type
-    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
-                              types.ModuleType)) or is_torch_callable(value)
+    return isinstance(
+        value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
+    ) or is_torch_callable(value)
 
 
 def wrap_derived(tx, value) -> Variable:
@@ -187,18 +185,6 @@ def wrap_derived(tx, value) -> Variable:
     if isinstance(value, types.ModuleType):
         return objects.PythonModuleVariable(value, None)
     return wrap_callable_or_object(tx, value, None, guard=False)
-
-
-def wrap_constant_like(tx, value) -> Variable:
-    """A default argument value."""
-    return wrap_derived(tx, value)
-
-
-def is_dataclass_instance(value) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type)
-
-
-BUILTIN_NAMES = set(dir(builtins))
 
 
 def has_builtin_handler(value) -> bool:

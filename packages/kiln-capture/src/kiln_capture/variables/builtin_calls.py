@@ -34,9 +34,38 @@ from kiln_capture.variables.tensor import TensorVariable
 BUILTIN_HANDLERS: dict = {}
 
 PURE_BUILTINS = {
-    abs, all, any, bin, bool, callable, chr, complex, divmod, float, format, hex, int, len,
-    max, min, oct, ord, pow, repr, round, sorted, str, sum, hash, isinstance, issubclass,
-    tuple, frozenset, range, slice, type,
+    abs,
+    all,
+    any,
+    bin,
+    bool,
+    callable,
+    chr,
+    complex,
+    divmod,
+    float,
+    format,
+    hex,
+    int,
+    len,
+    max,
+    min,
+    oct,
+    ord,
+    pow,
+    repr,
+    round,
+    sorted,
+    str,
+    sum,
+    hash,
+    isinstance,
+    issubclass,
+    tuple,
+    frozenset,
+    range,
+    slice,
+    type,
 }
 
 
@@ -44,8 +73,10 @@ def is_pure_builtin(fn) -> bool:
     if type(fn) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
         return True
     module = getattr(fn, "__module__", None)
-    return fn in BUILTIN_HANDLERS or module in ("math", "_operator", "operator") or (
-        getattr(fn, "__self__", None) is math
+    return (
+        fn in BUILTIN_HANDLERS
+        or module in ("math", "_operator", "operator")
+        or (getattr(fn, "__self__", None) is math)
     )
 
 
@@ -85,8 +116,9 @@ class BuiltinVariable(Variable):
             values = [python_value(a) for a in args]
             kw_values = {k: python_value(v) for k, v in kwargs.items()}
             if all(v is not None for v in [*values, *kw_values.values()]):
-                value = tx.run_user_code(self.fn, *(v[0] for v in values),
-                                         **{k: v[0] for k, v in kw_values.items()})
+                value = tx.run_user_code(
+                    self.fn, *(v[0] for v in values), **{k: v[0] for k, v in kw_values.items()}
+                )
                 return wrap_derived(tx, value)
         if getattr(self.fn, "__module__", None) in ("_operator", "operator") and not kwargs:
             return apply_operator(tx, self.fn, list(args))
@@ -106,8 +138,11 @@ def python_value(v: Variable):
     if isinstance(v, SequenceVariable):
         items = [python_value(item) for item in v.items]
         if all(item is not None for item in items):
-            return (v.python_cls([item[0] for item in items]) if v.python_cls in (list, tuple)
-                    else None,)
+            return (
+                v.python_cls([item[0] for item in items])
+                if v.python_cls in (list, tuple)
+                else None,
+            )
     if isinstance(v, DictVariable):
         values = {k: python_value(val) for k, (_, val) in v.entries.items()}
         if all(val is not None for val in values.values()):
@@ -140,8 +175,12 @@ def _methodcaller(tx, caller, obj):
     else:
         name, *args = reduced[1]
         kwargs = {}
-    return obj.call_method(tx, name, [wrap_derived(tx, a) for a in args],
-                           {k: wrap_derived(tx, v) for k, v in kwargs.items()})
+    return obj.call_method(
+        tx,
+        name,
+        [wrap_derived(tx, a) for a in args],
+        {k: wrap_derived(tx, v) for k, v in kwargs.items()},
+    )
 
 
 OPERATOR_OBJECTS = {
@@ -176,8 +215,10 @@ def _copy(tx, obj, *memo):
         if obj.source is not None:
             tx.output.guards.identity(obj.source, obj.value)
         return wrap_derived(tx, tx.run_user_code(copy.deepcopy, obj.value))
-    if isinstance(obj, (ListVariable, DictVariable, SetVariable)) and not memo and (
-        BUILTIN_HANDLERS.get(copy.copy) is not None
+    if (
+        isinstance(obj, (ListVariable, DictVariable, SetVariable))
+        and not memo
+        and (BUILTIN_HANDLERS.get(copy.copy) is not None)
     ):
         return obj.call_method(tx, "copy", [], {})
     raise GraphBreak(f"copying {obj.describe()}")
@@ -260,8 +301,9 @@ def _range(tx, *args):
 def _enumerate(tx, iterable, start=None):
     first = start.as_constant() if start is not None else 0
     items = iterable.unpack(tx)
-    return ListIteratorVariable([TupleVariable([ConstantVariable(first + i), v])
-                                 for i, v in enumerate(items)])
+    return ListIteratorVariable(
+        [TupleVariable([ConstantVariable(first + i), v]) for i, v in enumerate(items)]
+    )
 
 
 @builtin(zip)
@@ -275,8 +317,7 @@ def _zip(tx, *iterables, strict=None):
 @builtin(map)
 def _map(tx, fn, *iterables):
     columns = [it.unpack(tx) for it in iterables]
-    return ListIteratorVariable([fn.call(tx, list(row), {}) for row in zip(*columns,
-                                                                              strict=False)])
+    return ListIteratorVariable([fn.call(tx, list(row), {}) for row in zip(*columns, strict=False)])
 
 
 @builtin(filter)
@@ -437,13 +478,16 @@ def _callable(tx, obj):
         TorchFunctionVariable,
     )
 
-    if isinstance(obj, (BaseFunctionVariable, BoundMethodVariable, TorchFunctionVariable,
-                        BuiltinVariable)):
+    if isinstance(
+        obj, (BaseFunctionVariable, BoundMethodVariable, TorchFunctionVariable, BuiltinVariable)
+    ):
         return ConstantVariable(True)
     if obj.is_constant():
         return ConstantVariable(callable(obj.as_constant()))
-    return ConstantVariable(callable(obj.python_type()) and hasattr(obj.python_type(),
-                                                                    "__call__"))
+    # an instance is callable when its class (not its metaclass) defines __call__
+    return ConstantVariable(
+        any("__call__" in klass.__dict__ for klass in obj.python_type().__mro__)
+    )
 
 
 @builtin(bool)
@@ -467,8 +511,11 @@ def _str(tx, obj=None, *rest):
     if isinstance(obj, ExceptionVariable) and not rest:
         return ConstantVariable(str(obj.exc))
     value = getattr(obj, "value", None)
-    if obj is not None and not rest and not obj.is_constant() and isinstance(
-        value, (type, types.FunctionType, types.ModuleType)
+    if (
+        obj is not None
+        and not rest
+        and not obj.is_constant()
+        and isinstance(value, (type, types.FunctionType, types.ModuleType))
     ):
         return ConstantVariable(str(value))
     return None
@@ -501,7 +548,6 @@ def _super(tx, *args):
 def call_constructor(tx, cls: type, args, kwargs):
     """Calling a class during capture."""
     from kiln_capture.variables.objects import DataclassVariable, ExceptionVariable, make_namedtuple
-
     from kiln_capture.variables.torch_calls import CONTEXT_MANAGERS
 
     if cls in CONTEXT_MANAGERS:
@@ -524,12 +570,19 @@ def call_constructor(tx, cls: type, args, kwargs):
         return build_dataclass(tx, cls, args, kwargs, DataclassVariable)
     if cls in (torch.Size,):
         return wrap_derived(tx, cls(args[0].as_constant())) if args[0].is_constant() else None
-    if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()) and (
-        cls in PURE_BUILTINS or cls.__module__ in ("builtins", "torch", "math")
+    if (
+        all(a.is_constant() for a in args)
+        and all(v.is_constant() for v in kwargs.values())
+        and (cls in PURE_BUILTINS or cls.__module__ in ("builtins", "torch", "math"))
     ):
-        return wrap_derived(tx, tx.run_user_code(
-            cls, *(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}
-        ))
+        return wrap_derived(
+            tx,
+            tx.run_user_code(
+                cls,
+                *(a.as_constant() for a in args),
+                **{k: v.as_constant() for k, v in kwargs.items()},
+            ),
+        )
     from kiln_capture.variables.objects import NewObjectVariable, can_build_symbolically
 
     if can_build_symbolically(cls):
@@ -551,8 +604,9 @@ def build_dataclass(tx, cls, args, kwargs, variable_cls):
         values[field.name] = arg
     for name, arg in kwargs.items():
         if name not in {f.name for f in fields}:
-            raise UserError(TypeError(f"{cls.__name__}.__init__() got an unexpected keyword "
-                                      f"argument {name!r}"))
+            raise UserError(
+                TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}")
+            )
         values[name] = arg
     for field in fields:
         if field.name in values:
@@ -562,8 +616,12 @@ def build_dataclass(tx, cls, args, kwargs, variable_cls):
         elif field.default_factory is not dataclasses.MISSING:
             values[field.name] = wrap_derived(tx, field.default_factory())
         else:
-            raise UserError(TypeError(f"{cls.__name__}.__init__() missing 1 required positional "
-                                      f"argument: {field.name!r}"))
+            raise UserError(
+                TypeError(
+                    f"{cls.__name__}.__init__() missing 1 required positional "
+                    f"argument: {field.name!r}"
+                )
+            )
     has_post_init = hasattr(cls, "__post_init__")
     if has_post_init and not _is_model_output(cls):
         raise GraphBreak(f"dataclass {cls.__name__} with __post_init__")

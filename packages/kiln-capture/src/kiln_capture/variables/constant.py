@@ -10,8 +10,21 @@ import torch
 from kiln_capture.variables.base import Variable
 
 CONSTANT_TYPES = (
-    int, float, bool, complex, str, bytes, type(None), type(Ellipsis), type(NotImplemented),
-    torch.dtype, torch.device, torch.layout, torch.memory_format, range, slice,
+    int,
+    float,
+    bool,
+    complex,
+    str,
+    bytes,
+    type(None),
+    type(Ellipsis),
+    type(NotImplemented),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    range,
+    slice,
     types.CodeType,
 )
 
@@ -57,7 +70,8 @@ class ConstantVariable(Variable):
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
             method = getattr(self.value, name)
             result = tx.run_user_code(
-                method, *[a.as_constant() for a in args],
+                method,
+                *[a.as_constant() for a in args],
                 **{k: v.as_constant() for k, v in kwargs.items()},
             )
             return wrap_derived(tx, result)

@@ -73,7 +73,9 @@ class SequenceVariable(Variable):
         if name == "__contains__":
             return ConstantVariable(self.contains(tx, args[0]))
         if name == "index" and all_constant(self.items + args):
-            return ConstantVariable(tx.run_user_code(self.as_constant().index, args[0].as_constant()))
+            return ConstantVariable(
+                tx.run_user_code(self.as_constant().index, args[0].as_constant())
+            )
         if name == "count" and all_constant(self.items + args):
             return ConstantVariable(self.as_constant().count(args[0].as_constant()))
         return super().call_method(tx, name, args, kwargs)
@@ -147,6 +149,18 @@ class SizeVariable(TupleVariable):
 
     def reconstruct(self, cg) -> None:
         cg.call_object(self.python_cls, [TupleVariable(self.items)])
+
+
+class SliceVariable(TupleVariable):
+    """A slice with a symbolic or tensor bound."""
+
+    def __init__(self, parts):
+        super().__init__(parts)
+        self.parts = parts
+        self.python_cls = slice
+
+    def reconstruct(self, cg) -> None:
+        cg.call_object(slice, self.parts)
 
 
 class ListVariable(SequenceVariable):
@@ -348,6 +362,20 @@ class DictVariable(Variable):
         cg.build(dict, len(self.entries))
 
 
+SET_ALGEBRA = {
+    "union",
+    "intersection",
+    "difference",
+    "symmetric_difference",
+    "__or__",
+    "__and__",
+    "__sub__",
+    "__xor__",
+    "issubset",
+    "issuperset",
+}
+
+
 class SetVariable(Variable):
     mutable = True
 
@@ -399,17 +427,17 @@ class SetVariable(Variable):
                 for item in other.unpack(tx):
                     members.setdefault(constant_key(tx, item), item)
             return ConstantVariable(None)
-        if name in ("union", "intersection", "difference", "symmetric_difference",
-                    "__or__", "__and__", "__sub__", "__xor__", "issubset", "issuperset"):
-            if all(isinstance(a, SetVariable) or a.is_constant() for a in args):
-                others = [set(a.members) if isinstance(a, SetVariable) else set(a.as_constant())
-                          for a in args]
-                result = getattr(set(members), name)(*others)
-                if isinstance(result, bool):
-                    return ConstantVariable(result)
-                pool = {**{k: v for a in args if isinstance(a, SetVariable)
-                           for k, v in a.members.items()}, **members}
-                return SetVariable([pool.get(k, ConstantVariable(k)) for k in result])
+        known = all(isinstance(a, SetVariable) or a.is_constant() for a in args)
+        if name in SET_ALGEBRA and known:
+            others = [
+                set(a.members) if isinstance(a, SetVariable) else set(a.as_constant()) for a in args
+            ]
+            result = getattr(set(members), name)(*others)
+            if isinstance(result, bool):
+                return ConstantVariable(result)
+            pool = {k: v for a in args if isinstance(a, SetVariable) for k, v in a.members.items()}
+            pool.update(members)
+            return SetVariable([pool.get(k, ConstantVariable(k)) for k in result])
         return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg) -> None:
@@ -439,7 +467,7 @@ class ListIteratorVariable(Variable):
         return self.items[self.index - 1]
 
     def unpack(self, tx):
-        rest = self.items[self.index:]
+        rest = self.items[self.index :]
         self.index = len(self.items)
         return rest
 
@@ -454,5 +482,5 @@ class ListIteratorVariable(Variable):
         return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg) -> None:
-        TupleVariable(self.items[self.index:]).reconstruct(cg)
+        TupleVariable(self.items[self.index :]).reconstruct(cg)
         cg.wrap_call(iter)

@@ -59,8 +59,13 @@ class BaseFunctionVariable(Variable):
         if name == "__code__":
             return ConstantVariable(self.code())
         fn = self.function_object()
-        if name in ("__wrapped__", "__defaults__", "__kwdefaults__", "__dict__", "__globals__") \
-                and hasattr(fn, name):
+        if name in (
+            "__wrapped__",
+            "__defaults__",
+            "__kwdefaults__",
+            "__dict__",
+            "__globals__",
+        ) and hasattr(fn, name):
             from kiln_capture.sources import AttrSource
             from kiln_capture.variables.builder import wrap
 
@@ -104,8 +109,9 @@ class UserFunctionVariable(BaseFunctionVariable):
             cell = self.fn.__closure__[i]
             source = None
             if self.source is not None:
-                source = AttrSource(ItemSource(AttrSource(self.source, "__closure__"), i),
-                                    "cell_contents")
+                source = AttrSource(
+                    ItemSource(AttrSource(self.source, "__closure__"), i), "cell_contents"
+                )
             cells[name] = tx.output.cell_for(cell, source)
         return cells
 
@@ -137,10 +143,14 @@ class NestedFunctionVariable(BaseFunctionVariable):
         code = self.code_object
         defaults = None
         if self.defaults is not None:
-            defaults = tuple(self.defaults.items if hasattr(self.defaults, "items") else (
-                ConstantVariable(v) for v in self.defaults.as_constant()))
-        kwdefaults = ({k: v for k, (_, v) in self.kwdefaults.entries.items()}
-                      if self.kwdefaults else None)
+            defaults = tuple(
+                self.defaults.items
+                if hasattr(self.defaults, "items")
+                else (ConstantVariable(v) for v in self.defaults.as_constant())
+            )
+        kwdefaults = (
+            {k: v for k, (_, v) in self.kwdefaults.entries.items()} if self.kwdefaults else None
+        )
         dummy_cells = tuple(types.CellType() for _ in code.co_freevars)
         fn = types.FunctionType(code, {}, code.co_name, defaults, dummy_cells or None)
         fn.__kwdefaults__ = kwdefaults
@@ -168,7 +178,7 @@ class NestedFunctionVariable(BaseFunctionVariable):
 def bind_arguments(tx, fn, args, kwargs) -> inspect.BoundArguments:
     """Bind variables to ``fn``'s parameters; defaults that are real objects get wrapped."""
     from kiln_capture.exc import UserError
-    from kiln_capture.variables.builder import wrap_constant_like
+    from kiln_capture.variables.builder import wrap_derived
 
     try:
         bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
@@ -177,7 +187,7 @@ def bind_arguments(tx, fn, args, kwargs) -> inspect.BoundArguments:
     bound.apply_defaults()
     for name, value in bound.arguments.items():
         if not isinstance(value, Variable) and not isinstance(value, (tuple, dict)):
-            bound.arguments[name] = wrap_constant_like(tx, value)
+            bound.arguments[name] = wrap_derived(tx, value)
     return bound
 
 
@@ -261,9 +271,19 @@ def is_torch_callable(value) -> bool:
         return True
     module = getattr(value, "__module__", None) or ""
     if isinstance(value, types.BuiltinFunctionType | types.BuiltinMethodType) or callable(value):
-        if module.startswith(("torch.nn.functional", "torch.functional", "torch._C._nn",
-                              "torch._C._linalg", "torch._C._fft", "torch._C._special",
-                              "torch.fft", "torch.linalg", "torch.special")):
+        if module.startswith(
+            (
+                "torch.nn.functional",
+                "torch.functional",
+                "torch._C._nn",
+                "torch._C._linalg",
+                "torch._C._fft",
+                "torch._C._special",
+                "torch.fft",
+                "torch.linalg",
+                "torch.special",
+            )
+        ):
             return True
         if module == "torch" or module.startswith("torch._tensor") or module == "torch._C":
             return not isinstance(value, type)
@@ -276,8 +296,19 @@ def is_torch_callable(value) -> bool:
 
 # Standard-library modules whose functions only read their arguments: called for real at
 # capture time when every argument is a value known then.
-PURE_MODULES = ("inspect", "typing", "re", "string", "dataclasses", "enum", "keyword",
-                "posixpath", "genericpath", "fnmatch", "textwrap")
+PURE_MODULES = (
+    "inspect",
+    "typing",
+    "re",
+    "string",
+    "dataclasses",
+    "enum",
+    "keyword",
+    "posixpath",
+    "genericpath",
+    "fnmatch",
+    "textwrap",
+)
 
 
 def real_value(v: Variable, metadata_only: bool = False):
@@ -300,8 +331,10 @@ def real_value(v: Variable, metadata_only: bool = False):
         if func is not None and obj is not None:
             return (types.MethodType(func[0], obj[0]),)
         return None
-    if isinstance(v, (ObjectVariable, ModuleVariable)) and v.source is not None and not (
-        metadata_only or isinstance(v.value, (type, types.ModuleType))
+    if (
+        isinstance(v, (ObjectVariable, ModuleVariable))
+        and v.source is not None
+        and not (metadata_only or isinstance(v.value, (type, types.ModuleType)))
     ):
         return None
     for attr in ("value", "fn"):
@@ -320,8 +353,7 @@ def is_metadata_function(fn) -> bool:
     import dataclasses
 
     module = (fn.__module__ or "").split(".")[0]
-    return module in ("inspect", "typing") or fn in (dataclasses.fields,
-                                                     dataclasses.is_dataclass)
+    return module in ("inspect", "typing") or fn in (dataclasses.fields, dataclasses.is_dataclass)
 
 
 class PureFunctionVariable(UserFunctionVariable):
@@ -334,7 +366,8 @@ class PureFunctionVariable(UserFunctionVariable):
         reals = [real_value(a, metadata) for a in args]
         kw_reals = {k: real_value(v, metadata) for k, v in kwargs.items()}
         if all(r is not None for r in reals) and all(r is not None for r in kw_reals.values()):
-            result = tx.run_user_code(self.fn, *(r[0] for r in reals),
-                                      **{k: r[0] for k, r in kw_reals.items()})
+            result = tx.run_user_code(
+                self.fn, *(r[0] for r in reals), **{k: r[0] for k, r in kw_reals.items()}
+            )
             return wrap_derived(tx, result)
         return super().call(tx, args, kwargs)

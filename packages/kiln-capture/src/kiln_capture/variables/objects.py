@@ -50,8 +50,9 @@ class ObjectVariable(Variable):
             static = None
         if isinstance(static, (types.FunctionType,)) and name not in getattr(value, "__dict__", {}):
             return BoundMethodVariable(UserFunctionVariable(static), self)
-        if isinstance(static, (types.MethodDescriptorType, types.WrapperDescriptorType)) and \
-                isinstance(value, dict):
+        if isinstance(
+            static, (types.MethodDescriptorType, types.WrapperDescriptorType)
+        ) and isinstance(value, dict):
             from kiln_capture.variables.base import MethodVariable
 
             return MethodVariable(self, name)
@@ -60,8 +61,9 @@ class ObjectVariable(Variable):
         if isinstance(static, staticmethod):
             return wrap_derived(tx, static.__func__)
         if isinstance(static, classmethod):
-            return BoundMethodVariable(UserFunctionVariable(static.__func__),
-                                       ClassVariable(type(value)))
+            return BoundMethodVariable(
+                UserFunctionVariable(static.__func__), ClassVariable(type(value))
+            )
         try:
             attr = getattr(value, name)
         except AttributeError as exc:
@@ -78,8 +80,9 @@ class ObjectVariable(Variable):
             kw_reals = {k: real_value(v) for k, v in kwargs.items()}
             if all(r is not None for r in [*reals, *kw_reals.values()]):
                 method = tx.run_user_code(getattr, self.value, name)
-                result = tx.run_user_code(method, *(r[0] for r in reals),
-                                          **{k: r[0] for k, r in kw_reals.items()})
+                result = tx.run_user_code(
+                    method, *(r[0] for r in reals), **{k: r[0] for k, r in kw_reals.items()}
+                )
                 return wrap_derived(tx, result)
         if name == "__getitem__" and args and args[0].is_constant():
             key = args[0].as_constant()
@@ -89,7 +92,9 @@ class ObjectVariable(Variable):
         if name == "__setattr__":
             return self.setattr(tx, args[0].as_constant(), args[1])
         if name == "__contains__" and args[0].is_constant():
-            return ConstantVariable(tx.run_user_code(self.value.__contains__, args[0].as_constant()))
+            return ConstantVariable(
+                tx.run_user_code(self.value.__contains__, args[0].as_constant())
+            )
         if name == "__len__" and isinstance(self.value, dict):
             return ConstantVariable(len(self.value))
         if isinstance(self.value, dict) and name in ("keys", "values", "items", "get"):
@@ -163,8 +168,9 @@ class ModuleVariable(ObjectVariable):
             from kiln_capture.variables.containers import ListIteratorVariable
 
             options = {k: v.as_constant() for k, v in kwargs.items()}
-            return ListIteratorVariable(walker(self, tx, *(a.as_constant() for a in args),
-                                               **options))
+            return ListIteratorVariable(
+                walker(self, tx, *(a.as_constant() for a in args), **options)
+            )
         if name in MODULE_INTROSPECTION:
             raise GraphBreak(f"Module.{name}() inside captured code")
         return super().call_method(tx, name, args, kwargs)
@@ -206,15 +212,13 @@ class ModuleVariable(ObjectVariable):
                 raise UserError(exc) from None
         return super().getitem(tx, key)
 
-    def call_method_len(self):
-        return len(self.value)
-
 
 def _named(registry):
     def walk(module_var, tx, prefix="", recurse=True, remove_duplicate=True):
         seen, out = set(), []
-        for name, value in module_var.members(tx, registry, prefix + "." if prefix else "",
-                                              recurse):
+        for name, value in module_var.members(
+            tx, registry, prefix + "." if prefix else "", recurse
+        ):
             if remove_duplicate and id(value) in seen:
                 continue
             seen.add(id(value))
@@ -226,31 +230,56 @@ def _named(registry):
 
 def _values(registry):
     named = _named(registry)
-    return lambda module_var, tx, recurse=True: [t.items[1] for t in named(module_var, tx, "",
-                                                                           recurse)]
+    return lambda module_var, tx, recurse=True: [
+        t.items[1] for t in named(module_var, tx, "", recurse)
+    ]
 
 
 MODULE_WALKS = {
-    "named_parameters": _named("_parameters"), "parameters": _values("_parameters"),
-    "named_buffers": _named("_buffers"), "buffers": _values("_buffers"),
+    "named_parameters": _named("_parameters"),
+    "parameters": _values("_parameters"),
+    "named_buffers": _named("_buffers"),
+    "buffers": _values("_buffers"),
     "named_children": lambda m, tx: _named("_modules")(m, tx, "", False),
     "children": lambda m, tx: [t.items[1] for t in _named("_modules")(m, tx, "", False)],
 }
 # nn.Module methods that walk the module tree or its state: they run outside the graph.
 MODULE_INTROSPECTION = {
-    "parameters", "named_parameters", "buffers", "named_buffers", "children",
-    "named_children", "modules", "named_modules", "state_dict", "load_state_dict", "apply",
-    "register_buffer", "register_parameter", "add_module", "to", "cuda", "cpu", "zero_grad",
+    "parameters",
+    "named_parameters",
+    "buffers",
+    "named_buffers",
+    "children",
+    "named_children",
+    "modules",
+    "named_modules",
+    "state_dict",
+    "load_state_dict",
+    "apply",
+    "register_buffer",
+    "register_parameter",
+    "add_module",
+    "to",
+    "cuda",
+    "cpu",
+    "zero_grad",
 }
 
 
 def has_hooks(module: torch.nn.Module) -> bool:
     from torch.nn.modules import module as module_impl
 
-    own = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
-           getattr(module, "_backward_pre_hooks", {}))
-    global_hooks = (module_impl._global_forward_hooks, module_impl._global_forward_pre_hooks,
-                    module_impl._global_backward_hooks)
+    own = (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        module._backward_hooks,
+        getattr(module, "_backward_pre_hooks", {}),
+    )
+    global_hooks = (
+        module_impl._global_forward_hooks,
+        module_impl._global_forward_pre_hooks,
+        module_impl._global_backward_hooks,
+    )
     return any(own) or any(global_hooks)
 
 
@@ -309,8 +338,11 @@ class DataclassVariable(Variable):
 
     def present(self) -> list[tuple[str, Variable]]:
         """The (key, value) pairs a ModelOutput-style dict exposes: fields that are not None."""
-        return [(k, v) for k, v in self.fields.items()
-                if not (v.is_constant() and v.as_constant() is None)]
+        return [
+            (k, v)
+            for k, v in self.fields.items()
+            if not (v.is_constant() and v.as_constant() is None)
+        ]
 
     def getattr(self, tx, name):
         if name in self.fields:
@@ -339,10 +371,17 @@ class DataclassVariable(Variable):
             return TupleVariable([v for _, v in self.present()])
         if name == "__getitem__":
             return self.getitem(tx, args[0])
-        if self.is_mapping() and name in ("keys", "values", "items", "get", "__contains__",
-                                          "__len__"):
-            mapping = DictVariable.from_pairs(tx, [(ConstantVariable(k), v)
-                                                   for k, v in self.present()])
+        if self.is_mapping() and name in (
+            "keys",
+            "values",
+            "items",
+            "get",
+            "__contains__",
+            "__len__",
+        ):
+            mapping = DictVariable.from_pairs(
+                tx, [(ConstantVariable(k), v) for k, v in self.present()]
+            )
             return mapping.call_method(tx, name, args, kwargs)
         if name == "__setattr__" or name == "__setitem__":
             key = args[0].as_constant()
@@ -416,20 +455,23 @@ class SuperVariable(Variable):
 
     def getattr(self, tx, name):
         mro = self.obj.python_type().__mro__
-        for klass in mro[mro.index(self.cls) + 1:]:
+        for klass in mro[mro.index(self.cls) + 1 :]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodVariable(UserFunctionVariable(attr), self.obj)
                 if isinstance(attr, classmethod):
-                    return BoundMethodVariable(UserFunctionVariable(attr.__func__),
-                                               ClassVariable(self.obj.python_type()))
+                    return BoundMethodVariable(
+                        UserFunctionVariable(attr.__func__), ClassVariable(self.obj.python_type())
+                    )
                 if attr is object.__init__:
                     return ConstantVariable(None)
                 if attr is object.__getattribute__ and hasattr(self.obj, "read_attr"):
                     return ReadAttrVariable(self.obj)
-                if name in READ_ONLY_METHODS and hasattr(self.obj, "value") and isinstance(
-                    attr, (types.MethodDescriptorType, types.WrapperDescriptorType)
+                if (
+                    name in READ_ONLY_METHODS
+                    and hasattr(self.obj, "value")
+                    and isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType))
                 ):
                     return RealMethodVariable(attr, self.obj)
                 raise GraphBreak(f"super().{name} of kind {type(attr).__name__}")
@@ -438,8 +480,18 @@ class SuperVariable(Variable):
 
 # Methods of builtin containers that only read: called on the real object at capture time.
 READ_ONLY_METHODS = {
-    "get", "__getitem__", "__contains__", "keys", "values", "items", "__len__", "copy",
-    "index", "count", "__eq__", "__ne__",
+    "get",
+    "__getitem__",
+    "__contains__",
+    "keys",
+    "values",
+    "items",
+    "__len__",
+    "copy",
+    "index",
+    "count",
+    "__eq__",
+    "__ne__",
 }
 
 
@@ -478,9 +530,16 @@ def make_namedtuple(tx, cls, args, kwargs):
 
 
 __all__ = [
-    "ClassVariable", "DataclassVariable", "ExceptionVariable", "ModuleVariable",
-    "ObjectVariable", "PartialVariable", "PythonModuleVariable", "SuperVariable",
-    "is_namedtuple_class", "make_namedtuple",
+    "ClassVariable",
+    "DataclassVariable",
+    "ExceptionVariable",
+    "ModuleVariable",
+    "ObjectVariable",
+    "PartialVariable",
+    "PythonModuleVariable",
+    "SuperVariable",
+    "is_namedtuple_class",
+    "make_namedtuple",
 ]
 
 
@@ -512,10 +571,12 @@ class NewObjectVariable(Variable):
         if static is _MISSING:
             getattr_hook = inspect.getattr_static(self.cls, "__getattr__", None)
             if isinstance(getattr_hook, types.FunctionType):
-                return UserFunctionVariable(getattr_hook).call(tx, [self, ConstantVariable(name)],
-                                                               {})
-            raise UserError(AttributeError(
-                f"'{self.cls.__name__}' object has no attribute {name!r}"))
+                return UserFunctionVariable(getattr_hook).call(
+                    tx, [self, ConstantVariable(name)], {}
+                )
+            raise UserError(
+                AttributeError(f"'{self.cls.__name__}' object has no attribute {name!r}")
+            )
         if isinstance(static, types.FunctionType):
             return BoundMethodVariable(UserFunctionVariable(static), self)
         if isinstance(static, property) and static.fget is not None:
@@ -523,8 +584,9 @@ class NewObjectVariable(Variable):
         if isinstance(static, staticmethod):
             return wrap_derived(tx, static.__func__)
         if isinstance(static, classmethod):
-            return BoundMethodVariable(UserFunctionVariable(static.__func__),
-                                       ClassVariable(self.cls))
+            return BoundMethodVariable(
+                UserFunctionVariable(static.__func__), ClassVariable(self.cls)
+            )
         if hasattr(static, "__get__") and not isinstance(static, (int, float, str, tuple)):
             raise GraphBreak(f"descriptor {name!r} of {self.cls.__qualname__}")
         return wrap_derived(tx, static)

@@ -43,25 +43,38 @@ def apply_operator(tx, op, args: list[Variable]) -> Variable:
 
 
 DUNDER = {
-    operator.add: "__add__", operator.sub: "__sub__", operator.mul: "__mul__",
-    operator.truediv: "__truediv__", operator.eq: "__eq__", operator.ne: "__ne__",
-    operator.getitem: "__getitem__", operator.or_: "__or__", operator.and_: "__and__",
-    operator.sub: "__sub__", operator.xor: "__xor__",
+    operator.add: "__add__",
+    operator.sub: "__sub__",
+    operator.mul: "__mul__",
+    operator.truediv: "__truediv__",
+    operator.eq: "__eq__",
+    operator.ne: "__ne__",
+    operator.getitem: "__getitem__",
+    operator.or_: "__or__",
+    operator.and_: "__and__",
+    operator.sub: "__sub__",
+    operator.xor: "__xor__",
 }
 
 
 def container_operator(tx, op, args):
     a = args[0]
     b = args[1] if len(args) > 1 else None
-    if op in (operator.add, operator.iadd) and isinstance(a, SequenceVariable) and isinstance(
-        b, SequenceVariable
+    if (
+        op in (operator.add, operator.iadd)
+        and isinstance(a, SequenceVariable)
+        and isinstance(b, SequenceVariable)
     ):
         if type(a) is type(b) or (a.python_cls is b.python_cls):
             if op is operator.iadd and isinstance(a, ListVariable):
                 return a.call_method(tx, "__iadd__", [b], {})
             return type(a)(a.items + b.items) if not a.mutable else ListVariable(a.items + b.items)
-        raise UserError(TypeError(f"can only concatenate {a.python_cls.__name__} "
-                                  f"(not \"{b.python_cls.__name__}\") to {a.python_cls.__name__}"))
+        raise UserError(
+            TypeError(
+                f"can only concatenate {a.python_cls.__name__} "
+                f'(not "{b.python_cls.__name__}") to {a.python_cls.__name__}'
+            )
+        )
     if op in (operator.mul, operator.imul):
         seq, n = (a, b) if isinstance(a, SequenceVariable) else (b, a)
         if isinstance(seq, SequenceVariable) and n.is_constant():
@@ -77,8 +90,12 @@ def container_operator(tx, op, args):
     if op in (operator.or_, operator.and_, operator.sub, operator.xor) and isinstance(
         a, SetVariable
     ):
-        name = {operator.or_: "union", operator.and_: "intersection",
-                operator.sub: "difference", operator.xor: "symmetric_difference"}[op]
+        name = {
+            operator.or_: "union",
+            operator.and_: "intersection",
+            operator.sub: "difference",
+            operator.xor: "symmetric_difference",
+        }[op]
         return a.call_method(tx, name, [b], {})
     if op is operator.or_ and isinstance(a, DictVariable) and isinstance(b, DictVariable):
         return DictVariable({**a.entries, **b.entries}, cls=a.python_cls)
@@ -106,8 +123,11 @@ def compare_equal(tx, a: Variable, b: Variable) -> bool:
             raise GraphBreak("comparing a tensor for equality needs its data")
         return bool(apply_operator(tx, operator.eq, [a, b]).truthy(tx))
     if isinstance(a, SequenceVariable) and isinstance(b, SequenceVariable):
-        return (a.python_cls is b.python_cls and len(a.items) == len(b.items)
-                and all(compare_equal(tx, x, y) for x, y in zip(a.items, b.items, strict=True)))
+        return (
+            a.python_cls is b.python_cls
+            and len(a.items) == len(b.items)
+            and all(compare_equal(tx, x, y) for x, y in zip(a.items, b.items, strict=True))
+        )
     if isinstance(a, DictVariable) and isinstance(b, DictVariable):
         return a.entries.keys() == b.entries.keys() and all(
             compare_equal(tx, a.entries[k][1], b.entries[k][1]) for k in a.entries
@@ -155,8 +175,11 @@ def product(tx, items: list[Variable]) -> Variable:
 def sort_variables(tx, items: list[Variable], key: Variable | None, reverse: bool) -> list:
     keyed = []
     for item in items:
-        k = key.call(tx, [item], {}) if key is not None and not (
-            key.is_constant() and key.as_constant() is None) else item
+        k = (
+            key.call(tx, [item], {})
+            if key is not None and not (key.is_constant() and key.as_constant() is None)
+            else item
+        )
         keyed.append((k.as_constant(), item))
     keyed.sort(key=lambda pair: pair[0], reverse=reverse)
     return [item for _, item in keyed]

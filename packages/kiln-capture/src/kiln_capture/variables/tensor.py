@@ -12,19 +12,47 @@ from kiln_capture.variables.constant import ConstantVariable
 
 # Attributes read straight off the fake tensor: they are fixed by the tensor guards.
 STATIC_ATTRS = {
-    "dtype", "device", "layout", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_sparse",
-    "is_quantized", "is_meta", "is_leaf", "is_mkldnn", "is_nested",
+    "dtype",
+    "device",
+    "layout",
+    "ndim",
+    "requires_grad",
+    "is_cuda",
+    "is_cpu",
+    "is_sparse",
+    "is_quantized",
+    "is_meta",
+    "is_leaf",
+    "is_mkldnn",
+    "is_nested",
 }
 # Attributes that compute a new tensor: recorded as ``getattr`` nodes.
 GRAPH_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
 # Methods answered from metadata without touching data.
 STATIC_METHODS = {
-    "dim", "ndimension", "is_floating_point", "is_complex", "element_size", "is_contiguous",
-    "get_device", "is_signed", "type",
+    "dim",
+    "ndimension",
+    "is_floating_point",
+    "is_complex",
+    "element_size",
+    "is_contiguous",
+    "get_device",
+    "is_signed",
+    "type",
 }
 # Methods whose result depends on the tensor's data: the graph must break.
-DATA_DEPENDENT = {"item", "tolist", "numpy", "__bool__", "__index__", "__int__", "__float__",
-                  "data_ptr", "untyped_storage", "storage"}
+DATA_DEPENDENT = {
+    "item",
+    "tolist",
+    "numpy",
+    "__bool__",
+    "__index__",
+    "__int__",
+    "__float__",
+    "data_ptr",
+    "untyped_storage",
+    "storage",
+}
 # Methods that run autograd or change what autograd records: they run outside the graph.
 AUTOGRAD_METHODS = {"backward", "register_hook", "retain_grad", "requires_grad_"}
 
@@ -57,7 +85,9 @@ class TensorVariable(Variable):
         if name in STATIC_ATTRS:
             return ConstantVariable(getattr(self.example, name))
         if name in GRAPH_ATTRS:
-            return tx.output.call_graph("call_function", getattr, [self, ConstantVariable(name)], {})
+            return tx.output.call_graph(
+                "call_function", getattr, [self, ConstantVariable(name)], {}
+            )
         if name == "grad":
             raise GraphBreak("reading a tensor's .grad")
         from kiln_capture.variables.functions import TensorMethodVariable
@@ -75,8 +105,10 @@ class TensorVariable(Variable):
         if name in DATA_DEPENDENT:
             raise GraphBreak(f"Tensor.{name}() needs the tensor's data")
         turns_grad_on = name != "requires_grad_" or not args or args[0].truthy(tx)
-        if name in AUTOGRAD_METHODS and turns_grad_on and not (
-            name == "requires_grad_" and self.source is not None
+        if (
+            name in AUTOGRAD_METHODS
+            and turns_grad_on
+            and not (name == "requires_grad_" and self.source is not None)
         ):
             raise GraphBreak(f"Tensor.{name}() runs autograd outside the graph")
         if name == "size":

@@ -30,8 +30,13 @@ STATE_READERS = {
 }
 if hasattr(torch.compiler, "is_dynamo_compiling"):
     STATE_READERS[torch.compiler.is_dynamo_compiling] = _answer(False)
-GRAPH_BREAKING = {torch.manual_seed, torch.seed, torch.set_default_dtype, torch.autograd.grad,
-                  torch.autograd.backward}
+GRAPH_BREAKING = {
+    torch.manual_seed,
+    torch.seed,
+    torch.set_default_dtype,
+    torch.autograd.grad,
+    torch.autograd.backward,
+}
 
 
 def _is_autocast_enabled(tx, *args):
@@ -51,17 +56,19 @@ def call_torch_function(tx, fn, args, kwargs) -> Variable:
     if context is not None:
         return context(tx, *args, **kwargs)
     if fn in GRAPH_BREAKING:
-        raise GraphBreak(f"{fn.__module__}.{fn.__qualname__}() runs outside the graph "
-                         f"(it changes global state or runs autograd)")
+        raise GraphBreak(
+            f"{fn.__module__}.{fn.__qualname__}() runs outside the graph "
+            f"(it changes global state or runs autograd)"
+        )
     if fn is torch.is_tensor:
         from kiln_capture.variables.tensor import TensorVariable
 
         return ConstantVariable(isinstance(args[0], TensorVariable))
     if fn in (torch.is_floating_point, torch.is_complex, torch.numel):
         return args[0].call_method(tx, fn.__name__, [], {})
-    if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
-        if fn in (torch.finfo, torch.iinfo) or isinstance(fn, type):
-            return ConstantVariable(fn(*(a.as_constant() for a in args)))
+    constant_args = all(a.is_constant() for a in [*args, *kwargs.values()])
+    if constant_args and (fn in (torch.finfo, torch.iinfo) or isinstance(fn, type)):
+        return ConstantVariable(fn(*(a.as_constant() for a in args)))
     return tx.output.call_graph("call_function", fn, list(args), kwargs)
 
 
