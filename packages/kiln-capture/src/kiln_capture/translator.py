@@ -172,23 +172,29 @@ class Translator:
         return fn.call(self, args, kwargs)
 
     def inline_call(self, fn, args: list[Variable], kwargs: dict) -> Variable:
-        """Run a Python function's body in a child translator; its return value."""
+        """Run a Python function's body in a child translator; its return value. A generator
+        consumed inside the frame runs to the end: the result iterates over what it yielded."""
+        from kiln_capture.variables.containers import ListIteratorVariable
+
         code = fn.code()
-        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):  # generator, coroutine, async gen
-            return self.inline_generator(fn, args, kwargs)
+        if code.co_flags & (0x80 | 0x100 | 0x200):
+            raise GraphBreak("coroutines and async generators")
         if self.depth >= MAX_INLINE_DEPTH:
             raise GraphBreak("recursion deeper than capture inlines")
-        local_vars = self.bind_locals(fn, code, args, kwargs)
         child = Translator(
             load_program(code),
             self.output,
             fn.globals(),
-            local_vars,
+            self.bind_locals(fn, code, args, kwargs),
             fn.closure_cells(self),
             parent=self,
         )
         child.function = fn
-        return child.run()
+        if not code.co_flags & 0x20:  # not a generator
+            return child.run()
+        child.yielded = []
+        child.run()
+        return ListIteratorVariable(child.yielded)
 
     def bind_locals(self, fn, code, args, kwargs) -> dict:
         """Arguments bound to the callee's parameters, by position in ``co_varnames`` (names
@@ -201,27 +207,6 @@ class Translator:
             name: self.as_variable(value)
             for name, value in zip(names, bound.arguments.values(), strict=True)
         }
-
-    def inline_generator(self, fn, args, kwargs) -> Variable:
-        """A generator consumed inside the frame: run it to the end, collecting what it yields."""
-        from kiln_capture.variables.containers import ListIteratorVariable
-
-        code = fn.code()
-        if code.co_flags & (0x80 | 0x100 | 0x200):
-            raise GraphBreak("coroutines and async generators")
-        local_vars = self.bind_locals(fn, code, args, kwargs)
-        child = Translator(
-            load_program(code),
-            self.output,
-            fn.globals(),
-            local_vars,
-            fn.closure_cells(self),
-            parent=self,
-        )
-        child.function = fn
-        child.yielded = []
-        child.run()
-        return ListIteratorVariable(child.yielded)
 
     def as_variable(self, value) -> Variable:
         from kiln_capture.variables.containers import DictVariable, TupleVariable

@@ -27,7 +27,9 @@ from kiln_capture.variables.containers import (
     SequenceVariable,
     SetVariable,
     TupleVariable,
+    mapping_pairs,
 )
+from kiln_capture.variables.functions import CallableObjectVariable
 from kiln_capture.variables.ops import apply_operator, contains, is_graph_value, sort_variables
 from kiln_capture.variables.tensor import TensorVariable
 
@@ -89,19 +91,10 @@ def builtin(*fns):
     return register
 
 
-class BuiltinVariable(Variable):
-    def __init__(self, fn, source=None):
-        self.fn = fn
-        self.source = source
+class BuiltinVariable(CallableObjectVariable):
+    """A builtin or pure standard-library function: applied by its handler or folded."""
 
-    def python_type(self):
-        return type(self.fn)
-
-    def describe(self) -> str:
-        return f"builtin {getattr(self.fn, '__name__', self.fn)}"
-
-    def identity_key(self):
-        return ("object", id(self.fn))
+    kind = "builtin"
 
     def call(self, tx, args, kwargs):
         getter = OPERATOR_OBJECTS.get(type(self.fn))
@@ -124,11 +117,6 @@ class BuiltinVariable(Variable):
             return apply_operator(tx, self.fn, list(args))
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         raise GraphBreak(f"call to {name}, which capture cannot trace (a C function or I/O)")
-
-    def reconstruct(self, cg):
-        if self.source is not None:
-            return self.source.emit(cg)
-        cg.load_const(self.fn)
 
 
 def python_value(v: Variable):
@@ -376,13 +364,7 @@ def _frozenset(tx, iterable=None):
 
 @builtin(dict)
 def _dict(tx, source=None, **kwargs):
-    pairs = []
-    if isinstance(source, DictVariable):
-        pairs = list(source.entries.values())
-    elif source is not None:
-        pairs = [tuple(p.unpack(tx)) for p in source.unpack(tx)]
-    pairs += [(ConstantVariable(k), v) for k, v in kwargs.items()]
-    return DictVariable.from_pairs(tx, pairs)
+    return DictVariable.from_pairs(tx, mapping_pairs(tx, source, kwargs))
 
 
 @builtin(sorted)

@@ -22,6 +22,16 @@ def constant_key(tx, key: Variable):
     raise GraphBreak(f"{key.describe()} as a dict key or set member")
 
 
+def mapping_pairs(tx, source, kwargs: dict) -> list[tuple[Variable, Variable]]:
+    """The (key, value) pairs of ``dict(source, **kwargs)`` / ``d.update(source, **kwargs)``."""
+    pairs = []
+    if isinstance(source, DictVariable):
+        pairs = list(source.entries.values())
+    elif source is not None:
+        pairs = [tuple(p.unpack(tx)) for p in source.unpack(tx)]
+    return pairs + [(ConstantVariable(k), v) for k, v in kwargs.items()]
+
+
 def all_constant(items) -> bool:
     return all(v.is_constant() for v in items)
 
@@ -332,13 +342,7 @@ class DictVariable(Variable):
                 self.setitem(tx, args[0], args[1] if len(args) > 1 else ConstantVariable(None))
             return entries[k][1]
         if name == "update":
-            source = args[0] if args else None
-            pairs = []
-            if isinstance(source, DictVariable):
-                pairs = list(source.entries.values())
-            elif source is not None:
-                pairs = [tuple(p.unpack(tx)) for p in source.unpack(tx)]
-            pairs += [(ConstantVariable(k), v) for k, v in kwargs.items()]
+            pairs = mapping_pairs(tx, args[0] if args else None, kwargs)
             for key, value in pairs:
                 self.setitem(tx, key, value)
             if not pairs:

@@ -221,9 +221,10 @@ class BoundMethodVariable(Variable):
         cg.call_object(types.MethodType, [self.function, self.self_var])
 
 
-class TorchFunctionVariable(Variable):
-    """A function from torch, torch.nn.functional, torch.Tensor, operator or math that
-    runs on tensors: calling it records a node in the graph."""
+class CallableObjectVariable(Variable):
+    """A callable held by reference (a C function, a torch function), rebuilt as itself."""
+
+    kind = "callable"
 
     def __init__(self, fn, source=None):
         self.fn = fn
@@ -233,18 +234,27 @@ class TorchFunctionVariable(Variable):
         return type(self.fn)
 
     def describe(self) -> str:
-        return f"torch function {getattr(self.fn, '__name__', self.fn)}"
+        return f"{self.kind} {getattr(self.fn, '__name__', self.fn)}"
 
     def identity_key(self):
         return ("object", id(self.fn))
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return self.source.emit(cg)
+        cg.load_const(self.fn)
+
+
+class TorchFunctionVariable(CallableObjectVariable):
+    """A function from torch, torch.nn.functional, torch.Tensor, operator or math that
+    runs on tensors: calling it records a node in the graph."""
+
+    kind = "torch function"
 
     def call(self, tx, args, kwargs):
         from kiln_capture.variables.torch_calls import call_torch_function
 
         return call_torch_function(tx, self.fn, args, kwargs)
-
-    def reconstruct(self, cg):
-        cg.load_const(self.fn)
 
 
 class TensorMethodVariable(Variable):

@@ -18,6 +18,20 @@ from kiln_capture.variables.containers import DictVariable, NamedTupleVariable, 
 from kiln_capture.variables.functions import BoundMethodVariable, UserFunctionVariable
 
 
+def bind_class_attribute(tx, static, instance: Variable, cls: type):
+    """A class attribute looked up on ``instance``: a method is bound, a property is run, a
+    static or class method is unwrapped. ``None`` when ``static`` is none of these."""
+    if isinstance(static, types.FunctionType):
+        return BoundMethodVariable(UserFunctionVariable(static), instance)
+    if isinstance(static, property) and static.fget is not None:
+        return UserFunctionVariable(static.fget).call(tx, [instance], {})
+    if isinstance(static, staticmethod):
+        return wrap_derived(tx, static.__func__)
+    if isinstance(static, classmethod):
+        return BoundMethodVariable(UserFunctionVariable(static.__func__), ClassVariable(cls))
+    return None
+
+
 class ObjectVariable(Variable):
     """A Python object from outside the frame, read through its attributes."""
 
@@ -48,22 +62,16 @@ class ObjectVariable(Variable):
             static = inspect.getattr_static(value, name)
         except AttributeError:
             static = None
-        if isinstance(static, (types.FunctionType,)) and name not in getattr(value, "__dict__", {}):
-            return BoundMethodVariable(UserFunctionVariable(static), self)
         if isinstance(
             static, (types.MethodDescriptorType, types.WrapperDescriptorType)
         ) and isinstance(value, dict):
             from kiln_capture.variables.base import MethodVariable
 
             return MethodVariable(self, name)
-        if isinstance(static, property) and static.fget is not None:
-            return UserFunctionVariable(static.fget).call(tx, [self], {})
-        if isinstance(static, staticmethod):
-            return wrap_derived(tx, static.__func__)
-        if isinstance(static, classmethod):
-            return BoundMethodVariable(
-                UserFunctionVariable(static.__func__), ClassVariable(type(value))
-            )
+        if name not in getattr(value, "__dict__", {}):
+            bound = bind_class_attribute(tx, static, self, type(value))
+            if bound is not None:
+                return bound
         try:
             attr = getattr(value, name)
         except AttributeError as exc:
@@ -348,10 +356,9 @@ class DataclassVariable(Variable):
         if name in self.fields:
             return self.fields[name]
         static = inspect.getattr_static(self.cls, name, None)
-        if isinstance(static, types.FunctionType):
-            return BoundMethodVariable(UserFunctionVariable(static), self)
-        if isinstance(static, property):
-            return UserFunctionVariable(static.fget).call(tx, [self], {})
+        bound = bind_class_attribute(tx, static, self, self.cls)
+        if bound is not None:
+            return bound
         raise GraphBreak(f"attribute {name!r} of {self.describe()}")
 
     def getitem(self, tx, key):
@@ -577,16 +584,9 @@ class NewObjectVariable(Variable):
             raise UserError(
                 AttributeError(f"'{self.cls.__name__}' object has no attribute {name!r}")
             )
-        if isinstance(static, types.FunctionType):
-            return BoundMethodVariable(UserFunctionVariable(static), self)
-        if isinstance(static, property) and static.fget is not None:
-            return UserFunctionVariable(static.fget).call(tx, [self], {})
-        if isinstance(static, staticmethod):
-            return wrap_derived(tx, static.__func__)
-        if isinstance(static, classmethod):
-            return BoundMethodVariable(
-                UserFunctionVariable(static.__func__), ClassVariable(self.cls)
-            )
+        bound = bind_class_attribute(tx, static, self, self.cls)
+        if bound is not None:
+            return bound
         if hasattr(static, "__get__") and not isinstance(static, (int, float, str, tuple)):
             raise GraphBreak(f"descriptor {name!r} of {self.cls.__qualname__}")
         return wrap_derived(tx, static)
