@@ -205,6 +205,8 @@ def _arg_key(value: object, grad: bool, static: bool) -> tuple:
         return (value.dtype, value.device, rg, value.dim())
     if isinstance(value, (int, float, bool)) and static:
         return (type(value), value)
+    if isinstance(value, (int, torch.SymInt)):
+        return (int,)  # a symbol: any value
     return (type(value),)
 
 

@@ -4,6 +4,7 @@ The op set is the core ATen IR (every op that torch tags ``torch.Tag.core``) plu
 few ops of :data:`EXTRA_OPS`, which kiln-loopir lowers directly. The decomposition table is
 torch's ``core_aten_decompositions()`` plus Kiln's own registry
 (:func:`register_decomposition`), plus any the caller passes; it is keyed by op overload.
+:data:`REPLACEMENTS` swaps the ops that tracing emits past the table.
 :func:`verify_op_set` checks that a graph holds nothing else, and that it is functional.
 """
 
@@ -25,7 +26,7 @@ KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 
 # Ops outside the core ATen IR that the graphs keep: functional batch norm (training with
 # running statistics as outputs), the RNG ops kept whole so that masks match eager's
-# random stream, and the scalar glue of symbolic shapes.
+# random stream, fused attention, and the scalar glue of symbolic shapes.
 EXTRA_OPS: dict[object, str] = {
     aten._native_batch_norm_legit_functional.default: "batch norm in training mode, "
     "new running statistics as outputs",
@@ -37,6 +38,20 @@ EXTRA_OPS: dict[object, str] = {
     aten.sym_storage_offset.default: "symbolic storage offset",
     operator.getitem: "one output of a multi-output op",
 }
+# Fused attention kernels and their backwards stay whole: kiln-loopir runs them as extern
+# kernels through ATen.
+for _name in (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_cudnn_attention_backward",
+):
+    if hasattr(aten, _name):
+        EXTRA_OPS[getattr(aten, _name).default] = "fused attention (an extern kernel)"
 
 
 def register_decomposition(
@@ -52,9 +67,19 @@ def register_decomposition(
     return register
 
 
-@register_decomposition(aten.native_dropout_backward.default)
-def _native_dropout_backward(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    return grad * (mask.type_as(grad) * scale)
+# Ops that make_fx emits itself, past the decomposition table, each replaced after tracing
+# by an op with the same signature: torch.tensor(...) inside forward lifts a constant with
+# lift_fresh_copy, which is a clone.
+REPLACEMENTS: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {
+    aten.lift_fresh_copy.default: aten.clone.default,
+}
+
+
+def apply_replacements(gm: torch.fx.GraphModule) -> None:
+    """Swap the targets of :data:`REPLACEMENTS` in ``gm`` (in place)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in REPLACEMENTS:
+            node.target = REPLACEMENTS[node.target]
 
 
 def decomposition_table(
@@ -83,12 +108,12 @@ def is_in_op_set(target: object) -> bool:
 def verify_op_set(gm: torch.fx.GraphModule, what: str = "graph") -> None:
     """Raise :class:`UnsupportedError` naming any node outside the op set or not functional."""
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue  # get_attr: a tensor constant the trace met (torch.tensor(...) in forward)
         if node.op != "call_function":
             raise UnsupportedError(
                 f"the {what} holds a {node.op} node ({node.format_node()}); kiln-autograd "
-                "graphs hold only call_function nodes"
+                "graphs hold only call_function nodes and tensor constants"
             )
         target = node.target
         if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:

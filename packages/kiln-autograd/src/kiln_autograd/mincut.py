@@ -4,14 +4,16 @@ The flow graph has two vertices per tangent-free value of the joint graph, ``v_i
 ``v_out``, joined by an edge whose capacity is the value's size in bytes: cutting it means
 saving the value. Infinite edges encode the rules:
 
-- ``source -> v_in`` for the values the forward computes anyway (primals, values a forward
-  output needs) and for the values the backward may not recompute (matmuls, convolutions,
-  random ops, see :mod:`kiln_autograd.recompute`);
+- ``source -> v_in`` for the primals (only the forward has them) and for the values the
+  backward may not recompute (matmuls, convolutions, random ops, see
+  :mod:`kiln_autograd.recompute`): their ``v_in`` stays on the forward's side;
 - ``v_out -> sink`` for the values the backward reads directly;
 - ``u_out -> v_in`` for every use of ``u`` by ``v``: recomputing ``v`` needs ``u``.
 
 Every source-to-sink path must be cut, so the cut is a set of saved values from which the
-backward can compute everything it needs, and a minimum cut saves the fewest bytes.
+backward can compute everything it needs, and a minimum cut saves the fewest bytes. A value
+whose ``v_in`` lands on the sink's side is recomputed by the backward (the forward still
+computes it if a forward output needs it).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def choose_saved_values(parts: JointParts) -> set[torch.fx.Node]:
             flow.add_edge(_in(node), _out(node))
         else:
             flow.add_edge(_in(node), _out(node), capacity=weight)
-        if node in parts.fw_required or node.op == "placeholder" or not is_recomputable(node):
+        if node.op == "placeholder" or not is_recomputable(node):
             flow.add_edge("source", _in(node))
         if node in needed_by_bw:
             flow.add_edge(_out(node), "sink")

@@ -94,6 +94,7 @@ COMPUTE_BOUND_OPS = {
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention",
 }
 
 
@@ -107,6 +108,8 @@ def is_random(node: torch.fx.Node) -> bool:
 
 def is_recomputable(node: torch.fx.Node) -> bool:
     """Whether the backward graph may compute ``node`` again instead of saving it."""
+    if node.op == "get_attr":
+        return True  # a constant: free in either graph
     if node.op != "call_function":
         return False
     target = node.target

@@ -32,6 +32,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln_autograd.analyze import GraphMeta, OutputKind, base_of
+from kiln_autograd.decompositions import apply_replacements
 from kiln_autograd.errors import UnsupportedError
 
 
@@ -201,6 +202,7 @@ def _flatten_signature(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     gm.graph._codegen = torch.fx.graph.CodeGen()
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     out.args = (tuple(out.args[0]),)
+    apply_replacements(gm)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
