@@ -62,11 +62,16 @@ def check_against_eager(
     tolerance_scale: float = 1.0,
     partitioner: str = "min_cut",
     seed: int = 0,
+    trace: bool = True,
 ) -> tuple[kiln_autograd.AOTCompiled, RecordingCompiler]:
     """Compile ``module`` (symbolically traced if it is not a GraphModule) and compare it
     with eager on fresh random inputs: outputs, their requires_grad, mutated inputs, buffers,
-    input gradients and parameter gradients (None where eager gives None)."""
-    gm = module if isinstance(module, torch.fx.GraphModule) else torch.fx.symbolic_trace(module)
+    input gradients and parameter gradients (None where eager gives None). ``trace=False``
+    hands a module to ``aot`` as it is (a model that ``torch.fx.symbolic_trace`` cannot
+    trace, such as a Hugging Face model)."""
+    gm = module
+    if trace and not isinstance(module, torch.fx.GraphModule):
+        gm = torch.fx.symbolic_trace(module)
     reference = copy.deepcopy(gm)
     compiler = RecordingCompiler()
     compiled = kiln_autograd.aot(gm, make_inputs(), compiler, partitioner=partitioner)

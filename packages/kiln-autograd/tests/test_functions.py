@@ -84,6 +84,14 @@ def where_clamp(x, y):
     return (torch.where(x > 0, x, y).clamp(-0.5, 0.5) * y,)
 
 
+def attention(q, k, v):
+    return (F.scaled_dot_product_attention(q, k, v, is_causal=True),)
+
+
+def attention_gqa(q, k, v):
+    return (F.scaled_dot_product_attention(q, k, v, enable_gqa=True),)
+
+
 CASES = {
     "pointwise": (pointwise, [rand(4, 5), rand(4, 5)]),
     "matmul_gelu": (matmul_gelu, [rand(3, 6), rand(6, 5), rand(5)]),
@@ -102,6 +110,8 @@ CASES = {
     "bf16": (bf16, [rand(4, 8, dtype=torch.bfloat16), rand(4, 8, dtype=torch.bfloat16)]),
     "chunk_cat": (chunk_cat, [rand(3, 4)]),
     "where_clamp": (where_clamp, [rand(3, 4), rand(3, 4)]),
+    "attention": (attention, [rand(2, 2, 6, 8), rand(2, 2, 6, 8), rand(2, 2, 6, 8)]),
+    "attention_gqa": (attention_gqa, [rand(2, 4, 6, 8), rand(2, 2, 6, 8), rand(2, 2, 6, 8)]),
 }
 
 

@@ -85,8 +85,12 @@ def apply_replacements(gm: torch.fx.GraphModule) -> None:
 def decomposition_table(
     extra: Mapping[torch._ops.OpOverload, Callable] | None = None,
 ) -> dict[torch._ops.OpOverload, Callable]:
-    """torch's core ATen decompositions, then Kiln's, then ``extra`` (later ones win)."""
-    table = dict(core_aten_decompositions())
+    """torch's core ATen decompositions, then Kiln's, then ``extra`` (later ones win).
+
+    Ops of :data:`EXTRA_OPS` stay whole: torch's table decomposes the CPU flash attention
+    into a math form whose second output is not the logsumexp its backward reads.
+    """
+    table = {op: fn for op, fn in core_aten_decompositions().items() if op not in EXTRA_OPS}
     table.update(KILN_DECOMPOSITIONS)
     if extra:
         table.update(extra)
