@@ -133,7 +133,7 @@ def verify_op_set(gm: torch.fx.GraphModule, what: str = "graph") -> None:
 
 def op_set_table() -> list[tuple[str, str]]:
     """``(op, where it comes from)`` rows for the documentation: the extras, then the core."""
-    rows = [(str(op) if not callable(op) else _name(op), why) for op, why in EXTRA_OPS.items()]
+    rows = [(_name(op), why) for op, why in EXTRA_OPS.items()]
     core = sorted({str(overload_packet) for overload_packet in _all_core_ops()})
     rows += [(name, "core ATen IR") for name in core]
     return rows
@@ -153,4 +153,6 @@ def _all_core_ops() -> list[torch._ops.OpOverloadPacket]:
 
 
 def _name(op: object) -> str:
+    if isinstance(op, torch._ops.OpOverload):
+        return str(op)
     return f"{getattr(op, '__module__', '')}.{getattr(op, '__name__', op)}".lstrip(".")

@@ -33,7 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln_autograd.analyze import GraphMeta, OutputKind, base_of
 from kiln_autograd.decompositions import apply_replacements
-from kiln_autograd.errors import UnsupportedError
+from kiln_autograd.errors import UnsupportedError, explain_side_effects
 
 
 @dataclasses.dataclass
@@ -192,7 +192,7 @@ def _make_fx(
     tracing_mode = "symbolic" if fake_mode.shape_env is not None else "fake"
     if fake_mode.static_shapes:
         tracing_mode = "fake"
-    with enable_python_dispatcher(), FunctionalTensorMode():
+    with explain_side_effects(), enable_python_dispatcher(), FunctionalTensorMode():
         gm = make_fx(f, decomposition_table=decompositions, tracing_mode=tracing_mode)(*args)
     return _flatten_signature(gm)
 
