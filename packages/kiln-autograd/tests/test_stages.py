@@ -133,3 +133,36 @@ def test_compilers_get_each_graph_with_fake_example_inputs():
     assert seen == [("fw", 2)]  # the backward compiles on first use
     out.sum().backward()
     assert seen[1][0] == "bw"
+
+
+def item(x):
+    return (x * x.sum().item(),)
+
+
+def boolean_mask(x):
+    return (x[x > 0],)
+
+
+class Branch(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return (x,)
+        return (x * 2,)
+
+
+@pytest.mark.parametrize(
+    "module, match",
+    [
+        (torch.fx.symbolic_trace(item), r"_local_scalar_dense.*\.item\(\)"),
+        (torch.fx.symbolic_trace(boolean_mask), r"aten.nonzero"),
+        (Branch(), r"_local_scalar_dense|branches on"),
+    ],
+)
+def test_data_dependent_constructs_are_named(module, match):
+    with pytest.raises(kiln_autograd.UnsupportedError, match=match):
+        kiln_autograd.aot(module, [torch.randn(4, requires_grad=True)], lambda g, _: g)
+
+
+def test_a_plain_function_is_refused_with_advice():
+    with pytest.raises(TypeError, match="symbolic_trace"):
+        kiln_autograd.aot(item, [torch.randn(4)], lambda g, _: g)

@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kiln_autograd.errors import UnsupportedError, explain_side_effects
+from kiln_autograd.errors import UnsupportedError, explain_unsupported
 
 
 class OutputKind(enum.Enum):
@@ -61,7 +61,7 @@ def analyze(
     fn: Callable[..., object], fake_args: Sequence[object], *, grad_enabled: bool
 ) -> GraphMeta:
     """Run ``fn`` on ``fake_args`` (inside their fake mode), functionalized, and describe it."""
-    with explain_side_effects(), FunctionalTensorMode():
+    with explain_unsupported(), FunctionalTensorMode():
         inputs = [_to_fun(_fresh_input(a)) for a in fake_args]
         with torch.set_grad_enabled(grad_enabled):
             raw = fn(*inputs)

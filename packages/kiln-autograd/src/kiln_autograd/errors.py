@@ -6,6 +6,15 @@ import contextlib
 import re
 from collections.abc import Iterator
 
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
+from torch.fx.experimental.symbolic_shapes import (
+    GuardOnDataDependentSymNode,
+    PendingUnbackedSymbolNotFound,
+)
+
 
 class UnsupportedError(NotImplementedError):
     """A construct of the graph that kiln-autograd cannot compile, named in the message.
@@ -20,10 +29,22 @@ _EFFECT_ERROR = re.compile(r"token for effect .* came from the function (\S+)")
 
 
 @contextlib.contextmanager
-def explain_side_effects() -> Iterator[None]:
-    """Turn functionalization's error for an op with a side effect into one that names it."""
+def explain_unsupported() -> Iterator[None]:
+    """Turn tracing's errors for constructs kiln-autograd cannot graph into ones that say so."""
     try:
         yield
+    except (GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound) as error:
+        raise UnsupportedError(
+            "the graph branches on, or sizes a tensor by, a value computed from a tensor's "
+            f"contents ({str(error).splitlines()[0]}); a graph cannot hold that: compute it "
+            "outside the graph (capture breaks the graph there)"
+        ) from error
+    except (DataDependentOutputException, DynamicOutputShapeException) as error:
+        raise UnsupportedError(
+            f"the graph calls {error.func}, whose output depends on a tensor's contents "
+            "(a Python number as from .item(), or a shape as from nonzero or a boolean mask); "
+            "call it outside the graph"
+        ) from error
     except AssertionError as error:
         effect = _EFFECT_ERROR.search(str(error))
         if effect is None:

@@ -35,7 +35,8 @@ def fake_inputs(
     elif dynamic:
         fakes, mode = _symbolic_fakes(args)
     else:
-        mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+        # No ShapeEnv: item() and data-dependent shapes then fail at once, by name.
+        mode = FakeTensorMode()
         fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     return [_with_requires_grad(f, rg) for f, rg in zip(fakes, requires_grad, strict=True)], mode
 

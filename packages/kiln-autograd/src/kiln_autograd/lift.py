@@ -48,6 +48,12 @@ class LiftedModule:
 
 def lift(gm: torch.nn.Module) -> LiftedModule:
     """Collect the state of ``gm`` (parameters, buffers, tensor constants) as inputs."""
+    if not isinstance(gm, torch.nn.Module):
+        raise TypeError(
+            f"kiln_autograd takes a torch.nn.Module (a torch.fx.GraphModule as capture or "
+            f"torch.fx.symbolic_trace make them), not {type(gm).__name__}: trace a function "
+            "first with torch.fx.symbolic_trace(fn)"
+        )
     params = [name for name, _ in gm.named_parameters(remove_duplicate=False)]
     buffers = [name for name, _ in gm.named_buffers(remove_duplicate=False)]
     constants = _tensor_constants(gm, set(params) | set(buffers))

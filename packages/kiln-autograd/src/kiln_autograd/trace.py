@@ -33,7 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln_autograd.analyze import GraphMeta, OutputKind, base_of
 from kiln_autograd.decompositions import apply_replacements
-from kiln_autograd.errors import UnsupportedError, explain_side_effects
+from kiln_autograd.errors import UnsupportedError, explain_unsupported
 
 
 @dataclasses.dataclass
@@ -189,10 +189,9 @@ def _make_fx(
     fake_mode: FakeTensorMode,
     decompositions: Mapping,
 ) -> torch.fx.GraphModule:
-    tracing_mode = "symbolic" if fake_mode.shape_env is not None else "fake"
-    if fake_mode.static_shapes:
-        tracing_mode = "fake"
-    with explain_side_effects(), enable_python_dispatcher(), FunctionalTensorMode():
+    static = fake_mode.shape_env is None or fake_mode.static_shapes
+    tracing_mode = "fake" if static else "symbolic"
+    with explain_unsupported(), enable_python_dispatcher(), FunctionalTensorMode():
         gm = make_fx(f, decomposition_table=decompositions, tracing_mode=tracing_mode)(*args)
     return _flatten_signature(gm)
 
