@@ -86,26 +86,28 @@ def rand(*shape: int) -> torch.Tensor:
 class TupleOutput(torch.nn.Module):
     """A Hugging Face model as a flat-tuple graph: (loss, logits)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, input_name: str) -> None:
         super().__init__()
         self.model = model
+        self.input_name = input_name
 
-    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        names = ("input_ids", "labels") if len(args) == 2 else ("pixel_values", "labels")
-        out = self.model(**dict(zip(names, args, strict=True)))
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(**{self.input_name: inputs}, labels=labels)
         return (out.loss, out.logits)
 
 
-def hf_case(config_cls: str, model_cls: str, **config: object) -> Callable:
+def hf_case(config_cls: str, model_cls: str, image: bool = False, **config: object) -> Callable:
     def build() -> tuple[torch.nn.Module, list]:
         import transformers
 
         torch.manual_seed(0)
         cfg = getattr(transformers, config_cls)(**config)
         model = getattr(transformers, model_cls)(cfg).train()
-        vocab = getattr(cfg, "vocab_size", 128)
-        ids = torch.randint(0, vocab, (2, 16))
-        return TupleOutput(model), [ids, torch.randint(0, vocab, (2, 16))]
+        if image:
+            inputs = [torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))]
+            return TupleOutput(model, "pixel_values"), inputs
+        inputs = [torch.randint(0, 128, (2, 16)), torch.randint(0, 128, (2, 16))]
+        return TupleOutput(model, "input_ids"), inputs
 
     return build
 
@@ -166,15 +168,27 @@ def model_cases() -> dict[str, Callable[[], tuple[torch.nn.Module, list]]]:
         "num_hidden_layers": 2,
         "num_attention_heads": 2,
         "intermediate_size": 64,
-        "max_position_embeddings": 32,
+        "max_position_embeddings": 40,
     }
+    decoder = {**small, "num_key_value_heads": 1, "max_position_embeddings": 32}
+    image = {"num_channels": 3, "num_labels": 10}
     return {
         "BERT (masked LM)": hf_case("BertConfig", "BertForMaskedLM", **small),
-        "RoBERTa (masked LM)": hf_case(
-            "RobertaConfig", "RobertaForMaskedLM", **{**small, "max_position_embeddings": 40}
-        ),
+        "RoBERTa (masked LM)": hf_case("RobertaConfig", "RobertaForMaskedLM", **small),
         "ELECTRA (masked LM)": hf_case(
-            "ElectraConfig", "ElectraForMaskedLM", embedding_size=32, **small
+            "ElectraConfig", "ElectraForMaskedLM", embedding_size=16, **small
+        ),
+        "ALBERT (masked LM)": hf_case(
+            "AlbertConfig", "AlbertForMaskedLM", embedding_size=16, **small
+        ),
+        "DistilBERT (masked LM)": hf_case(
+            "DistilBertConfig",
+            "DistilBertForMaskedLM",
+            vocab_size=128,
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=64,
         ),
         "GPT-2 (causal LM)": hf_case(
             "GPT2Config",
@@ -185,16 +199,43 @@ def model_cases() -> dict[str, Callable[[], tuple[torch.nn.Module, list]]]:
             n_head=2,
             n_positions=32,
         ),
-        "Llama (causal LM)": hf_case(
-            "LlamaConfig",
-            "LlamaForCausalLM",
+        "OPT (causal LM)": hf_case(
+            "OPTConfig", "OPTForCausalLM", ffn_dim=64, word_embed_proj_dim=32, **small
+        ),
+        "Llama (causal LM)": hf_case("LlamaConfig", "LlamaForCausalLM", **decoder),
+        "Mistral (causal LM)": hf_case("MistralConfig", "MistralForCausalLM", **decoder),
+        "T5 (seq2seq LM)": hf_case(
+            "T5Config",
+            "T5ForConditionalGeneration",
             vocab_size=128,
+            d_model=32,
+            d_kv=16,
+            d_ff=64,
+            num_layers=2,
+            num_heads=2,
+            decoder_start_token_id=0,
+        ),
+        "ViT (image classification)": hf_case(
+            "ViTConfig",
+            "ViTForImageClassification",
+            image=True,
+            image_size=16,
+            patch_size=4,
             hidden_size=32,
-            intermediate_size=64,
             num_hidden_layers=2,
             num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
+            intermediate_size=64,
+            **image,
+        ),
+        "ResNet (image classification)": hf_case(
+            "ResNetConfig",
+            "ResNetForImageClassification",
+            image=True,
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            layer_type="basic",
+            **image,
         ),
     }
 

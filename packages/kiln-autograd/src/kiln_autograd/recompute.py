@@ -81,6 +81,13 @@ CHEAP_OPS = {
     "select_scatter",
     "where",
     "repeat",
+    "scatter",
+    "scatter_add",
+    "index_put",
+    "index_add",
+    "flip",
+    "roll",
+    "cumsum",
 }
 
 # Compute-bound ops, named so that the docs and the tests can say what is never recomputed.
