@@ -8,7 +8,7 @@ The stages are public on their own (:func:`trace_joint_graph`,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.fx
@@ -208,6 +208,3 @@ def _arg_key(value: object, grad: bool, static: bool) -> tuple:
     if isinstance(value, (int, torch.SymInt)):
         return (int,)  # a symbol: any value
     return (type(value),)
-
-
-CompiledCallable = Callable[..., object]

@@ -30,7 +30,6 @@ KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 EXTRA_OPS: dict[object, str] = {
     aten._native_batch_norm_legit_functional.default: "batch norm in training mode, "
     "new running statistics as outputs",
-    aten._native_batch_norm_legit_no_training.default: "batch norm in eval mode",
     aten.bernoulli.p: "dropout masks (functional form of bernoulli_)",
     aten.sym_size.int: "one symbolic size of a tensor",
     aten.sym_stride.int: "one symbolic stride of a tensor",

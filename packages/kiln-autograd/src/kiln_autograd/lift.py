@@ -10,7 +10,6 @@ runs the module with ``torch.func.functional_call`` over the lifted state.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import torch
 
@@ -41,9 +40,6 @@ class LiftedModule:
         state = dict(zip(self.names, args[: self.num_state], strict=True))
         user = tuple(args[self.num_state :])
         return torch.func.functional_call(self.module, state, user, tie_weights=False)
-
-    def __call__(self, *args: object) -> tuple[object, ...]:
-        return as_flat_tuple(self.call_raw(*args))
 
 
 def lift(gm: torch.nn.Module) -> LiftedModule:
@@ -84,10 +80,3 @@ def _get_attr(module: torch.nn.Module, dotted: str) -> object:
     for part in dotted.split("."):
         value = getattr(value, part)
     return value
-
-
-def as_flat_tuple(out: object) -> tuple[object, ...]:
-    """The graph's outputs as a tuple (a bare tensor becomes a 1-tuple)."""
-    if isinstance(out, Sequence) and not isinstance(out, torch.Tensor):
-        return tuple(out)
-    return (out,)

@@ -68,11 +68,7 @@ class TrainingRunner:
         rest = returned[len(plain) :]
         _write_back(args, meta, rest[:n_mut])
         bases = rest[n_mut:]
-        raw = side.raw
-        del side.raw
-        outs = _user_outputs(args, meta, raw, plain=plain, bases=bases)
-        del raw
-        return outs
+        return _user_outputs(args, meta, side.raw, plain=plain, bases=bases)
 
 
 class _SideChannel:

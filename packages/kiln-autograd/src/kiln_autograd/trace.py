@@ -119,7 +119,7 @@ def trace_joint(
         with torch.enable_grad():
             outs = _flat(fn(*f_primals))
         values = _forward_values(outs, primals, f_primals, meta)
-        fw = _fw_tensors(outs, f_primals, meta)
+        fw = _fw_tensors(outs, meta)
         diff = [fw[k] for k in differentiable_outputs(meta)]
         wrt = [f_primals[i] for i, w in enumerate(wants_grad) if w]
         grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
@@ -156,9 +156,7 @@ def _tangents(
         return [torch.empty(fw[k].shape, dtype=fw[k].dtype) for k in differentiable_outputs(meta)]
 
 
-def _fw_tensors(
-    outs: Sequence[object], f_primals: Sequence[object], meta: GraphMeta
-) -> list[object]:
+def _fw_tensors(outs: Sequence[object], meta: GraphMeta) -> list[object]:
     """The forward outputs as functional tensors (mutated inputs left as None)."""
     bases = [base_of(outs[k]) for k in meta.base_sources]
     return list(outs) + [None] * len(meta.mutated_inputs) + bases
