@@ -178,3 +178,16 @@ def test_recompiles_when_requires_grad_changes():
     out.sum().backward()
     torch.testing.assert_close(x.grad, y)
     assert len(compiled.runners) == 2
+
+
+def test_a_mutated_input_passed_twice_is_refused():
+    def add_into(x, y):
+        x.add_(y)
+        return (x * 2,)
+
+    compiled = kiln_autograd.aot(
+        torch.fx.symbolic_trace(add_into), [torch.randn(3), torch.randn(3)], lambda g, _: g
+    )
+    x = torch.randn(3)
+    with pytest.raises(kiln_autograd.UnsupportedError, match="input 0.*shares memory with input 1"):
+        compiled(x, x)

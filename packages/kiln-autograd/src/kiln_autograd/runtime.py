@@ -20,6 +20,7 @@ import torch.fx
 from torch._C import _functions
 
 from kiln_autograd.analyze import GraphMeta, OutputKind
+from kiln_autograd.errors import UnsupportedError
 from kiln_autograd.partition import PartitionedGraphs
 from kiln_autograd.trace import JointGraph, differentiable_outputs
 
@@ -39,6 +40,7 @@ class InferenceRunner:
         self.meta = meta
 
     def __call__(self, args: Sequence[object]) -> object:
+        _refuse_aliased_mutated_inputs(args, self.meta)
         raw = list(self.compiled(*args))
         n_out, n_mut = len(self.meta.outputs), len(self.meta.mutated_inputs)
         _write_back(args, self.meta, raw[n_out : n_out + n_mut])
@@ -60,6 +62,7 @@ class TrainingRunner:
         self.function = _make_function(compiled_fw, parts, joint, bw_compiler)
 
     def __call__(self, args: Sequence[object]) -> object:
+        _refuse_aliased_mutated_inputs(args, self.meta)
         side = _SideChannel()
         returned = self.function.apply(side, *args)
         meta = self.meta
@@ -161,6 +164,25 @@ def _error_on_double_backward(grads: list[object]) -> list[object]:
     for i, w in zip(present, wrapped, strict=True):
         out[i] = w
     return out
+
+
+def _refuse_aliased_mutated_inputs(args: Sequence[object], meta: GraphMeta) -> None:
+    """The graph was traced with distinct inputs: a write through one alias would be lost."""
+    if not meta.mutated_inputs:
+        return
+    for i in meta.mutated_inputs:
+        others = [
+            j
+            for j, a in enumerate(args)
+            if j != i
+            and isinstance(a, torch.Tensor)
+            and a.untyped_storage().data_ptr() == args[i].untyped_storage().data_ptr()
+        ]
+        if others:
+            raise UnsupportedError(
+                f"input {i}, which the graph writes in place, shares memory with input "
+                f"{others[0]}; kiln-autograd traced them as distinct tensors: pass a clone"
+            )
 
 
 def _write_back(args: Sequence[object], meta: GraphMeta, values: Sequence[object]) -> None:
