@@ -63,6 +63,18 @@ class TwoHeads(torch.nn.Module):
         return (self.a(x), self.b(x))
 
 
+class FrozenEncoder(torch.nn.Module):
+    """A frozen layer (requires_grad=False) under a trained head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Linear(6, 6).requires_grad_(False)
+        self.head = torch.nn.Linear(6, 2)
+
+    def forward(self, x):
+        return (self.head(torch.tanh(self.encoder(x))),)
+
+
 class Methods(torch.nn.Module):
     """call_method, call_module and get_attr nodes (a constant tensor too)."""
 
@@ -79,7 +91,13 @@ class Methods(torch.nn.Module):
 
 @pytest.mark.parametrize(
     "module, shape",
-    [(ConvBN, (2, 3, 5, 5)), (MLPDropout, (6, 8)), (UnusedAndDetached, (3, 5)), (Methods, (4, 6))],
+    [
+        (ConvBN, (2, 3, 5, 5)),
+        (MLPDropout, (6, 8)),
+        (UnusedAndDetached, (3, 5)),
+        (FrozenEncoder, (4, 6)),
+        (Methods, (4, 6)),
+    ],
 )
 def test_module_matches_eager_in_train_mode(module, shape, check):
     torch.manual_seed(0)

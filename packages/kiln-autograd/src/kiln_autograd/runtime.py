@@ -137,7 +137,7 @@ def _make_function(
                 grads = list(compiled_bw[0](*saved, *tangents))
             result: list[object] = [None] * num_inputs
             for j, i in enumerate(grad_inputs):
-                if any(given[t] is not None for t in deps[j]):
+                if not deps[j] or any(given[t] is not None for t in deps[j]):
                     result[i] = grads[j]
             if torch.is_grad_enabled():
                 result = _error_on_double_backward(result)
