@@ -60,3 +60,22 @@ def test_static_shapes_recompile_for_a_new_size():
     eager_and_compiled(compiled, (6, 4), 3)
     eager_and_compiled(compiled, (8, 4), 4)
     assert len(compiled.runners) == 2
+
+
+def test_a_float_input_is_a_constant_even_with_dynamic_shapes():
+    gm = torch.fx.symbolic_trace(lambda x, scale: (x * scale,))
+    compiled = kiln_autograd.aot(gm, [torch.randn(3), 2.0], lambda g, _: g, dynamic=True)
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x, 3.0)[0], x * 3.0)
+    torch.testing.assert_close(compiled(x, 2.0)[0], x * 2.0)
+
+
+def test_a_new_dtype_with_dynamic_shapes_is_traced_from_the_call():
+    gm = torch.fx.symbolic_trace(reshape_softmax)
+    compiled = kiln_autograd.aot(
+        gm, [torch.randn(6, 4, requires_grad=True), 3], lambda g, _: g, dynamic=True
+    )
+    x = torch.randn(10, 3, dtype=torch.float64, requires_grad=True)
+    out, size = compiled(x, 5)
+    assert out.dtype == torch.float64 and size == 10
+    torch.testing.assert_close(out, reshape_softmax(x, 5)[0])

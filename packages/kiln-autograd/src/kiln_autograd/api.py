@@ -102,10 +102,7 @@ class AOTCompiled:
 
     def compile_for(self, args: list[object]) -> InferenceRunner | TrainingRunner:
         """Compile the graph for the signature of ``args`` and remember the runner."""
-        trace_args = args
-        if self.options.dynamic:
-            n = self.lifted.num_state
-            trace_args = [*args[:n], *self.example_inputs]
+        trace_args = self._trace_args(args) if self.options.dynamic else args
         runner = compile_signature(
             self.lifted,
             trace_args,
@@ -115,6 +112,36 @@ class AOTCompiled:
         )
         self.runners[self._key(args)] = runner
         return runner
+
+    def _trace_args(self, args: list[object]) -> list[object]:
+        """With dynamic shapes: the symbolic example inputs where the call matches them.
+
+        Tensors and ints come from the examples (their sizes are symbols); floats, bools
+        and other constants come from the call. A call whose tensors differ from the
+        examples in dtype, device or rank is traced from its own inputs, every size a symbol.
+        """
+        n = self.lifted.num_state
+        user = args[n:]
+        if len(user) != len(self.example_inputs):
+            return args
+        merged = []
+        for arg, example in zip(user, self.example_inputs, strict=True):
+            if isinstance(arg, torch.Tensor) and isinstance(example, torch.Tensor):
+                same = (arg.dtype, arg.device.type, arg.dim()) == (
+                    example.dtype,
+                    example.device.type,
+                    example.dim(),
+                )
+                if not same:
+                    return args
+                merged.append(example)
+            elif _is_int(arg) and _is_int(example):
+                merged.append(example)
+            elif isinstance(arg, torch.Tensor) or isinstance(example, torch.Tensor):
+                return args
+            else:
+                merged.append(arg)
+        return [*args[:n], *merged]
 
     def _key(self, args: Sequence[object]) -> tuple:
         grad = torch.is_grad_enabled()
@@ -197,14 +224,18 @@ def _requires_grad(args: Sequence[object]) -> list[bool]:
     return [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
 def _arg_key(value: object, grad: bool, static: bool) -> tuple:
     if isinstance(value, torch.Tensor):
         rg = grad and value.requires_grad
         if static:
             return (value.dtype, value.device, rg, tuple(value.shape), value.stride())
         return (value.dtype, value.device, rg, value.dim())
-    if isinstance(value, (int, float, bool)) and static:
-        return (type(value), value)
-    if isinstance(value, (int, torch.SymInt)):
+    if _is_int(value) and not static:
         return (int,)  # a symbol: any value
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return (type(value), value)  # baked into the graph as a constant
     return (type(value),)
