@@ -95,7 +95,7 @@ def trace_inference(
         f_primals = [_to_fun(p) for p in primals]
         with torch.no_grad():
             outs = _flat(fn(*f_primals))
-        return _forward_values(outs, primals, f_primals, meta)
+        return _forward_values(outs, f_primals, meta)
 
     args = [_detach(a) for a in fake_args]
     gm = _make_fx(inference, (args,), fake_mode, decompositions)
@@ -118,7 +118,7 @@ def trace_joint(
         f_tangents = [_to_fun(t) for t in tangents]
         with torch.enable_grad():
             outs = _flat(fn(*f_primals))
-        values = _forward_values(outs, primals, f_primals, meta)
+        values = _forward_values(outs, f_primals, meta)
         fw = _fw_tensors(outs, meta)
         diff = [fw[k] for k in differentiable_outputs(meta)]
         wrt = [f_primals[i] for i, w in enumerate(wants_grad) if w]
@@ -163,11 +163,9 @@ def _fw_tensors(outs: Sequence[object], meta: GraphMeta) -> list[object]:
 
 
 def _forward_values(
-    outs: Sequence[object],
-    primals: Sequence[object],
-    f_primals: Sequence[object],
-    meta: GraphMeta,
+    outs: Sequence[object], f_primals: Sequence[object], meta: GraphMeta
 ) -> list[object]:
+    """The traced graph's forward outputs, unwrapped from functionalization (module doc)."""
     values = [_from_fun(o) for o in outs]
     for i in meta.mutated_inputs:
         if f_primals[i].requires_grad:
