@@ -172,13 +172,55 @@ def test_double_backward_raises_a_clear_error():
         g.sum().backward()
 
 
-def test_mutating_an_input_that_requires_grad_is_refused():
+def scale_in_place(x, y):
+    x.mul_(y.sigmoid())
+    return (x.sum(0) * y,)
+
+
+def copy_into(buf, y):
+    buf.copy_(y * 2)
+    return (y.cos(),)
+
+
+@pytest.mark.parametrize("fn", [scale_in_place, copy_into])
+def test_writes_that_autograd_sees_match_eager(fn):
+    compiled = kiln_autograd.aot(
+        torch.fx.symbolic_trace(fn), [rand(3, 4) * 1, rand(3, 4)], lambda g, _: g
+    )
+    leaves = [rand(3, 4), rand(3, 4)]
+    ref_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    first_grad = fn is scale_in_place
+    x, y = leaves[0] * 1 if first_grad else leaves[0].detach(), leaves[1]
+    xr, yr = ref_leaves[0] * 1 if first_grad else ref_leaves[0].detach(), ref_leaves[1]
+    (out,) = compiled(x, y)
+    (expected,) = fn(xr, yr)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, xr)  # the write landed, with its autograd history
+    assert x.requires_grad == xr.requires_grad
+    weight = torch.randn_like(out)
+    ((out * weight).sum() + (x * x).sum()).backward()
+    ((expected * weight).sum() + (xr * xr).sum()).backward()
+    for a, e in zip(leaves, ref_leaves, strict=True):
+        assert (a.grad is None) == (e.grad is None)
+        if e.grad is not None:
+            torch.testing.assert_close(a.grad, e.grad)
+
+
+def test_returning_a_mutated_input_that_requires_grad_is_refused():
     def bad(x):
         x.mul_(2)
         return (x,)
 
     with pytest.raises(kiln_autograd.UnsupportedError, match="input 0, which requires grad"):
         kiln_autograd.aot(torch.fx.symbolic_trace(bad), [rand(3) * 1], lambda g, _: g)
+
+
+def test_writing_into_a_leaf_that_requires_grad_fails_as_in_eager():
+    compiled = kiln_autograd.aot(
+        torch.fx.symbolic_trace(scale_in_place), [rand(3, 4) * 1, rand(3, 4)], lambda g, _: g
+    )
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        compiled(rand(3, 4), rand(3, 4))
 
 
 def test_unknown_partitioner_is_refused():

@@ -46,6 +46,7 @@ class GraphMeta:
     outputs: tuple[OutputInfo, ...]
     returns_sequence: bool  # False when the graph returned one bare value
     mutated_inputs: tuple[int, ...]  # indices of inputs whose data the graph writes
+    mutated_requires_grad: tuple[bool, ...]  # per mutated input: its new value requires grad
     base_sources: tuple[int, ...]  # per base: an output whose ``_base`` (or itself) it is
     base_requires_grad: tuple[bool, ...]
 
@@ -67,7 +68,8 @@ def analyze(
             raw = fn(*inputs)
         returns_sequence = isinstance(raw, (tuple, list))
         outs = tuple(raw) if returns_sequence else (raw,)
-        mutated = _mutated_inputs(inputs, fake_args)
+        mutated = _mutated_inputs(inputs)
+        mutated_requires_grad = tuple(inputs[i].requires_grad for i in mutated)
         storages = {
             StorageWeakRef(a.untyped_storage()): i
             for i, a in enumerate(inputs)
@@ -75,16 +77,24 @@ def analyze(
         }
         infos, sources = _classify_outputs(outs, inputs, storages)
         base_requires_grad = tuple(base_of(outs[k]).requires_grad for k in sources)
+    for info in infos:
+        aliases_input = info.kind in (OutputKind.INPUT, OutputKind.INPUT_VIEW)
+        if aliases_input and info.base in mutated and fake_args[info.base].requires_grad:
+            raise UnsupportedError(
+                f"the graph writes in place into input {info.base}, which requires grad, "
+                "and returns it or a view of it; return a copy (clone) instead"
+            )
     return GraphMeta(
         outputs=tuple(infos),
         returns_sequence=returns_sequence,
         mutated_inputs=tuple(mutated),
+        mutated_requires_grad=mutated_requires_grad,
         base_sources=tuple(sources),
         base_requires_grad=base_requires_grad,
     )
 
 
-def _mutated_inputs(inputs: Sequence[object], fake_args: Sequence[object]) -> list[int]:
+def _mutated_inputs(inputs: Sequence[object]) -> list[int]:
     mutated = []
     for i, a in enumerate(inputs):
         if not isinstance(a, FunctionalTensor):
@@ -96,12 +106,6 @@ def _mutated_inputs(inputs: Sequence[object], fake_args: Sequence[object]) -> li
                 "resize_, t_ or as_strided_); compute a new tensor instead"
             )
         if torch._functionalize_has_data_mutation(a.elem):
-            if fake_args[i].requires_grad:
-                raise UnsupportedError(
-                    f"the graph writes in place into input {i}, which requires grad; "
-                    "kiln-autograd supports in-place writes only into inputs that do not "
-                    "require grad (such as buffers): write the result to a new tensor"
-                )
             mutated.append(i)
     return mutated
 
@@ -145,12 +149,13 @@ def _classify_outputs(
 
 
 def _fresh_input(value: object) -> object:
-    """A copy of a fake input with its own storage (and autograd state)."""
+    """A copy of a fake input with its own storage and autograd state (a non-leaf if it
+    requires grad, as an input that the graph may write into must be)."""
     if not isinstance(value, torch.Tensor):
         return value
     out = value.detach().clone()
     if value.requires_grad:
-        out.requires_grad_(True)
+        out = out.requires_grad_(True).clone()
     return out
 
 

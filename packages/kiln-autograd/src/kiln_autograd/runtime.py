@@ -186,9 +186,14 @@ def _refuse_aliased_mutated_inputs(args: Sequence[object], meta: GraphMeta) -> N
 
 
 def _write_back(args: Sequence[object], meta: GraphMeta, values: Sequence[object]) -> None:
-    with torch.no_grad():
-        for i, new in zip(meta.mutated_inputs, values, strict=True):
+    """``copy_`` each new value into its input; under autograd where the value requires grad
+    (the input then carries the write's history, as in eager), else under ``no_grad``."""
+    for i, new in zip(meta.mutated_inputs, values, strict=True):
+        if isinstance(new, torch.Tensor) and new.requires_grad:
             args[i].copy_(new)
+        else:
+            with torch.no_grad():
+                args[i].copy_(new)
 
 
 def _user_outputs(

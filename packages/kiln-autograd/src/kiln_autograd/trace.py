@@ -33,7 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln_autograd.analyze import GraphMeta, OutputKind, base_of
 from kiln_autograd.decompositions import apply_replacements
-from kiln_autograd.errors import UnsupportedError, explain_unsupported
+from kiln_autograd.errors import explain_unsupported
 
 
 @dataclasses.dataclass
@@ -70,7 +70,8 @@ class JointGraph(TracedGraph):
 
 
 def differentiable_outputs(meta: GraphMeta) -> list[int]:
-    """Forward output indices that get a tangent: plain outputs and bases requiring grad."""
+    """Forward output indices that get a tangent: plain outputs, new values of mutated
+    inputs and bases, those that require grad."""
     n_out = len(meta.outputs)
     n_mut = len(meta.mutated_inputs)
     found = [
@@ -78,6 +79,7 @@ def differentiable_outputs(meta: GraphMeta) -> list[int]:
         for k, o in enumerate(meta.outputs)
         if o.kind is OutputKind.PLAIN and o.is_tensor and o.requires_grad
     ]
+    found += [n_out + m for m, rg in enumerate(meta.mutated_requires_grad) if rg]
     found += [n_out + n_mut + b for b, rg in enumerate(meta.base_requires_grad) if rg]
     return found
 
@@ -117,9 +119,15 @@ def trace_joint(
         f_primals = [_to_fun(p) for p in primals]
         f_tangents = [_to_fun(t) for t in tangents]
         with torch.enable_grad():
-            outs = _flat(fn(*f_primals))
-        values = _forward_values(outs, f_primals, meta)
-        fw = _fw_tensors(outs, meta)
+            # An input that requires grad and is written in place: the graph writes into a
+            # copy, so that its gradient is the one of the value before the write.
+            f_inputs = [
+                p.clone() if i in meta.mutated_inputs and wants_grad[i] else p
+                for i, p in enumerate(f_primals)
+            ]
+            outs = _flat(fn(*f_inputs))
+        values = _forward_values(outs, f_inputs, meta)
+        fw = _fw_tensors(outs, f_inputs, meta)
         diff = [fw[k] for k in differentiable_outputs(meta)]
         wrt = [f_primals[i] for i, w in enumerate(wants_grad) if w]
         grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
@@ -150,31 +158,26 @@ def _tangents(
 ) -> list[torch.Tensor]:
     """Fake tangents shaped like the differentiable outputs (contiguous, like the runtime's)."""
     with fake_mode, torch.enable_grad():
-        outs = _flat(fn(*[_clone_input(p) for p in primals]))
-        bases = [base_of(outs[k]) for k in meta.base_sources]
-        fw = list(outs) + [None] * len(meta.mutated_inputs) + bases
+        inputs = [_clone_input(p) for p in primals]
+        outs = _flat(fn(*inputs))
+        fw = _fw_tensors(outs, inputs, meta)
         return [torch.empty(fw[k].shape, dtype=fw[k].dtype) for k in differentiable_outputs(meta)]
 
 
-def _fw_tensors(outs: Sequence[object], meta: GraphMeta) -> list[object]:
-    """The forward outputs as functional tensors (mutated inputs left as None)."""
+def _fw_tensors(
+    outs: Sequence[object], f_inputs: Sequence[object], meta: GraphMeta
+) -> list[object]:
+    """The forward outputs as functional tensors, in the order of the module doc."""
     bases = [base_of(outs[k]) for k in meta.base_sources]
-    return list(outs) + [None] * len(meta.mutated_inputs) + bases
+    return list(outs) + [f_inputs[i] for i in meta.mutated_inputs] + bases
 
 
 def _forward_values(
-    outs: Sequence[object], f_primals: Sequence[object], meta: GraphMeta
+    outs: Sequence[object], f_inputs: Sequence[object], meta: GraphMeta
 ) -> list[object]:
     """The traced graph's forward outputs, unwrapped from functionalization (module doc)."""
     values = [_from_fun(o) for o in outs]
-    for i in meta.mutated_inputs:
-        if f_primals[i].requires_grad:
-            raise UnsupportedError(
-                f"the graph writes a value that requires grad into input {i}, which does "
-                "not require grad; kiln-autograd does not differentiate through input "
-                "mutations: return the value as an output instead"
-            )
-        values.append(_from_fun(f_primals[i]))
+    values += [_from_fun(f_inputs[i]) for i in meta.mutated_inputs]
     values += [_from_fun(base_of(outs[k])) for k in meta.base_sources]
     return values
 
@@ -230,6 +233,8 @@ def _detach_keep_grad(value: object) -> object:
 
 
 def _clone_input(value: object) -> object:
+    """A copy to run on; one that requires grad is a non-leaf, so it may be written into."""
     if not isinstance(value, torch.Tensor):
         return value
-    return value.detach().clone().requires_grad_(value.requires_grad)
+    out = value.detach().clone()
+    return out.requires_grad_(True).clone() if value.requires_grad else out
