@@ -216,6 +216,8 @@ def _user_outputs(
 
 
 def _view_like(base: torch.Tensor, like: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    if not requires_grad:
+    # With grad enabled, an alias that does not require grad was detached by the graph.
+    # Under no_grad a view's requires_grad follows its base, as eager's views do.
+    if not requires_grad and torch.is_grad_enabled():
         base = base.detach()
     return base.as_strided(like.size(), like.stride(), like.storage_offset())
