@@ -251,3 +251,17 @@ def test_a_mutated_input_passed_twice_is_refused():
     x = torch.randn(3)
     with pytest.raises(kiln_autograd.UnsupportedError, match="input 0.*shares memory with input 1"):
         compiled(x, x)
+
+
+def test_an_unused_dropout_still_draws_as_in_eager():
+    def drops(x):
+        F.dropout(x, 0.5, training=True)  # drawn, never read
+        return (F.dropout(x, 0.5, training=True) * x,)
+
+    compiled = kiln_autograd.aot(torch.fx.symbolic_trace(drops), [rand(32)], lambda g, _: g)
+    x = rand(32)
+    torch.manual_seed(3)
+    (out,) = compiled(x)
+    torch.manual_seed(3)
+    (expected,) = drops(x)
+    torch.testing.assert_close(out, expected)

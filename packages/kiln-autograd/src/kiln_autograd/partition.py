@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx
 
+from kiln_autograd.recompute import is_random
 from kiln_autograd.trace import JointGraph
 
 
@@ -126,9 +127,11 @@ def split(joint: JointGraph, parts: JointParts, saved: set[torch.fx.Node]) -> Pa
     saved_symints = [n for n in saved_list if _is_sym(n)]
     saved_list = saved_tensors + saved_symints
 
-    fw_nodes = _ancestors(
-        [v for v in parts.fw_outputs + saved_list if isinstance(v, torch.fx.Node)], stop=set()
-    )
+    # Random ops stay in the forward even when nothing reads them, so that the forward
+    # draws from the generator exactly as eager does.
+    draws = [n for n in joint.gm.graph.nodes if is_random(n) and n not in parts.tangent_dependent]
+    fw_roots = [v for v in parts.fw_outputs + saved_list if isinstance(v, torch.fx.Node)]
+    fw_nodes = _ancestors(fw_roots + draws, stop=set())
     fw = _extract(
         joint.gm,
         inputs=parts.primals,
