@@ -86,7 +86,14 @@ def test_pointwise_chain_saves_only_its_inputs():
     parts = kiln_autograd.partition(joint_of("pointwise"))
     saved = parts.saved_names()
     assert all(name.startswith("primals") for name in saved), saved
-    assert saved_bytes_of(parts) == 2 * 32 * 32 * 4
+    assert saved_bytes_of(parts) == parts.saved_bytes() == 2 * 32 * 32 * 4
+
+
+def test_compiles_are_logged_with_their_graphs(caplog):
+    build, inputs = CASES["mlp"]
+    with caplog.at_level("DEBUG", logger="kiln_autograd"):
+        kiln_autograd.aot(build(), inputs(), lambda g, _: g)
+    assert "min_cut partition saves" in caplog.text and "# backward" in caplog.text
 
 
 def test_partitioned_graphs_print_and_verify():

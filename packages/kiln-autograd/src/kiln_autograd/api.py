@@ -8,6 +8,7 @@ The stages are public on their own (:func:`trace_joint_graph`,
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -26,6 +27,9 @@ from kiln_autograd.trace import (
     trace_inference,
     trace_joint,
 )
+
+# Each compiled signature's graphs, as FX Python code, at DEBUG level.
+log = logging.getLogger("kiln_autograd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +168,14 @@ def compile_signature(
     if not (grad_enabled and any(requires_grad) and differentiable_outputs(meta)):
         graph = trace_inference(lifted.call_raw, fake_args, meta, fake_mode, table)
         verify_op_set(graph.gm, "inference graph")
+        log.debug("inference graph:\n%s", graph)
         compiled = options.fw_compiler(graph.gm, example_values(graph.gm))
         return InferenceRunner(compiled, meta)
 
     joint = trace_joint(lifted.call_raw, fake_args, meta, fake_mode, table)
     verify_op_set(joint.gm, "joint graph")
     parts = PARTITIONERS[options.partitioner](joint)
+    log.debug("%s partition saves %d bytes:\n%s", options.partitioner, parts.saved_bytes(), parts)
     compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
     return TrainingRunner(compiled_fw, parts, joint, options.bw_compiler)
 

@@ -64,6 +64,13 @@ class PartitionedGraphs:
         placeholders = [n for n in self.bw.graph.nodes if n.op == "placeholder"]
         return [n.name for n in placeholders[: self.num_saved_tensors + self.num_saved_symints]]
 
+    def saved_bytes(self) -> int:
+        """Bytes of the tensors the forward saves for the backward (sizes at their hints)."""
+        from kiln_autograd.mincut import value_bytes
+
+        placeholders = [n for n in self.bw.graph.nodes if n.op == "placeholder"]
+        return int(sum(value_bytes(n) for n in placeholders[: self.num_saved_tensors]))
+
     def __str__(self) -> str:
         fw = self.fw.print_readable(print_output=False)
         bw = self.bw.print_readable(print_output=False)
