@@ -65,7 +65,8 @@ def aot(
 
     The graph is compiled now for the example inputs (inference or training, as the grad
     mode and the inputs' ``requires_grad`` say), and again on a call whose inputs differ in
-    ``requires_grad``, dtype, device or (for static shapes) size and stride.
+    grad mode, ``requires_grad``, dtype, device, a constant's value or (for static shapes)
+    size, stride and int value.
     """
     if partitioner not in PARTITIONERS:
         raise ValueError(
