@@ -8,4 +8,24 @@ def test_version_is_pep440():
 
 
 def test_public_api_is_pinned():
-    assert sorted(kiln_autograd.__all__) == ["__version__"]
+    assert sorted(kiln_autograd.__all__) == [
+        "AOTCompiled",
+        "JointGraph",
+        "PartitionedGraphs",
+        "TracedGraph",
+        "UnsupportedError",
+        "__version__",
+        "aot",
+        "decomposition_table",
+        "op_set_table",
+        "partition",
+        "register_decomposition",
+        "trace_inference_graph",
+        "trace_joint_graph",
+        "verify_op_set",
+    ]
+
+
+def test_public_names_exist():
+    for name in kiln_autograd.__all__:
+        assert hasattr(kiln_autograd, name), name

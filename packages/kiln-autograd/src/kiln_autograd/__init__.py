@@ -6,9 +6,43 @@ op set, traces the joint forward and backward graph, partitions it with a min-cu
 rematerialization partitioner, and runs the compiled halves inside an
 ``autograd.Function``.
 
-This release holds the package's metadata only: the API arrives in 0.1.
+- :func:`aot` does all of it and returns a callable that behaves like the graph.
+- The stages are usable alone: :func:`trace_joint_graph`, :func:`trace_inference_graph`,
+  :func:`partition`; :func:`decomposition_table`, :func:`op_set_table` and
+  :func:`verify_op_set` describe and check the op set the graphs hold.
 """
 
 from kiln_autograd.__about__ import __version__
+from kiln_autograd.api import (
+    AOTCompiled,
+    aot,
+    partition,
+    trace_inference_graph,
+    trace_joint_graph,
+)
+from kiln_autograd.decompositions import (
+    decomposition_table,
+    op_set_table,
+    register_decomposition,
+    verify_op_set,
+)
+from kiln_autograd.errors import UnsupportedError
+from kiln_autograd.partition import PartitionedGraphs
+from kiln_autograd.trace import JointGraph, TracedGraph
 
-__all__ = ["__version__"]
+__all__ = [
+    "AOTCompiled",
+    "JointGraph",
+    "PartitionedGraphs",
+    "TracedGraph",
+    "UnsupportedError",
+    "__version__",
+    "aot",
+    "decomposition_table",
+    "op_set_table",
+    "partition",
+    "register_decomposition",
+    "trace_inference_graph",
+    "trace_joint_graph",
+    "verify_op_set",
+]

@@ -1,0 +1,248 @@
+"""``aot``: compile a ``torch.fx.GraphModule`` into a callable that behaves like it under autograd.
+
+:func:`compile_signature` is the whole pipeline for one input signature, step by step.
+The stages are public on their own (:func:`trace_joint_graph`,
+:func:`trace_inference_graph`, :func:`partition`), so each graph can be printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.fx
+
+from kiln_autograd.analyze import analyze
+from kiln_autograd.decompositions import decomposition_table, verify_op_set
+from kiln_autograd.fake import fake_inputs, is_dynamic
+from kiln_autograd.lift import LiftedModule, lift
+from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
+from kiln_autograd.runtime import Compiler, InferenceRunner, TrainingRunner, example_values
+from kiln_autograd.trace import (
+    JointGraph,
+    TracedGraph,
+    differentiable_outputs,
+    trace_inference,
+    trace_joint,
+)
+
+# Each compiled signature's graphs, as FX Python code, at DEBUG level.
+log = logging.getLogger("kiln_autograd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What :func:`aot` was asked for; passed explicitly to every compile."""
+
+    fw_compiler: Compiler
+    bw_compiler: Compiler
+    decompositions: Mapping | None
+    partitioner: str
+    dynamic: bool
+
+
+def aot(
+    gm: torch.nn.Module,
+    example_inputs: Sequence[object],
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    *,
+    decompositions: Mapping | None = None,
+    partitioner: str = "min_cut",
+    dynamic: bool = False,
+) -> AOTCompiled:
+    """Compile ``gm`` for ``example_inputs``; the result takes the graph's inputs.
+
+    ``gm``'s parameters, buffers and tensor constants are lifted to graph inputs, read from
+    the module at every call: gradients land in their ``.grad`` and in-place updates (BatchNorm
+    running statistics) land in the module. A compiler is ``compiler(gm, example_inputs) ->
+    callable``; ``bw_compiler=None`` uses ``fw_compiler`` for the backward graph too.
+    ``partitioner`` is ``"min_cut"`` (fewest bytes saved for the backward) or ``"default"``
+    (save every forward value the backward reads). ``dynamic=True`` traces with symbolic
+    sizes; fake example inputs with symbolic sizes, or SymInt example inputs, do so too.
+
+    The graph is compiled now for the example inputs (inference or training, as the grad
+    mode and the inputs' ``requires_grad`` say), and again on a call whose inputs differ in
+    grad mode, ``requires_grad``, dtype, device, a constant's value or (for static shapes)
+    size, stride and int value.
+    """
+    if partitioner not in PARTITIONERS:
+        raise ValueError(
+            f"aot(partitioner={partitioner!r}) is not a partitioner; use one of "
+            f"{sorted(PARTITIONERS)}"
+        )
+    options = Options(
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler or fw_compiler,
+        decompositions=decompositions,
+        partitioner=partitioner,
+        dynamic=dynamic or is_dynamic(example_inputs),
+    )
+    compiled = AOTCompiled(lift(gm), list(example_inputs), options)
+    compiled.compile_for(compiled.flat_args(example_inputs))
+    return compiled
+
+
+class AOTCompiled:
+    """The callable :func:`aot` returns: one compiled runner per input signature."""
+
+    def __init__(
+        self, lifted: LiftedModule, example_inputs: list[object], options: Options
+    ) -> None:
+        self.lifted = lifted
+        self.example_inputs = example_inputs
+        self.options = options
+        self.runners: dict[tuple, InferenceRunner | TrainingRunner] = {}
+
+    def flat_args(self, user_inputs: Sequence[object]) -> list[object]:
+        """The lifted state (read from the module now) followed by the user's inputs."""
+        return [*self.lifted.state(), *user_inputs]
+
+    def __call__(self, *user_inputs: object) -> object:
+        args = self.flat_args(user_inputs)
+        runner = self.runners.get(self._key(args)) or self.compile_for(args)
+        return runner(args)
+
+    def compile_for(self, args: list[object]) -> InferenceRunner | TrainingRunner:
+        """Compile the graph for the signature of ``args`` and remember the runner."""
+        trace_args = self._trace_args(args) if self.options.dynamic else args
+        runner = compile_signature(
+            self.lifted,
+            trace_args,
+            requires_grad=_requires_grad(args),
+            grad_enabled=torch.is_grad_enabled(),
+            options=self.options,
+        )
+        self.runners[self._key(args)] = runner
+        return runner
+
+    def _trace_args(self, args: list[object]) -> list[object]:
+        """With dynamic shapes: the symbolic example inputs where the call matches them.
+
+        Tensors and ints come from the examples (their sizes are symbols); floats, bools
+        and other constants come from the call. A call whose tensors differ from the
+        examples in dtype, device or rank is traced from its own inputs, every size a symbol.
+        """
+        n = self.lifted.num_state
+        user = args[n:]
+        if len(user) != len(self.example_inputs):
+            return args
+        merged = []
+        for arg, example in zip(user, self.example_inputs, strict=True):
+            if isinstance(arg, torch.Tensor) and isinstance(example, torch.Tensor):
+                same = (arg.dtype, arg.device.type, arg.dim()) == (
+                    example.dtype,
+                    example.device.type,
+                    example.dim(),
+                )
+                if not same:
+                    return args
+                merged.append(example)
+            elif _is_int(arg) and _is_int(example):
+                merged.append(example)
+            elif isinstance(arg, torch.Tensor) or isinstance(example, torch.Tensor):
+                return args
+            else:
+                merged.append(arg)
+        return [*args[:n], *merged]
+
+    def _key(self, args: Sequence[object]) -> tuple:
+        grad = torch.is_grad_enabled()
+        return (grad, *(_arg_key(a, grad, static=not self.options.dynamic) for a in args))
+
+
+def compile_signature(
+    lifted: LiftedModule,
+    args: Sequence[object],
+    requires_grad: Sequence[bool],
+    grad_enabled: bool,
+    options: Options,
+) -> InferenceRunner | TrainingRunner:
+    """The pipeline for one input signature, top to bottom."""
+    fake_args, fake_mode = fake_inputs(args, requires_grad, dynamic=options.dynamic)
+    with fake_mode:
+        meta = analyze(lifted.call_raw, fake_args, grad_enabled=grad_enabled)
+    table = decomposition_table(options.decompositions)
+
+    if not (grad_enabled and any(requires_grad) and differentiable_outputs(meta)):
+        graph = trace_inference(lifted.call_raw, fake_args, meta, fake_mode, table)
+        verify_op_set(graph.gm, "inference graph")
+        log.debug("inference graph:\n%s", graph)
+        compiled = options.fw_compiler(graph.gm, example_values(graph.gm))
+        return InferenceRunner(compiled, meta)
+
+    joint = trace_joint(lifted.call_raw, fake_args, meta, fake_mode, table)
+    verify_op_set(joint.gm, "joint graph")
+    parts = PARTITIONERS[options.partitioner](joint)
+    log.debug("%s partition saves %d bytes:\n%s", options.partitioner, parts.saved_bytes(), parts)
+    compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
+    return TrainingRunner(compiled_fw, parts, joint, options.bw_compiler)
+
+
+def trace_joint_graph(
+    gm: torch.nn.Module,
+    example_inputs: Sequence[object],
+    *,
+    decompositions: Mapping | None = None,
+    dynamic: bool = False,
+) -> JointGraph:
+    """The joint forward/backward graph of ``gm`` (state lifted first), for inspection.
+
+    Inputs that require grad (and ``gm``'s parameters that do) get gradients.
+    """
+    lifted = lift(gm)
+    args = [*lifted.state(), *example_inputs]
+    dynamic = dynamic or is_dynamic(example_inputs)
+    fake_args, fake_mode = fake_inputs(args, _requires_grad(args), dynamic=dynamic)
+    with fake_mode:
+        meta = analyze(lifted.call_raw, fake_args, grad_enabled=True)
+    table = decomposition_table(decompositions)
+    return trace_joint(lifted.call_raw, fake_args, meta, fake_mode, table)
+
+
+def trace_inference_graph(
+    gm: torch.nn.Module,
+    example_inputs: Sequence[object],
+    *,
+    decompositions: Mapping | None = None,
+    dynamic: bool = False,
+) -> TracedGraph:
+    """The functional aten graph of ``gm`` with grad disabled (state lifted first)."""
+    lifted = lift(gm)
+    args = [*lifted.state(), *example_inputs]
+    dynamic = dynamic or is_dynamic(example_inputs)
+    fake_args, fake_mode = fake_inputs(args, [False] * len(args), dynamic=dynamic)
+    with fake_mode:
+        meta = analyze(lifted.call_raw, fake_args, grad_enabled=False)
+    table = decomposition_table(decompositions)
+    return trace_inference(lifted.call_raw, fake_args, meta, fake_mode, table)
+
+
+def partition(joint: JointGraph, partitioner: str = "min_cut") -> PartitionedGraphs:
+    """Split a joint graph into forward and backward graphs with the named partitioner."""
+    if partitioner not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {partitioner!r}; use one of {sorted(PARTITIONERS)}")
+    return PARTITIONERS[partitioner](joint)
+
+
+def _requires_grad(args: Sequence[object]) -> list[bool]:
+    return [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
+def _arg_key(value: object, grad: bool, static: bool) -> tuple:
+    if isinstance(value, torch.Tensor):
+        rg = grad and value.requires_grad
+        if static:
+            return (value.dtype, value.device, rg, tuple(value.shape), value.stride())
+        return (value.dtype, value.device, rg, value.dim())
+    if _is_int(value) and not static:
+        return (int,)  # a symbol: any value
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return (type(value), value)  # baked into the graph as a constant
+    return (type(value),)

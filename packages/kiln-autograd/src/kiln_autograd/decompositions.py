@@ -1,0 +1,157 @@
+"""The aten op set kiln-autograd's graphs are decomposed to, and the table that does it.
+
+The op set is the core ATen IR (every op that torch tags ``torch.Tag.core``) plus the
+few ops of :data:`EXTRA_OPS`, which kiln-loopir lowers directly. The decomposition table is
+torch's ``core_aten_decompositions()`` plus Kiln's own registry
+(:func:`register_decomposition`), plus any the caller passes; it is keyed by op overload.
+:data:`REPLACEMENTS` swaps the ops that tracing emits past the table.
+:func:`verify_op_set` checks that a graph holds nothing else, and that it is functional.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions
+
+from kiln_autograd.errors import UnsupportedError
+
+aten = torch.ops.aten
+
+# Kiln's own decompositions, keyed by op overload (filled by register_decomposition).
+KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
+
+# Ops outside the core ATen IR that the graphs keep: functional batch norm (training with
+# running statistics as outputs), the RNG ops kept whole so that masks match eager's
+# random stream, fused attention, and the scalar glue of symbolic shapes.
+EXTRA_OPS: dict[object, str] = {
+    aten._native_batch_norm_legit_functional.default: "batch norm in training mode, "
+    "new running statistics as outputs",
+    aten.bernoulli.p: "dropout masks (functional form of bernoulli_)",
+    aten.sym_size.int: "one symbolic size of a tensor",
+    aten.sym_stride.int: "one symbolic stride of a tensor",
+    aten.sym_numel.default: "symbolic element count",
+    aten.sym_storage_offset.default: "symbolic storage offset",
+    operator.getitem: "one output of a multi-output op",
+}
+# Fused attention kernels and their backwards stay whole: kiln-loopir runs them as extern
+# kernels through ATen.
+for _name in (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_cudnn_attention_backward",
+):
+    if hasattr(aten, _name):
+        EXTRA_OPS[getattr(aten, _name).default] = "fused attention (an extern kernel)"
+
+
+def register_decomposition(
+    *ops: torch._ops.OpOverload,
+) -> Callable[[Callable], Callable]:
+    """Register a Kiln decomposition for ``ops`` (used ahead of torch's own)."""
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            KILN_DECOMPOSITIONS[op] = fn
+        return fn
+
+    return register
+
+
+# Ops that make_fx emits itself, past the decomposition table, each replaced after tracing
+# by an op with the same signature: torch.tensor(...) inside forward lifts a constant with
+# lift_fresh_copy, which is a clone.
+REPLACEMENTS: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {
+    aten.lift_fresh_copy.default: aten.clone.default,
+}
+
+
+def apply_replacements(gm: torch.fx.GraphModule) -> None:
+    """Swap the targets of :data:`REPLACEMENTS` in ``gm`` (in place)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in REPLACEMENTS:
+            node.target = REPLACEMENTS[node.target]
+
+
+def decomposition_table(
+    extra: Mapping[torch._ops.OpOverload, Callable] | None = None,
+) -> dict[torch._ops.OpOverload, Callable]:
+    """torch's core ATen decompositions, then Kiln's, then ``extra`` (later ones win).
+
+    Ops of :data:`EXTRA_OPS` stay whole: torch's table decomposes the CPU flash attention
+    into a math form whose second output is not the logsumexp its backward reads.
+    """
+    table = {op: fn for op, fn in core_aten_decompositions().items() if op not in EXTRA_OPS}
+    table.update(KILN_DECOMPOSITIONS)
+    if extra:
+        table.update(extra)
+    return table
+
+
+def is_in_op_set(target: object) -> bool:
+    """Whether ``target`` (an FX ``call_function`` target) belongs to the op set."""
+    if target in EXTRA_OPS:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.core in target.tags
+    # Python arithmetic on SymInts (operator.mul, sym_max ...) belongs to shape glue.
+    return getattr(target, "__module__", None) in {"_operator", "torch", "math"} or (
+        "sym_" in getattr(target, "__name__", "")
+    )
+
+
+def verify_op_set(gm: torch.fx.GraphModule, what: str = "graph") -> None:
+    """Raise :class:`UnsupportedError` naming any node outside the op set or not functional."""
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue  # get_attr: a tensor constant the trace met (torch.tensor(...) in forward)
+        if node.op != "call_function":
+            raise UnsupportedError(
+                f"the {what} holds a {node.op} node ({node.format_node()}); kiln-autograd "
+                "graphs hold only call_function nodes and tensor constants"
+            )
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            raise UnsupportedError(
+                f"the {what} still mutates through {target} after functionalization"
+            )
+        if not is_in_op_set(target):
+            raise UnsupportedError(
+                f"the {what} holds {target}, which is outside kiln-autograd's op set and has "
+                "no decomposition; pass one with aot(..., decompositions={op: fn})"
+            )
+
+
+def op_set_table() -> list[tuple[str, str]]:
+    """``(op, where it comes from)`` rows for the documentation: the extras, then the core."""
+    rows = [(_name(op), why) for op, why in EXTRA_OPS.items()]
+    core = sorted({str(overload_packet) for overload_packet in _all_core_ops()})
+    rows += [(name, "core ATen IR") for name in core]
+    return rows
+
+
+def _all_core_ops() -> list[torch._ops.OpOverloadPacket]:
+    found = []
+    for name in dir(aten):
+        packet = getattr(aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            if torch.Tag.core in getattr(packet, overload).tags:
+                found.append(packet)
+                break
+    return found
+
+
+def _name(op: object) -> str:
+    if isinstance(op, torch._ops.OpOverload):
+        return str(op)
+    return f"{getattr(op, '__module__', '')}.{getattr(op, '__name__', op)}".lstrip(".")

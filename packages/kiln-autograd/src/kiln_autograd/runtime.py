@@ -1,0 +1,223 @@
+"""Run compiled graphs with eager semantics: autograd, input mutations and aliasing outputs.
+
+:class:`InferenceRunner` runs one compiled graph. :class:`TrainingRunner` runs the compiled
+forward inside a ``torch.autograd.Function`` that saves what the partitioner chose and
+compiles the backward graph the first time a gradient is needed. Both then
+
+- write the new value of every mutated input back into it (``copy_`` under ``no_grad``),
+  so module buffers such as BatchNorm running statistics are updated as in eager;
+- regenerate outputs that alias an input, or share an intermediate with other outputs, as
+  views (``as_strided`` over the input or the intermediate, with the size, stride and
+  offset the compiled graph gave them), so that writes through them are seen as in eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx
+from torch._C import _functions
+
+from kiln_autograd.analyze import GraphMeta, OutputKind
+from kiln_autograd.errors import UnsupportedError
+from kiln_autograd.partition import PartitionedGraphs
+from kiln_autograd.trace import JointGraph, differentiable_outputs
+
+Compiler = Callable[[torch.fx.GraphModule, list], Callable]
+
+
+def example_values(gm: torch.fx.GraphModule) -> list[object]:
+    """The fake values of a graph's placeholders: the example inputs given to a compiler."""
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+class InferenceRunner:
+    """Runs a compiled inference graph (no autograd), then writes back and regenerates views."""
+
+    def __init__(self, compiled: Callable, meta: GraphMeta) -> None:
+        self.compiled = compiled
+        self.meta = meta
+
+    def __call__(self, args: Sequence[object]) -> object:
+        _refuse_aliased_mutated_inputs(args, self.meta)
+        raw = list(self.compiled(*args))
+        n_out, n_mut = len(self.meta.outputs), len(self.meta.mutated_inputs)
+        _write_back(args, self.meta, raw[n_out : n_out + n_mut])
+        bases = raw[n_out + n_mut :]
+        return _user_outputs(args, self.meta, raw, plain=raw, bases=bases)
+
+
+class TrainingRunner:
+    """Runs a compiled forward in an ``autograd.Function`` whose backward is compiled lazily."""
+
+    def __init__(
+        self,
+        compiled_fw: Callable,
+        parts: PartitionedGraphs,
+        joint: JointGraph,
+        bw_compiler: Compiler,
+    ) -> None:
+        self.meta = joint.meta
+        self.function = _make_function(compiled_fw, parts, joint, bw_compiler)
+
+    def __call__(self, args: Sequence[object]) -> object:
+        _refuse_aliased_mutated_inputs(args, self.meta)
+        side = _SideChannel()
+        returned = self.function.apply(side, *args)
+        meta = self.meta
+        n_mut = len(meta.mutated_inputs)
+        plain = dict(zip(meta.plain_outputs(), returned, strict=False))
+        rest = returned[len(plain) :]
+        _write_back(args, meta, rest[:n_mut])
+        bases = rest[n_mut:]
+        return _user_outputs(args, meta, side.raw, plain=plain, bases=bases)
+
+
+class _SideChannel:
+    """Carries the forward's raw outputs (for view geometry) out of ``Function.forward``."""
+
+    raw: list[object]
+
+
+def _make_function(
+    compiled_fw: Callable,
+    parts: PartitionedGraphs,
+    joint: JointGraph,
+    bw_compiler: Compiler,
+) -> type[torch.autograd.Function]:
+    meta = joint.meta
+    n_fw = parts.num_fw_outputs
+    n_tensors = parts.num_saved_tensors
+    n_out, n_mut = len(meta.outputs), len(meta.mutated_inputs)
+    # What Function.forward returns: plain outputs, mutated inputs' values, bases.
+    returned_index = meta.plain_outputs() + list(range(n_out, n_out + n_mut + meta.num_bases))
+    position = {k: p for p, k in enumerate(returned_index)}
+    tangent_positions = [position[k] for k in differentiable_outputs(meta)]
+    differentiable = set(tangent_positions)
+    num_inputs = joint.num_inputs
+    grad_inputs = joint.grad_inputs
+    deps = parts.grad_tangent_deps
+    compiled_bw: list[Callable] = []
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, side: _SideChannel, *args: object) -> tuple[object, ...]:
+            outs = list(compiled_fw(*args))
+            fw_outs, saved = outs[:n_fw], outs[n_fw:]
+            ctx.save_for_backward(*saved[:n_tensors])
+            ctx.symints = saved[n_tensors:]
+            side.raw = fw_outs
+            returned = tuple(fw_outs[k] for k in returned_index)
+            ctx.tangent_meta = [
+                (returned[p].shape, returned[p].dtype, returned[p].device)
+                for p in tangent_positions
+            ]
+            ctx.mark_non_differentiable(
+                *(
+                    t
+                    for p, t in enumerate(returned)
+                    if isinstance(t, torch.Tensor) and p not in differentiable
+                )
+            )
+            ctx.set_materialize_grads(False)
+            return returned
+
+        @staticmethod
+        def backward(ctx, *grad_outputs: torch.Tensor | None) -> tuple[object, ...]:
+            given = [grad_outputs[p] for p in tangent_positions]
+            tangents = [
+                g.contiguous() if g is not None else torch.zeros(s, dtype=d, device=dev)
+                for g, (s, d, dev) in zip(given, ctx.tangent_meta, strict=True)
+            ]
+            saved = [*ctx.saved_tensors, *ctx.symints]
+            if not compiled_bw:
+                compiled_bw.append(bw_compiler(parts.bw, example_values(parts.bw)))
+            with torch.no_grad():
+                grads = list(compiled_bw[0](*saved, *tangents))
+            result: list[object] = [None] * num_inputs
+            for j, i in enumerate(grad_inputs):
+                if not deps[j] or any(given[t] is not None for t in deps[j]):
+                    result[i] = grads[j]
+            if torch.is_grad_enabled():
+                result = _error_on_double_backward(result)
+            return (None, *result)
+
+    return CompiledFunction
+
+
+def _error_on_double_backward(grads: list[object]) -> list[object]:
+    """The same gradients, whose own backward raises a RuntimeError that says why."""
+    present = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    if not present:
+        return grads
+    err = _functions.DelayedError(
+        b"kiln_autograd does not support double backward: a gradient of a compiled graph's "
+        b"gradient was requested (create_graph=True); run the graph eagerly for higher-order "
+        b"gradients",
+        len(present),
+    )
+    wrapped = err(*[grads[i].detach().requires_grad_(True) for i in present])
+    if isinstance(wrapped, torch.Tensor):
+        wrapped = (wrapped,)
+    out = list(grads)
+    for i, w in zip(present, wrapped, strict=True):
+        out[i] = w
+    return out
+
+
+def _refuse_aliased_mutated_inputs(args: Sequence[object], meta: GraphMeta) -> None:
+    """The graph was traced with distinct inputs: a write through one alias would be lost."""
+    if not meta.mutated_inputs:
+        return
+    for i in meta.mutated_inputs:
+        others = [
+            j
+            for j, a in enumerate(args)
+            if j != i
+            and isinstance(a, torch.Tensor)
+            and a.untyped_storage().data_ptr() == args[i].untyped_storage().data_ptr()
+        ]
+        if others:
+            raise UnsupportedError(
+                f"input {i}, which the graph writes in place, shares memory with input "
+                f"{others[0]}; kiln-autograd traced them as distinct tensors: pass a clone"
+            )
+
+
+def _write_back(args: Sequence[object], meta: GraphMeta, values: Sequence[object]) -> None:
+    """``copy_`` each new value into its input; under autograd where the value requires grad
+    (the input then carries the write's history, as in eager), else under ``no_grad``."""
+    for i, new in zip(meta.mutated_inputs, values, strict=True):
+        if isinstance(new, torch.Tensor) and new.requires_grad:
+            args[i].copy_(new)
+        else:
+            with torch.no_grad():
+                args[i].copy_(new)
+
+
+def _user_outputs(
+    args: Sequence[object],
+    meta: GraphMeta,
+    raw: Sequence[object],
+    plain: Sequence[object] | dict[int, object],
+    bases: Sequence[object],
+) -> object:
+    outs: list[object] = []
+    for k, info in enumerate(meta.outputs):
+        if info.kind is OutputKind.PLAIN:
+            outs.append(plain[k])
+        elif info.kind is OutputKind.INPUT:
+            outs.append(args[info.base])
+        else:
+            base = args[info.base] if info.kind is OutputKind.INPUT_VIEW else bases[info.base]
+            outs.append(_view_like(base, raw[k], info.requires_grad))
+    return tuple(outs) if meta.returns_sequence else outs[0]
+
+
+def _view_like(base: torch.Tensor, like: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    # With grad enabled, an alias that does not require grad was detached by the graph.
+    # Under no_grad a view's requires_grad follows its base, as eager's views do.
+    if not requires_grad and torch.is_grad_enabled():
+        base = base.detach()
+    return base.as_strided(like.size(), like.stride(), like.storage_offset())

@@ -1,0 +1,46 @@
+"""The same checks on a CUDA device (run through integration/gpu.py on a GPU machine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.bn = torch.nn.BatchNorm1d(32)
+        self.drop = torch.nn.Dropout(0.25)
+
+    def forward(self, x):
+        h = self.drop(F.gelu(self.bn(self.fc(x))))
+        return (h.softmax(-1), h.sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_on_cuda_matches_eager(dtype, check):
+    torch.manual_seed(0)
+    module = Block().train().to("cuda", dtype)
+
+    def inputs():
+        return [torch.randn(16, 32, device="cuda", dtype=dtype, requires_grad=True)]
+
+    # Eager runs cuDNN's batch norm, the graph the functional one: bfloat16 rounds apart.
+    check(module, inputs, tolerance_scale=2.0 if dtype == torch.bfloat16 else 1.0)
+
+
+@pytest.mark.gpu
+def test_attention_on_cuda_matches_eager(check):
+    def attention(q, k, v):
+        return (F.scaled_dot_product_attention(q, k, v, is_causal=True),)
+
+    def inputs():
+        return [
+            torch.randn(2, 4, 16, 32, device="cuda", dtype=torch.float16, requires_grad=True)
+            for _ in range(3)
+        ]
+
+    check(attention, inputs, tolerance_scale=4.0)

@@ -1,0 +1,152 @@
+"""The partitioners: what the min-cut saves, what it never recomputes, and torch as reference."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+import kiln_autograd
+from kiln_autograd.mincut import value_bytes
+from kiln_autograd.recompute import COMPUTE_BOUND_OPS, is_random, op_name
+
+
+def rand(*shape):
+    return torch.randn(*shape, requires_grad=True)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.drop = torch.nn.Dropout(0.2)
+        self.fc2 = torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return (self.fc2(self.drop(F.gelu(self.fc1(x)))).tanh(),)
+
+
+def pointwise_chain(x, y):
+    return ((x.sin() * y).exp().tanh() + y.cos(),)
+
+
+def softmax_matmul(q, k, v):
+    return ((q @ k.transpose(-1, -2)).softmax(-1) @ v,)
+
+
+CASES = {
+    "mlp": (lambda: torch.fx.symbolic_trace(MLP().train()), lambda: [rand(8, 16)]),
+    "pointwise": (lambda: torch.fx.symbolic_trace(pointwise_chain), lambda: [rand(32, 32)] * 2),
+    "attention": (
+        lambda: torch.fx.symbolic_trace(softmax_matmul),
+        lambda: [rand(2, 8, 4), rand(2, 8, 4), rand(2, 8, 4)],
+    ),
+}
+
+
+def saved_bytes_of(parts: kiln_autograd.PartitionedGraphs) -> float:
+    placeholders = [n for n in parts.bw.graph.nodes if n.op == "placeholder"]
+    return sum(value_bytes(n) for n in placeholders[: parts.num_saved_tensors])
+
+
+def joint_of(name):
+    build, inputs = CASES[name]
+    return kiln_autograd.trace_joint_graph(build(), inputs())
+
+
+def tangent_free_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    tainted = {n for n in gm.graph.nodes if n.op == "placeholder" and "tangents" in n.name}
+    for node in gm.graph.nodes:
+        if any(i in tainted for i in node.all_input_nodes):
+            tainted.add(node)
+    return [n for n in gm.graph.nodes if n not in tainted and n.op == "call_function"]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_backward_never_recomputes_matmuls_or_random_ops(name):
+    parts = kiln_autograd.partition(joint_of(name))
+    for node in tangent_free_nodes(parts.bw):
+        assert not is_random(node), f"backward recomputes {node.format_node()}"
+        if isinstance(node.target, torch._ops.OpOverload):
+            assert op_name(node.target) not in COMPUTE_BOUND_OPS, node.format_node()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_min_cut_saves_no_more_than_saving_everything(name):
+    joint = joint_of(name)
+    min_cut = kiln_autograd.partition(joint, "min_cut")
+    default = kiln_autograd.partition(joint, "default")
+    assert saved_bytes_of(min_cut) <= saved_bytes_of(default)
+
+
+def test_pointwise_chain_saves_only_its_inputs():
+    parts = kiln_autograd.partition(joint_of("pointwise"))
+    saved = parts.saved_names()
+    assert all(name.startswith("primals") for name in saved), saved
+    assert saved_bytes_of(parts) == parts.saved_bytes() == 2 * 32 * 32 * 4
+
+
+def test_compiles_are_logged_with_their_graphs():
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level=logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("kiln_autograd")
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        build, inputs = CASES["mlp"]
+        kiln_autograd.aot(build(), inputs(), lambda g, _: g)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+    text = "\n".join(r.getMessage() for r in records)
+    assert "min_cut partition saves" in text and "# backward" in text
+
+
+def test_partitioned_graphs_print_and_verify():
+    parts = kiln_autograd.partition(joint_of("mlp"))
+    text = str(parts)
+    assert "# forward" in text and "# backward" in text and "tangents_1" in text
+    kiln_autograd.verify_op_set(parts.fw, "forward graph")
+    kiln_autograd.verify_op_set(parts.bw, "backward graph")
+
+
+def measured_saved_bytes(fn, inputs) -> int:
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_saves_no_more_bytes_than_torch_min_cut(name):
+    from torch._decomp import core_aten_decompositions
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.compilers import make_boxed_compiler
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    build, make_inputs = CASES[name]
+    gm, inputs = build(), make_inputs()
+    ours = kiln_autograd.aot(copy.deepcopy(gm), inputs, lambda g, _: g)
+    nop = make_boxed_compiler(lambda g, _: g)
+    theirs = aot_module_simplified(
+        copy.deepcopy(gm),
+        inputs,
+        fw_compiler=nop,
+        bw_compiler=nop,
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=core_aten_decompositions(),
+    )
+    ours_bytes = measured_saved_bytes(ours, inputs)
+    theirs_bytes = measured_saved_bytes(lambda *a: theirs(*a), inputs)
+    assert 0 < ours_bytes <= theirs_bytes

@@ -1,0 +1,168 @@
+"""Each stage on its own: traced graphs, the op set, custom decompositions, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+import kiln_autograd
+
+aten = torch.ops.aten
+
+
+class BNLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return (F.gelu(self.bn(self.lin(x))),)
+
+
+def targets(gm: torch.fx.GraphModule) -> set:
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def test_joint_graph_takes_primals_and_tangents():
+    gm = torch.fx.symbolic_trace(BNLinear().train())
+    joint = kiln_autograd.trace_joint_graph(gm, [torch.randn(3, 4)])
+    names = [n.name for n in joint.gm.graph.nodes if n.op == "placeholder"]
+    # weight, bias, bn weight, bn bias, 3 buffers, x; one tangent.
+    assert names == [f"primals_{i}" for i in range(1, 9)] + ["tangents_1"]
+    assert joint.grad_inputs == (0, 1, 2, 3)
+    assert joint.meta.mutated_inputs == (4, 5, 6)
+    assert "def forward(self, primals_1" in str(joint)
+    kiln_autograd.verify_op_set(joint.gm, "joint graph")
+
+
+def test_inference_graph_returns_buffer_updates():
+    gm = torch.fx.symbolic_trace(BNLinear().train())
+    graph = kiln_autograd.trace_inference_graph(gm, [torch.randn(3, 4)])
+    output = next(n for n in graph.gm.graph.nodes if n.op == "output")
+    assert len(output.args[0]) == 1 + 3  # the output, then running mean, var, count
+    assert aten._native_batch_norm_legit_functional.default in targets(graph.gm)
+    assert not any(
+        isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable for t in targets(graph.gm)
+    )
+
+
+def test_graphs_are_functional_after_inplace_ops():
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        y[0].mul_(3)
+        return (y.relu_(),)
+
+    graph = kiln_autograd.trace_inference_graph(torch.fx.symbolic_trace(f), [torch.randn(3, 4)])
+    kiln_autograd.verify_op_set(graph.gm)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(graph.gm(x)[0], f(x.clone())[0])
+
+
+def test_op_set_table_lists_core_and_extra_ops():
+    rows = dict(kiln_autograd.op_set_table())
+    assert rows["aten.add"] == "core ATen IR"
+    assert "aten._native_batch_norm_legit_functional.default" in rows
+    assert "aten.t" not in rows  # decomposed to permute
+
+
+def test_verify_op_set_names_the_offending_op():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(aten.add_.Tensor, (x, x)),))
+    with pytest.raises(kiln_autograd.UnsupportedError, match=r"aten.add_.Tensor"):
+        kiln_autograd.verify_op_set(torch.fx.GraphModule(torch.nn.Module(), graph))
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(aten.t.default, (x,)),))
+    with pytest.raises(kiln_autograd.UnsupportedError, match=r"aten.t.default.*decompositions="):
+        kiln_autograd.verify_op_set(torch.fx.GraphModule(torch.nn.Module(), graph))
+
+
+def test_an_op_outside_the_op_set_is_named():
+    def f(x):
+        return (torch.fft.rfft(x).abs(),)
+
+    with pytest.raises(kiln_autograd.UnsupportedError, match=r"aten\._fft_\w+.*outside"):
+        kiln_autograd.aot(
+            torch.fx.symbolic_trace(f), [torch.randn(8, requires_grad=True)], lambda g, _: g
+        )
+
+
+def test_an_op_with_side_effects_is_named():
+    def f(x):
+        return (torch.linalg.inv(x),)
+
+    with pytest.raises(kiln_autograd.UnsupportedError, match=r"_linalg_check_errors"):
+        kiln_autograd.aot(torch.fx.symbolic_trace(f), [torch.randn(3, 3)], lambda g, _: g)
+
+
+def test_caller_decompositions_win():
+    def tanh_gelu(x, approximate="none"):
+        return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x**3)))
+
+    gm = torch.fx.symbolic_trace(lambda x: (F.gelu(x),))
+    joint = kiln_autograd.trace_joint_graph(
+        gm, [torch.randn(4, requires_grad=True)], decompositions={aten.gelu.default: tanh_gelu}
+    )
+    assert aten.gelu.default not in targets(joint.gm)
+    assert aten.tanh.default in targets(joint.gm)
+
+
+def test_compilers_get_each_graph_with_fake_example_inputs():
+    seen = []
+
+    def fw(gm, example_inputs):
+        seen.append(("fw", len(example_inputs)))
+        return gm
+
+    def bw(gm, example_inputs):
+        seen.append(("bw", len(example_inputs)))
+        return gm
+
+    gm = torch.fx.symbolic_trace(lambda x, w: ((x @ w).sigmoid(),))
+    compiled = kiln_autograd.aot(
+        gm, [torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)], fw, bw
+    )
+    assert seen == [("fw", 2)]
+    (out,) = compiled(torch.randn(2, 3), torch.randn(3, 3, requires_grad=True))
+    assert seen == [("fw", 2)]  # the backward compiles on first use
+    out.sum().backward()
+    assert seen[1][0] == "bw"
+
+
+def item(x):
+    return (x * x.sum().item(),)
+
+
+def boolean_mask(x):
+    return (x[x > 0],)
+
+
+class Branch(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return (x,)
+        return (x * 2,)
+
+
+@pytest.mark.parametrize(
+    "module, match",
+    [
+        (torch.fx.symbolic_trace(item), r"_local_scalar_dense.*\.item\(\)"),
+        (torch.fx.symbolic_trace(boolean_mask), r"aten.nonzero"),
+        (Branch(), r"_local_scalar_dense|branches on"),
+    ],
+)
+def test_data_dependent_constructs_are_named(module, match):
+    with pytest.raises(kiln_autograd.UnsupportedError, match=match):
+        kiln_autograd.aot(module, [torch.randn(4, requires_grad=True)], lambda g, _: g)
+
+
+def test_a_plain_function_is_refused_with_advice():
+    with pytest.raises(TypeError, match="symbolic_trace"):
+        kiln_autograd.aot(item, [torch.randn(4)], lambda g, _: g)
