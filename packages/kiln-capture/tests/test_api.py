@@ -258,3 +258,28 @@ def test_branches_on_symbolic_sizes_are_guarded():
     assert len(backend.graphs) == 2
     source = fn.cache_entries()[0].guard_source
     assert "x.size()[0]" in source, source
+
+
+class Scale:
+    factor = 2.0
+
+    def __init__(self, bias):
+        self.bias = bias
+
+    def apply(self, x):
+        return x * self.factor + self.bias
+
+
+def uses_new_object(x):
+    return Scale(1.0).apply(x)
+
+
+def test_class_attributes_of_objects_made_during_capture_are_guarded():
+    fn = capture(uses_new_object, Recorder())
+    x = torch.randn(3)
+    torch.testing.assert_close(fn(x), x * 2.0 + 1.0)
+    Scale.factor = 3.0
+    try:
+        torch.testing.assert_close(fn(x), x * 3.0 + 1.0)
+    finally:
+        Scale.factor = 2.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import types
 
 import torch
@@ -589,7 +590,11 @@ class NewObjectVariable(Variable):
             return bound
         if hasattr(static, "__get__") and not isinstance(static, (int, float, str, tuple)):
             raise GraphBreak(f"descriptor {name!r} of {self.cls.__qualname__}")
-        return wrap_derived(tx, static)
+        # a class attribute: read (and guarded) through the class, which may change it
+        from kiln_capture.sources import ObjectSource
+
+        label = re.sub(r"\W", "_", f"class_{self.cls.__module__}_{self.cls.__qualname__}")
+        return wrap(tx, static, AttrSource(ObjectSource(self.cls, label), name))
 
     def setattr(self, tx, name, value):
         self.attrs[name] = value
