@@ -100,3 +100,26 @@ def test_inference_is_one_graph_equal_to_eager(name):
         torch.testing.assert_close(main_output(actual), main_output(expected))
     assert len(graphs) == 1, f"{name} broke into {len(graphs)} graphs"
     assert captured._captured.stats.eager_reason is None
+
+
+def test_training_step_matches_eager_with_the_same_seed():
+    """Dropout draws the same masks (the graph runs the ops in eager's order) and gradients
+    flow through the captured graph."""
+    torch.manual_seed(0)
+    model, make_inputs = bert()
+    model.train()
+    captured = kiln_capture.capture(model, lambda gm, example_inputs: gm.forward)
+    inputs = make_inputs()
+    results = []
+    for fn in (model, captured):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1234)
+        loss = fn(**inputs).last_hidden_state.square().mean()
+        loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), grads))
+    (eager_loss, eager_grads), (captured_loss, captured_grads) = results
+    torch.testing.assert_close(captured_loss, eager_loss)
+    assert captured_grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(captured_grads[name], grad, msg=name)
