@@ -74,6 +74,116 @@ def vit():
 
 MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "t5": t5, "vit": vit}
 
+SMALL = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+
+
+def token_ids():
+    return {"input_ids": torch.randint(0, 128, (2, 8))}
+
+
+def pixels():
+    return {"pixel_values": torch.randn(2, 3, 32, 32)}
+
+
+# More architectures, run in the integration session.
+MORE_MODELS = {
+    "roberta": lambda: (
+        transformers.RobertaModel(transformers.RobertaConfig(**SMALL, pad_token_id=1)),
+        token_ids,
+    ),
+    "distilbert": lambda: (
+        transformers.DistilBertModel(
+            transformers.DistilBertConfig(
+                vocab_size=128,
+                dim=32,
+                n_layers=2,
+                n_heads=4,
+                hidden_dim=64,
+                max_position_embeddings=64,
+            )
+        ),
+        token_ids,
+    ),
+    "albert": lambda: (
+        transformers.AlbertModel(transformers.AlbertConfig(**SMALL, embedding_size=16)),
+        token_ids,
+    ),
+    "electra": lambda: (
+        transformers.ElectraModel(transformers.ElectraConfig(**SMALL, embedding_size=16)),
+        token_ids,
+    ),
+    "mistral": lambda: (
+        transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, num_key_value_heads=2)),
+        token_ids,
+    ),
+    "qwen2": lambda: (
+        transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SMALL, num_key_value_heads=2)),
+        token_ids,
+    ),
+    "opt": lambda: (
+        transformers.OPTForCausalLM(
+            transformers.OPTConfig(
+                vocab_size=128,
+                hidden_size=32,
+                num_hidden_layers=2,
+                ffn_dim=64,
+                num_attention_heads=4,
+                max_position_embeddings=64,
+                word_embed_proj_dim=32,
+            )
+        ),
+        token_ids,
+    ),
+    "bart": lambda: (
+        transformers.BartModel(
+            transformers.BartConfig(
+                vocab_size=128,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_position_embeddings=64,
+            )
+        ),
+        token_ids,
+    ),
+    "gpt_neox": lambda: (
+        transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**SMALL)),
+        token_ids,
+    ),
+    "swin": lambda: (
+        transformers.SwinModel(
+            transformers.SwinConfig(
+                image_size=32,
+                patch_size=4,
+                embed_dim=16,
+                depths=[1, 1],
+                num_heads=[2, 2],
+                window_size=4,
+            )
+        ),
+        pixels,
+    ),
+    "resnet": lambda: (
+        transformers.ResNetModel(
+            transformers.ResNetConfig(
+                embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic"
+            )
+        ),
+        pixels,
+    ),
+}
+
 
 def main_output(out):
     return out.last_hidden_state if "last_hidden_state" in out else out.logits
@@ -81,8 +191,17 @@ def main_output(out):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_inference_is_one_graph_equal_to_eager(name):
+    check_one_graph(*MODELS[name]())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MORE_MODELS))
+def test_more_architectures_are_one_graph_equal_to_eager(name):
+    check_one_graph(*MORE_MODELS[name]())
+
+
+def check_one_graph(model, make_inputs):
     torch.manual_seed(0)
-    model, make_inputs = MODELS[name]()
     model.eval()
     graphs = []
 
@@ -98,7 +217,7 @@ def test_inference_is_one_graph_equal_to_eager(name):
             actual = captured(**inputs)
         assert type(actual) is type(expected)
         torch.testing.assert_close(main_output(actual), main_output(expected))
-    assert len(graphs) == 1, f"{name} broke into {len(graphs)} graphs"
+    assert len(graphs) == 1, f"{type(model).__name__} broke into {len(graphs)} graphs"
     assert captured._captured.stats.eager_reason is None
 
 

@@ -189,6 +189,15 @@ def store_attr(tx, inst):
     tx.store_attr(obj, inst.arg, value)
 
 
+@handles("DELETE_ATTR")
+def delete_attr(tx, inst):
+    obj = tx.pop()
+    deleter = getattr(obj, "delattr", None)
+    if deleter is None:
+        raise GraphBreak(f"deleting attribute {inst.arg!r} of {obj.describe()}")
+    deleter(tx, inst.arg)
+
+
 @handles("LOAD_SUPER_ATTR", min_version=(3, 12))
 def load_super_attr(tx, inst):
     from kiln_capture.variables.objects import SuperVariable

@@ -202,7 +202,9 @@ def _copy(tx, obj, *memo):
     if isinstance(obj, ObjectVariable) and not isinstance(obj, ModuleVariable) and not memo:
         if obj.source is not None:
             tx.output.guards.identity(obj.source, obj.value)
-        return wrap_derived(tx, tx.run_user_code(copy.deepcopy, obj.value))
+        from kiln_capture.variables.objects import ObjectVariable as Owned
+
+        return Owned(tx.run_user_code(copy.deepcopy, obj.value), owned=True)
     if (
         isinstance(obj, (ListVariable, DictVariable, SetVariable))
         and not memo
@@ -433,6 +435,14 @@ def _getattr(tx, obj, name, default=None):
         if default is not None and isinstance(err.exc, AttributeError):
             return default
         raise
+
+
+@builtin(delattr)
+def _delattr(tx, obj, name):
+    deleter = getattr(obj, "delattr", None)
+    if deleter is None:
+        raise GraphBreak(f"deleting attribute {name.as_constant()!r} of {obj.describe()}")
+    return deleter(tx, name.as_constant())
 
 
 @builtin(hasattr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -34,13 +35,18 @@ def bind_class_attribute(tx, static, instance: Variable, cls: type):
 
 
 class ObjectVariable(Variable):
-    """A Python object from outside the frame, read through its attributes."""
+    """A Python object from outside the frame, read through its attributes.
+
+    An ``owned`` object was made during capture (a copy): nobody else sees it, so changes
+    to it are made to the object itself, and it is copied again for each call if it
+    escapes."""
 
     mutable = True
 
-    def __init__(self, value, source=None):
+    def __init__(self, value, source=None, owned: bool = False):
         self.value = value
         self.source = source
+        self.owned = owned
 
     def python_type(self):
         return type(self.value)
@@ -119,9 +125,23 @@ class ObjectVariable(Variable):
         return DictVariable(entries)
 
     def setattr(self, tx, name: str, value: Variable):
+        if self.owned:
+            from kiln_capture.variables.functions import real_value
+
+            real = real_value(value)
+            if real is None:
+                raise GraphBreak(f"storing {value.describe()} on {self.describe()}")
+            tx.run_user_code(setattr, self.value, name, real[0])
+            return ConstantVariable(None)
         if self.source is None:
             raise GraphBreak(f"setting attribute {name!r} on {self.describe()}")
         tx.side_effects.store_attr(self, name, value)
+        return ConstantVariable(None)
+
+    def delattr(self, tx, name: str):
+        if not self.owned:
+            raise GraphBreak(f"deleting attribute {name!r} of {self.describe()}")
+        tx.run_user_code(delattr, self.value, name)
         return ConstantVariable(None)
 
     def truthy(self, tx) -> bool:
@@ -138,6 +158,9 @@ class ObjectVariable(Variable):
     def reconstruct(self, cg):
         if self.source is not None:
             return self.source.emit(cg)
+        if self.owned:  # each call gets its own copy, as eagerly
+            cg.call_object(copy.deepcopy, [ConstantVariable(self.value)])
+            return
         cg.load_const(self.value)
 
 
