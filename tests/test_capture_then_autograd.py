@@ -46,8 +46,9 @@ def test_module_through_capture_and_autograd(train):
             (out * weights).sum().backward()
             (expected * weights).sum().backward()
             torch.testing.assert_close(x.grad, x_ref.grad)
-            for (name, p), p_ref in zip(model.named_parameters(), reference.parameters(),
-                                        strict=True):
+            for (name, p), p_ref in zip(
+                model.named_parameters(), reference.parameters(), strict=True
+            ):
                 if p_ref.grad is None:
                     assert p.grad is None, f"{name} got a gradient eager does not give"
                 else:
