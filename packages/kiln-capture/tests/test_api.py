@@ -114,16 +114,27 @@ def test_globals_read_are_guarded():
 
 def test_recompile_limit_warns_once_naming_the_guard_then_runs_eagerly():
     backend = Recorder()
-    fn = capture(lambda x, n: x + n, backend, recompile_limit=2)
+    fn = capture(lambda x, tag: x + ord(tag[-1]), backend, recompile_limit=2)
     x = torch.randn(3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for n in range(5):
-            torch.testing.assert_close(fn(x, n), x + n)
+        for tag in ("t0", "t1", "t2", "t3", "t4"):
+            torch.testing.assert_close(fn(x, tag), x + ord(tag[-1]))
     assert len(backend.graphs) == 2
     messages = [str(w.message) for w in caught if "recompile limit" in str(w.message)]
     assert len(messages) == 1
-    assert "n == 1" in messages[0]
+    assert "tag == 't1'" in messages[0]
+
+
+def test_an_int_that_changes_becomes_dynamic_after_one_recompile():
+    backend = Recorder()
+    fn = capture(lambda x, n: x * n + n, backend)
+    x = torch.randn(3)
+    for n in range(1, 6):
+        torch.testing.assert_close(fn(x, n), x * n + n)
+    assert len(backend.graphs) == 2
+    placeholders = [node for node in backend.graphs[1].graph.nodes if node.op == "placeholder"]
+    assert any(isinstance(node.meta["example_value"], torch.SymInt) for node in placeholders)
 
 
 def branchy(x):

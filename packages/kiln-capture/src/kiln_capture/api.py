@@ -80,6 +80,7 @@ class CapturedFunction:
         self.dispatch: list[tuple] = []  # (guard check, transformed function), newest first
         self.stats = CaptureStats()
         self.dynamic_dims: dict[str, set[int]] = {}
+        self.dynamic_ints: set[str] = set()
         # functions called at graph breaks and resume functions, shared by the whole tree of
         # captures that starts here (resume functions are keyed by their code)
         self.callees: dict = {}
@@ -121,6 +122,7 @@ class CapturedFunction:
                 self.backend,
                 fullgraph=self.fullgraph,
                 dynamic_dims=self.dims_for(args, kwargs),
+                dynamic_ints=frozenset(self.dynamic_ints),
                 wrap_callee=self.wrap_callee,
             )
         except Unsupported:
@@ -197,7 +199,13 @@ class CapturedFunction:
         return self.dynamic_dims
 
     def note_dynamic(self, failed: str, args, kwargs) -> None:
-        """After a miss caused by a size, make the sizes that changed symbolic."""
+        """After a miss caused by a size or an int argument, make what changed symbolic."""
+        if self.dynamic is False:
+            return
+        changed_int = re.fullmatch(r"([A-Za-z_]\w*) == -?\d+", failed)
+        if changed_int is not None:
+            self.dynamic_ints.add(changed_int.group(1))
+            return
         if self.dynamic is not None:
             return
         match = re.match(r"(.+?): \w+\(.*size=", failed)

@@ -174,7 +174,15 @@ def root_cells(fn, output) -> dict:
 
 
 def convert_frame(
-    fn, args, kwargs, backend, *, fullgraph=False, dynamic_dims=None, wrap_callee=None
+    fn,
+    args,
+    kwargs,
+    backend,
+    *,
+    fullgraph=False,
+    dynamic_dims=None,
+    dynamic_ints=frozenset(),
+    wrap_callee=None,
 ) -> CaptureResult:
     """Capture one call of ``fn``; see the module docstring for the steps."""
     code = fn.__code__
@@ -190,6 +198,7 @@ def convert_frame(
                 backend,
                 fullgraph,
                 dynamic_dims or {},
+                dynamic_ints,
                 break_at,
                 break_info,
                 wrap_callee,
@@ -203,9 +212,18 @@ def convert_frame(
 
 
 def trace(
-    fn, args, kwargs, backend, fullgraph, dynamic_dims, break_at, break_info, wrap_callee
+    fn,
+    args,
+    kwargs,
+    backend,
+    fullgraph,
+    dynamic_dims,
+    dynamic_ints,
+    break_at,
+    break_info,
+    wrap_callee,
 ) -> CaptureResult:
-    output = OutputGraph(fn.__globals__, fn.__closure__, dynamic_dims)
+    output = OutputGraph(fn.__globals__, fn.__closure__, dynamic_dims, dynamic_ints)
     program = load_program(fn.__code__)
     root = RootTranslator(
         program,
@@ -517,7 +535,11 @@ def shape_guards(output: OutputGraph) -> list[str]:
     """Guards on symbolic sizes that the trace relied on, as Python over the arguments."""
     from kiln_capture.guards import ShapeSource
 
-    dynamic = [(s, var) for s, _, var in output.inputs if output.dynamic_dims.get(s.expr())]
+    dynamic = [
+        (s, var)
+        for s, _, var in output.inputs
+        if output.dynamic_dims.get(s.expr()) or s.expr() in output.dynamic_ints
+    ]
     if not dynamic:
         return []
     fakes = [var.example for _, var in dynamic]

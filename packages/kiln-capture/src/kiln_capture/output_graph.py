@@ -27,13 +27,14 @@ def placeholder_name(source) -> str:
 
 
 class OutputGraph:
-    def __init__(self, f_globals: dict, closure, dynamic_dims: dict):
+    def __init__(self, f_globals: dict, closure, dynamic_dims: dict, dynamic_ints=frozenset()):
         self.graph = torch.fx.Graph()
         self.shape_env = ShapeEnv()
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
         self.guards = GuardSet(f_globals, closure)
         self.side_effects = SideEffects()
         self.dynamic_dims = dynamic_dims  # source expr -> dims that are symbolic
+        self.dynamic_ints = dynamic_ints  # source exprs of int arguments that are symbolic
         self.wrapped: dict = {}  # source -> variable, so a value read twice is one variable
         self.inputs: list[tuple[object, torch.Tensor, TensorVariable]] = []
         self.input_by_id: dict[int, TensorVariable] = {}
@@ -58,6 +59,23 @@ class OutputGraph:
         variable.real = value  # for attribute lookups only; the graph never sees it
         self.inputs.append((source, value, variable))
         self.input_by_id[id(value)] = variable
+        return variable
+
+    def add_int_input(self, value: int, source) -> SymNodeVariable:
+        """An int argument made symbolic (it changed between calls): a graph input."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        from kiln_capture.guards import ShapeSource
+
+        expr = self.guards.bind(source)
+        self.guards.add(f"type({expr}) is int", f"{expr} is an int (dynamic)")
+        symbol = self.shape_env.create_unspecified_symint_and_symbol(
+            value, ShapeSource(expr), DimDynamic.DYNAMIC
+        )
+        node = self.graph.placeholder(self.unique_name(placeholder_name(source)))
+        node.meta["source"] = expr
+        variable = SymNodeVariable(node, symbol)
+        self.inputs.append((source, value, variable))
         return variable
 
     def fake_from_real(self, value: torch.Tensor, source, dims) -> torch.Tensor:

@@ -55,6 +55,8 @@ def _wrap_new(tx, value, source) -> Variable:
     kind = type(value)
     if isinstance(value, torch.Tensor):
         return tx.output.add_input(value, source)
+    if kind is int and source.expr() in tx.output.dynamic_ints:
+        return tx.output.add_int_input(value, source)
     if is_constant_value(value):
         guards.constant(source, value)
         return ConstantVariable(value, source)
