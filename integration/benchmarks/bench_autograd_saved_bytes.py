@@ -6,6 +6,12 @@ random weights) traced to the same core aten op set by both stacks. The bytes ar
 of the distinct storages saved for backward. Torch's side is
 ``aot_module_simplified(..., partition_fn=min_cut_rematerialization_partition)``.
 
+A case that a stack cannot compile still gets its row, saying why in place of the bytes
+(kiln-autograd's :class:`~kiln_autograd.UnsupportedError`; any error of torch's). OPT is
+one on transformers versions whose decoder reads tensor contents in training: it builds an
+all-ones attention mask and asks whether every element is set, to skip the causal mask for
+SDPA, and draws ``torch.rand([]) < layerdrop`` for LayerDrop; both are ``.item()`` calls.
+
 Run it with ``python3 -m nox -s bench -- saved_bytes`` (or ``python3
 integration/bench.py saved_bytes``); ``main()`` returns the markdown table.
 """
@@ -13,6 +19,7 @@ integration/bench.py saved_bytes``); ``main()`` returns the markdown table.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -240,13 +247,53 @@ def model_cases() -> dict[str, Callable[[], tuple[torch.nn.Module, list]]]:
     }
 
 
-def measure(name: str, build: Callable) -> tuple[str, int, int, int]:
+@dataclasses.dataclass
+class Row:
+    """One case's bytes per stack; ``None`` where the stack did not compile it (``why``)."""
+
+    name: str
+    kiln: int | None
+    default: int | None
+    reference: int | None
+    why: list[str]
+
+
+def attempt(what: str, measure_fn: Callable[[], int], why: list[str], *errors: type) -> int | None:
+    """``measure_fn()``, or ``None`` with the reason appended to ``why`` if it raises ``errors``."""
+    try:
+        return measure_fn()
+    except errors as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        why.append(f"{what}: {type(error).__name__}: {first_line}")
+        print(f"  {why[-1]}", file=sys.stderr, flush=True)
+        return None
+
+
+def measure(name: str, build: Callable) -> Row:
     print(f"measuring {name}", file=sys.stderr, flush=True)
     module, inputs = build()
-    kiln = kiln_saved_bytes(copy.deepcopy(module), inputs, "min_cut")
-    default = kiln_saved_bytes(copy.deepcopy(module), inputs, "default")
-    reference = torch_saved_bytes(copy.deepcopy(module), inputs)
-    return name, kiln, default, reference
+    why: list[str] = []
+    unsupported = kiln_autograd.UnsupportedError
+    kiln = attempt(
+        "kiln",
+        lambda: kiln_saved_bytes(copy.deepcopy(module), inputs, "min_cut"),
+        why,
+        unsupported,
+    )
+    default = attempt(
+        "kiln default",
+        lambda: kiln_saved_bytes(copy.deepcopy(module), inputs, "default"),
+        why,
+        unsupported,
+    )
+    reference = attempt(
+        "torch", lambda: torch_saved_bytes(copy.deepcopy(module), inputs), why, Exception
+    )
+    return Row(name, kiln, default, reference, why)
+
+
+def cell(value: int | None) -> str:
+    return "not supported" if value is None else f"{value:,}"
 
 
 def main() -> str:
@@ -258,12 +305,27 @@ def main() -> str:
         "|---|---:|---:|---:|---:|",
     ]
     wins = 0
-    for name, kiln, default, reference in rows:
-        wins += kiln <= reference
-        ratio = kiln / reference if reference else float("nan")
-        lines.append(f"| {name} | {kiln:,} | {default:,} | {reference:,} | {ratio:.2f} |")
+    measured = [r for r in rows if r.kiln is not None and r.reference is not None]
+    for r in rows:
+        if r.kiln is not None and r.reference is not None:
+            wins += r.kiln <= r.reference
+            ratio = f"{r.kiln / r.reference:.2f}" if r.reference else "nan"
+        else:
+            ratio = "n/a"
+        lines.append(
+            f"| {r.name} | {cell(r.kiln)} | {cell(r.default)} | {cell(r.reference)} | {ratio} |"
+        )
     lines.append("")
-    lines.append(f"kiln saves no more bytes than torch on {wins} of {len(rows)} cases.")
+    lines.append(
+        f"kiln saves no more bytes than torch on {wins} of {len(measured)} cases measured "
+        f"by both ({len(rows)} cases)."
+    )
+    failed = [r for r in rows if r.why]
+    if failed:
+        lines.append("")
+        lines.append("Not supported:")
+        lines.append("")
+        lines += [f"- {r.name}: {'; '.join(r.why)}" for r in failed]
     return "\n".join(lines)
 
 

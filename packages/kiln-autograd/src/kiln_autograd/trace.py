@@ -156,12 +156,16 @@ def _tangents(
     meta: GraphMeta,
     fake_mode: FakeTensorMode,
 ) -> list[torch.Tensor]:
-    """Fake tangents shaped like the differentiable outputs (contiguous, like the runtime's)."""
+    """Fake tangents shaped like the differentiable outputs (contiguous, like the runtime's),
+    on their devices: a tangent left on the default device would mix devices in the backward."""
     with fake_mode, torch.enable_grad():
         inputs = [_clone_input(p) for p in primals]
         outs = _flat(fn(*inputs))
         fw = _fw_tensors(outs, inputs, meta)
-        return [torch.empty(fw[k].shape, dtype=fw[k].dtype) for k in differentiable_outputs(meta)]
+        return [
+            torch.empty(fw[k].shape, dtype=fw[k].dtype, device=fw[k].device)
+            for k in differentiable_outputs(meta)
+        ]
 
 
 def _fw_tensors(
