@@ -294,3 +294,36 @@ def test_class_attributes_of_objects_made_during_capture_are_guarded():
         torch.testing.assert_close(fn(x), x * 3.0 + 1.0)
     finally:
         Scale.factor = 2.0
+
+
+class Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+        self.other = Inner()
+
+    def forward(self, x):
+        return self.inner(x) + self.other(x)
+
+
+def test_shared_reads_still_see_a_change_deep_in_the_module():
+    model = Outer()
+    backend = Recorder()
+    captured = capture(model, backend)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(captured(x), model(x))
+    source = captured._captured.dispatch_source()
+    assert ":= self._modules['inner']" in source, "the submodule is read once per call"
+    model.other.scale = 5.0
+    torch.testing.assert_close(captured(x), model(x))
+    assert len(backend.graphs) == 2

@@ -68,6 +68,55 @@ def read_signature(fn, bound: bool) -> Signature | None:
     return Signature(declared, positional, keywords, first, scope)
 
 
+class SharedReads:
+    """Reads of guarded values, shared across one entry's guards: the first occurrence of an
+    expression that has a base (``self._modules['a']``) binds it with ``:=``, later ones use
+    the name. Occurrences are rewritten left to right, the order in which the ``and`` chain
+    evaluates them, so a name is always bound before it is used."""
+
+    def __init__(self, sources: dict, prefix: str):
+        self.sources = sources
+        self.prefix = prefix
+        self.names: dict[str, str] = {}
+        # longest first: at each position the longest guarded expression is the one meant
+        self.ordered = sorted(sources, key=len, reverse=True)
+
+    def reference(self, expr: str) -> str:
+        if expr in self.names:
+            return self.names[expr]
+        source = self.sources[expr]
+        base = getattr(source, "base", None)
+        if base is None:
+            return expr  # an argument, a global dict: already a name
+        base_reference = self.reference(base.expr())  # may bind names of its own first
+        name = f"{self.prefix}{len(self.names)}"
+        self.names[expr] = name
+        return f"({name} := {base_reference}{expr[len(base.expr()) :]})"
+
+    def rewrite(self, code: str) -> str:
+        out, i = [], 0
+        while i < len(code):
+            found = self.match_at(code, i)
+            if found is None:
+                out.append(code[i])
+                i += 1
+            else:
+                out.append(self.reference(found))
+                i += len(found)
+        return "".join(out)
+
+    def match_at(self, code: str, i: int) -> str | None:
+        if i > 0 and (code[i - 1].isalnum() or code[i - 1] in "_."):
+            return None
+        for expr in self.ordered:
+            if code.startswith(expr, i):
+                end = i + len(expr)
+                if end < len(code) and (code[end].isalnum() or code[end] == "_"):
+                    continue
+                return expr
+        return None
+
+
 def _renamer(n: int, names):
     """Give entry ``n``'s guard constants names of their own (parameters keep theirs)."""
     pattern = re.compile(r"\b___([A-Za-z][A-Za-z0-9_]*)")
@@ -96,7 +145,9 @@ def make_call(fn, bound: bool, entries=()):
         guard = entry.result.guard
         rename = _renamer(n, guard.scope)
         scope.update({rename(k): v for k, v in guard.scope.items() if k.startswith("___")})
-        condition = " and ".join(f"({rename(g.code)})" for g in guard.lines) or "True"
+        shared = SharedReads(guard.sources, prefix=f"___r{n}_")
+        condition = " and ".join(f"({rename(shared.rewrite(g.code))})" for g in guard.lines)
+        condition = condition or "True"
         fast = entry.result.direct
         if fast is not None:
             compiled, argument_names, index = fast

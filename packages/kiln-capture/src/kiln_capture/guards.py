@@ -73,6 +73,7 @@ class GuardSet:
     lines: list[Guard] = field(default_factory=list)
     scope: dict = field(default_factory=dict)
     seen: set = field(default_factory=set)
+    sources: dict = field(default_factory=dict)  # expression -> source, prefixes included
 
     def __post_init__(self):
         self.scope.update(
@@ -106,6 +107,10 @@ class GuardSet:
 
         for found in object_sources(source):
             self.scope[found.expr()] = found.obj
+        walk = source
+        while walk is not None:  # every prefix, for the dispatcher's shared reads
+            self.sources.setdefault(walk.expr(), walk)
+            walk = getattr(walk, "base", None)
         return source.expr()
 
     def add(self, code: str, description: str, **names) -> None:
@@ -227,6 +232,7 @@ class GuardFunction:
     lines: list[Guard]
     scope: dict
     parameters: str
+    sources: dict
 
     def __call__(self, *args, **kwargs) -> bool:
         return self.check(*args, **kwargs)
@@ -292,4 +298,4 @@ def build_guard_function(fn, guards: GuardSet, extra: list[str] = ()) -> GuardFu
     namespace = dict(scope)
     exec(compile(source, "<kiln guard>", "exec"), namespace)  # noqa: S102
     all_lines = list(guards.lines) + [Guard(code, f"symbolic shapes: {code}") for code in extra]
-    return GuardFunction(namespace["guard"], source, all_lines, scope, params)
+    return GuardFunction(namespace["guard"], source, all_lines, scope, params, guards.sources)
