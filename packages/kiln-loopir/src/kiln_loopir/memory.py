@@ -113,6 +113,8 @@ def plan_memory(schedule: Schedule, *, reuse: bool = True) -> MemoryPlan:
         plan = StepPlan()
         new = sorted(_stored(step), key=lambda n: list(_stored(step)).index(n))
         for name in new:
+            if name in storage_of:  # a second write (scatter) into a live buffer
+                continue
             naive += nbytes(name)
             if not isinstance(step, Kernel):
                 storage_of[name] = name
@@ -173,6 +175,8 @@ def _peak(schedule: Schedule, plans: list[StepPlan], nbytes) -> int:
     peak = 0
     for step, plan in zip(schedule.steps, plans, strict=True):
         for name in _stored(step):
+            if name in root:
+                continue
             if name in plan.reuse:
                 root[name] = root[plan.reuse[name]]
             elif name in plan.in_place:

@@ -43,7 +43,8 @@ def _size_hints(graph_inputs, vals, example_inputs) -> dict[sympy.Symbol, int]:
         if isinstance(val, torch.Tensor):
             shape_env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
             if shape_env is not None:
-                for sym, hint in shape_env.var_to_val.items():
+                backed = getattr(shape_env, "backed_var_to_val", None)
+                for sym, hint in (backed if backed is not None else shape_env.var_to_val).items():
                     hints.setdefault(sym, int(hint))
             if isinstance(example, torch.Tensor):
                 pairs = list(zip(val.shape, example.shape, strict=False))
@@ -106,10 +107,14 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
         env[node] = _lower_node(ctx, node, env)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     results = torch.fx.node.map_arg(out_node.args[0], lambda n: env[n])
-    if not isinstance(results, (tuple, list)):
-        results = (results,)
-    graph.outputs = list(results)
+    graph.outputs = _flatten(results)
     return graph
+
+
+def _flatten(value: object) -> list[object]:
+    if isinstance(value, (tuple, list)):
+        return [y for x in value for y in _flatten(x)]
+    return [value]
 
 
 def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
