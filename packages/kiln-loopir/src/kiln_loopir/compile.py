@@ -62,6 +62,7 @@ class CompiledGraph:
             "make_seed": runtime.make_seed,
         }
         namespace.update({k.name: k.fn for k in kernels})
+        namespace.update({c.name: c.value for c in graph.constants})
         exec(compile(host_source, "<kiln-loopir host program>", "exec"), namespace)
         self._call = namespace["call"]
 

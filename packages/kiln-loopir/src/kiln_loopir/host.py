@@ -37,6 +37,12 @@ def size_bindings(graph: LoopGraph) -> list[str]:
     for buf in graph.buffers().values():
         for e in (*buf.size, *buf.stride):
             used |= e.free_symbols
+    # sizes only an extern op's result tells (nonzero ...) are bound after that op
+    for node in graph.nodes:
+        if isinstance(node, ExternNode):
+            for buf in node.outputs:
+                if buf is not None:
+                    used -= {s for e in buf.size for s in e.free_symbols}
     missing = sorted(str(s) for s in used - bound)
     if missing:
         raise NotImplementedError(
@@ -89,7 +95,9 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
     if names:
         body.append(", ".join(names) + ("," if len(names) == 1 else "") + " = args")
     body.append("del args")
-    body += size_bindings(graph)
+    bindings = size_bindings(graph)
+    body += bindings
+    bound_after = {line.split(" = ")[0] for line in bindings}
     for k, inp in enumerate(graph.inputs):
         if inp.buffer is not None:
             body.append(
@@ -124,6 +132,11 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
             lhs = ", ".join(outs) + ("," if step.tuple_output and len(outs) == 1 else "")
             body.append(f"{lhs} = {_target(step)}({', '.join(call_args)})")
             for b in step.outputs:
+                for d, e in enumerate(b.size if b is not None else ()):
+                    if isinstance(e, sympy.Symbol) and str(e) not in bound_after:
+                        body.append(f"{e} = {b.name}.size({d})")
+                        bound_after.add(str(e))
+            for b in step.outputs:
                 if b is not None and step.target is not make_seed:
                     body.append(
                         f"assert_size_stride({b.name}, {_tuple(b.size)}, {_tuple(b.stride)}, "
@@ -146,5 +159,6 @@ def kernel_launch_args(schedule: Schedule) -> None:
         symbols: set[sympy.Symbol] = set(kernel.trace().symbols)
         for e in (*kernel.ranges, *kernel.reduction_ranges):
             symbols |= sympy.sympify(e).free_symbols
-        symbols = {s for s in symbols if s in schedule.graph.size_hints}
+        known = schedule.graph.size_symbols()
+        symbols = {s for s in symbols if s.name in known}
         kernel.size_args = sorted(symbols, key=str)

@@ -332,9 +332,12 @@ class LoopGraph:
     nodes: list[Node] = field(default_factory=list)
     outputs: list[object] = field(default_factory=list)
     size_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
+    # tensors the graph holds (its get_attr nodes): name -> GraphInput with the tensor as value
+    constants: list[GraphInput] = field(default_factory=list)
 
     def buffers(self) -> dict[str, Buffer]:
         found = {i.buffer.name: i.buffer for i in self.inputs if i.buffer is not None}
+        found.update({c.buffer.name: c.buffer for c in self.constants})
         for node in self.nodes:
             if isinstance(node, ComputedNode):
                 found.setdefault(node.buffer.name, node.buffer)
@@ -342,12 +345,20 @@ class LoopGraph:
                 found.update({b.name: b for b in node.outputs if b is not None})
         return found
 
-    def size_symbols(self) -> set[sympy.Symbol]:
-        return set(self.size_hints)
+    def size_symbols(self) -> set[str]:
+        """Names of the size symbols: the inputs' and those of data-dependent sizes."""
+        names = {s.name for s in self.size_hints}
+        for buf in self.buffers().values():
+            for e in (*buf.size, *buf.stride):
+                names |= {s.name for s in e.free_symbols}
+        return names
 
     def hint(self, expr: sympy.Expr) -> int:
-        """``expr`` evaluated at the example inputs' sizes."""
-        return int(sympy.sympify(expr).subs(self.size_hints))
+        """``expr`` evaluated at the example inputs' sizes (64 for data-dependent sizes)."""
+        value = sympy.sympify(expr).subs(self.size_hints)
+        if value.free_symbols:
+            value = value.subs({s: 64 for s in value.free_symbols})
+        return int(value)
 
     def format(self) -> str:
         lines = []
@@ -358,6 +369,8 @@ class LoopGraph:
                 lines.append(f"input {i.name}: size {py_expr(i.expr)}")
             else:
                 lines.append(f"input {i.name}: {i.value!r}")
+        for c in self.constants:
+            lines.append(f"constant {c.name}: {c.buffer.describe()}")
         for node in self.nodes:
             lines += node.format()
         lines.append("return (" + ", ".join(format_arg(o) for o in self.outputs) + ")")

@@ -134,6 +134,8 @@ class TraceHandler:
         return self._emit(f"where({cond}, {a}, {b})")
 
     def masked(self, mask: str, body: Callable[[], str], other: object) -> str:
+        if self._masks:  # nested: the body runs only where every enclosing mask holds
+            mask = self.logical_and(self._masks[-1], mask)
         self._masks.append(mask)
         try:
             value = body()

@@ -23,10 +23,16 @@ def trace_aten(fn: Callable, inputs: Sequence[object], *, dynamic: bool = False)
     hands it over: functionalized, decomposed to torch's core aten set."""
     from torch.func import functionalize
 
+    mode = "symbolic" if dynamic else "fake"
+    table = core_aten_decompositions()
+    first = make_fx(functionalize(fn, remove="mutations"), tracing_mode=mode,
+                    decomposition_table=table)(*inputs)  # fmt: skip
+    # Some decompositions use in-place ops; functionalize once more to remove them.
+    interpreter = torch.fx.Interpreter(first)
     return make_fx(
-        functionalize(fn, remove="mutations_and_views"),
-        tracing_mode="symbolic" if dynamic else "fake",
-        decomposition_table=core_aten_decompositions(),
+        functionalize(lambda *args: interpreter.run(*args), remove="mutations"),
+        tracing_mode=mode,
+        decomposition_table=table,
     )(*inputs)
 
 

@@ -68,7 +68,15 @@ def verify_graph(graph: LoopGraph) -> None:
         if inp.buffer is not None:
             check_buffer(inp.buffer, size_names)
             defined[inp.buffer.name] = inp.buffer
+    for const in graph.constants:
+        check_buffer(const.buffer, size_names)
+        defined[const.buffer.name] = const.buffer
     for node in graph.nodes:
+        if isinstance(node, ExternNode):
+            # sizes an extern op decides at run time (nonzero ...) become known after it
+            for buf in node.outputs:
+                if buf is not None:
+                    size_names |= {s.name for e in buf.size for s in e.free_symbols}
         if isinstance(node, ComputedNode):
             check_buffer(node.buffer, size_names)
             if isinstance(node.body, Scatter):
@@ -103,6 +111,7 @@ def verify_schedule(schedule) -> None:
     graph = schedule.graph
     verify_graph(graph)
     available = {i.buffer.name for i in graph.inputs if i.buffer is not None}
+    available |= {c.buffer.name for c in graph.constants}
     written: dict[str, int] = {}
     scheduled: list[object] = []
     readers_outside: dict[str, int] = {}

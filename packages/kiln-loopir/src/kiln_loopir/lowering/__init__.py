@@ -102,6 +102,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
     ctx = LoweringContext(graph)
     live = _live_nodes(gm)
     for node in gm.graph.nodes:
+        if node.op == "get_attr" and node in live:
+            env[node] = _constant(graph, gm, node)
         if node.op != "call_function" or node not in live:
             continue
         env[node] = _lower_node(ctx, node, env)
@@ -109,6 +111,44 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
     results = torch.fx.node.map_arg(out_node.args[0], lambda n: env[n])
     graph.outputs = _flatten(results)
     return graph
+
+
+def _constant(graph: LoopGraph, gm: torch.fx.GraphModule, node: torch.fx.Node) -> object:
+    value: object = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        return value
+    size, stride, _ = val_layout(value)
+    buf = Buffer(node.name, value.dtype, value.device, size, stride)
+    graph.constants.append(GraphInput(node.name, buffer=buf, value=value))
+    return buf.ref()
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _lowerable_dtypes(val: object, arg_vals: tuple) -> bool:
+    outs, ins = _tensors(val), _tensors(list(arg_vals))
+    if any(t.dtype.is_complex for t in outs + ins):
+        return False
+    return not (ins and outs and is_view_op_dtype_change(ins[0], outs))
+
+
+def is_view_op_dtype_change(first_in: torch.Tensor, outs: list[torch.Tensor]) -> bool:
+    return any(o.dtype != first_in.dtype and _same_storage(o, first_in) for o in outs)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except Exception:
+        return False
 
 
 def _flatten(value: object) -> list[object]:
@@ -129,9 +169,17 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     ctx.val, ctx.op, ctx.kwargs = val, node.target, kwargs
     ctx.arg_vals = tuple(_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args)
+    if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+        raise ValueError(
+            f"{node.name} = {node.target}(...) mutates an input, but kiln-loopir takes "
+            "functional graphs: functionalize the graph first (torch.func.functionalize, as "
+            "kiln-autograd does)"
+        )
     fn = find_lowering(node.target)
     if fn is None and is_view_op(node.target):
         fn = views.lower_view
+    if fn is not None and not _lowerable_dtypes(val, ctx.arg_vals):
+        fn = None  # complex numbers and dtype-changing views run through ATen
     if fn is None:
         return extern.fallback(ctx, *args, **kwargs)
     try:

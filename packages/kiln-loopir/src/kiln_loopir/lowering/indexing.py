@@ -95,13 +95,14 @@ def _indirect(ops, ref: TensorRef, ref_index, size):
 @register_lowering(aten.gather.default)
 def gather(ctx: LoweringContext, x: TensorRef, dim, index: TensorRef, *, sparse_grad=False):
     dim = dim % max(len(x.size), 1)
+    load_x = ctx.inlined_loader(x)
 
     def inner_fn(ops, idx):
         if not x.size:
-            return x.load(ops, [])
+            return load_x(ops, [])
         pos = list(idx)
         pos[dim] = _indirect(ops, index, list(idx), x.size[dim])
-        return x.load(ops, pos)
+        return load_x(ops, pos)
 
     return ctx.pointwise(inner_fn)
 
@@ -109,10 +110,11 @@ def gather(ctx: LoweringContext, x: TensorRef, dim, index: TensorRef, *, sparse_
 @register_lowering(aten.embedding.default)
 def embedding(ctx, weight: TensorRef, indices: TensorRef, padding_idx=-1, *_):
     k = len(indices.size)
+    load_w = ctx.inlined_loader(weight)
 
     def inner_fn(ops, idx):
         row = _indirect(ops, indices, list(idx[:k]), weight.size[0])
-        return weight.load(ops, [row, *idx[k:]])
+        return load_w(ops, [row, *idx[k:]])
 
     return ctx.pointwise(inner_fn)
 
@@ -175,7 +177,8 @@ def advanced_index(x: TensorRef, indices) -> tuple[list[sympy.Expr], object]:
 @register_lowering(aten.index.Tensor)
 def index(ctx, x: TensorRef, indices):
     _, to_x_index = advanced_index(x, indices)
-    return ctx.pointwise(lambda ops, idx: x.load(ops, to_x_index(ops, idx)))
+    load_x = ctx.inlined_loader(x)
+    return ctx.pointwise(lambda ops, idx: load_x(ops, to_x_index(ops, idx)))
 
 
 def _copy_of(ctx, x: TensorRef) -> TensorRef:

@@ -18,11 +18,13 @@ aten = torch.ops.aten
 
 def normalize_dims(dims: object, ndim: int) -> list[int]:
     """Reduced dimensions, sorted and non-negative; None or [] means every dimension."""
+    if ndim == 0:
+        return []  # a 0-d tensor: dim 0 or -1 names the tensor itself, nothing to reduce
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(ndim))
     if isinstance(dims, int):
         dims = [dims]
-    return sorted({d % ndim if ndim else 0 for d in dims})
+    return sorted({d % ndim for d in dims})
 
 
 def split_index(
