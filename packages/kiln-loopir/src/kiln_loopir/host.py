@@ -37,6 +37,11 @@ def size_bindings(graph: LoopGraph) -> list[str]:
     for buf in graph.buffers().values():
         for e in (*buf.size, *buf.stride):
             used |= e.free_symbols
+    refs = [o for o in graph.outputs if isinstance(o, TensorRef)]
+    refs += [r for n in graph.nodes if isinstance(n, ExternNode) for r in n.input_refs()]
+    for ref in refs:
+        for e in (*ref.size, *ref.stride, ref.offset):
+            used |= sympy.sympify(e).free_symbols
     # sizes only an extern op's result tells (nonzero ...) are bound after that op
     for node in graph.nodes:
         if isinstance(node, ExternNode):
@@ -46,8 +51,9 @@ def size_bindings(graph: LoopGraph) -> list[str]:
     missing = sorted(str(s) for s in used - bound)
     if missing:
         raise NotImplementedError(
-            f"sizes {missing} are not an input's size, stride or SymInt: the host program "
-            "cannot bind them; trace with those sizes as inputs"
+            f"sizes {missing} are not an input's size, stride or SymInt, nor the size of an "
+            "extern op's result (they come from tensor data, e.g. .item()): the host program "
+            "cannot bind them; make them graph inputs or break the graph before them"
         )
     return lines
 

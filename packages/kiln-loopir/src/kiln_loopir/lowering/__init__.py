@@ -163,12 +163,21 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
         return env[node.args[0]][node.args[1]]
     if isinstance(val, torch.SymInt):
         return to_expr(val)
+    if isinstance(val, (torch.SymBool, torch.SymFloat)):
+        return val.node.expr  # a size condition or ratio: kept symbolic
+    if val is None and node.target is not operator.getitem:
+        # runtime assertions on sizes (aten._assert_scalar ...): the tracer's shape
+        # environment already holds them as guards
+        return None
     if isinstance(val, (int, float, bool)) and not isinstance(node.target, torch._ops.OpOverload):
         return val  # Python arithmetic on sizes, already folded by the tracer
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     ctx.val, ctx.op, ctx.kwargs = val, node.target, kwargs
     ctx.arg_vals = tuple(_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args)
+    ctx.kwarg_vals = {
+        k: _meta(a) if isinstance(a, torch.fx.Node) else a for k, a in node.kwargs.items()
+    }
     if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
         raise ValueError(
             f"{node.name} = {node.target}(...) mutates an input, but kiln-loopir takes "
@@ -178,6 +187,8 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     fn = find_lowering(node.target)
     if fn is None and is_view_op(node.target):
         fn = views.lower_view
+    if fn is None and views.view_of_copy_op(node.target) is not None:
+        fn = views.lower_view_copy
     if fn is not None and not _lowerable_dtypes(val, ctx.arg_vals):
         fn = None  # complex numbers and dtype-changing views run through ATen
     if fn is None:

@@ -14,7 +14,7 @@ import torch
 
 from kiln_loopir.ir import TensorRef
 from kiln_loopir.lowering.context import LoweringContext, val_layout
-from kiln_loopir.lowering.registry import register_lowering
+from kiln_loopir.lowering.registry import is_view_op, register_lowering
 
 aten = torch.ops.aten
 
@@ -58,3 +58,34 @@ def _is_view(base_val: torch.Tensor, val: torch.Tensor) -> bool:
         return val.untyped_storage()._cdata == base_val.untyped_storage()._cdata
     except Exception:  # fake storages without identity: trust the layout fits
         return True
+
+
+def view_of_copy_op(op: object) -> object | None:
+    """For ``aten.<view>_copy.<overload>`` (what functionalization with views removed
+    emits), the view op it copies; else None."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return None
+    name = op.__name__.split(".")[0]
+    if not name.endswith("_copy"):
+        return None
+    packet = getattr(aten, name.removesuffix("_copy"), None)
+    view = getattr(packet, op._overloadname, None) if packet is not None else None
+    return view if view is not None and is_view_op(view) else None
+
+
+def lower_view_copy(ctx: LoweringContext, base: TensorRef, *args, **kwargs) -> object:
+    """A ``*_copy`` op: the view as an index remap, then a copy into the result's layout."""
+    from kiln_loopir.lowering.pointwise import loader
+
+    view_op = view_of_copy_op(ctx.op)
+    base_val = ctx.arg_vals[0]
+    with base_val.fake_mode:
+        view_val = view_op(base_val, *ctx.arg_vals[1:], **ctx.kwarg_vals)
+    ref = view_of(ctx, base, base_val, view_val)
+    if isinstance(ref, tuple):
+        vals = ctx.val
+        return tuple(
+            ctx.pointwise(loader(r, val_layout(v)[0], None), val=v)
+            for r, v in zip(ref, vals, strict=True)
+        )
+    return ctx.pointwise(loader(ref, val_layout(ctx.val)[0], None))
