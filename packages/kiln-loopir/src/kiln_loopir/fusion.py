@@ -62,16 +62,16 @@ def score(
     readers: dict[str, int],
     graph: LoopGraph,
     outputs: set[str],
+    nbytes: dict[str, int],
 ) -> int:
-    """Bytes of memory traffic saved by merging ``a`` and ``b``."""
+    """Bytes of memory traffic saved by merging ``a`` and ``b`` (``nbytes`` per buffer)."""
     saved = 0
-    buffers = graph.buffers()
     for name in a.writes() & reads[id(b)]:
-        nbytes = graph.hint(buffers[name].nbytes())
+        size = nbytes[name]
         only_here = readers.get(name, 0) <= 1 and name not in outputs
-        saved += nbytes * (2 if only_here else 1)
+        saved += size * (2 if only_here else 1)
     for name in reads[id(a)] & reads[id(b)]:
-        saved += graph.hint(buffers[name].nbytes())
+        saved += nbytes[name]
     return saved
 
 

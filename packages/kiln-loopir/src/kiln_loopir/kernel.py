@@ -62,6 +62,7 @@ class Kernel:
     # set by memory planning: buffer names passed to the kernel, in launch order
     args: list[str] = field(default_factory=list)
     size_args: list[sympy.Symbol] = field(default_factory=list)
+    _reads: tuple | None = field(default=None, repr=False)
 
     @property
     def device(self) -> torch.device:
@@ -80,7 +81,11 @@ class Kernel:
 
     def reads(self) -> set[str]:
         """Buffers the kernel loads from memory (not produced inside it)."""
-        return {load.buffer for load in self.trace().loads if load.buffer not in self.writes()}
+        key = tuple(id(n) for n in self.nodes)
+        if self._reads is None or self._reads[0] != key:
+            loads = {load.buffer for load in self.trace().loads}
+            self._reads = (key, frozenset(loads - self.writes()))
+        return set(self._reads[1])
 
     def levels(self) -> list[str]:
         return [node_level(n, self.ranges, self.reduction_ranges) for n in self.nodes]

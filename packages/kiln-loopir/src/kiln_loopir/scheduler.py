@@ -82,6 +82,7 @@ def fuse(schedule: Schedule) -> Schedule:
     graph = schedule.graph
     outputs = output_buffers(graph)
     count = len(schedule.kernels())
+    nbytes = {name: graph.hint(buf.nbytes()) for name, buf in graph.buffers().items()}
     while True:
         reads = {id(s): step_reads(s) for s in steps}
         readers: dict[str, int] = {}
@@ -97,7 +98,7 @@ def fuse(schedule: Schedule) -> Schedule:
                 b = steps[j]
                 if not isinstance(b, Kernel):
                     continue
-                saved = score(a, b, reads, readers, graph, outputs)
+                saved = score(a, b, reads, readers, graph, outputs, nbytes)
                 if saved > 0:
                     candidates.append((-saved, i, j))
         merged = False
