@@ -58,6 +58,10 @@ def reduction(kind: str, value, src_dtype, grid: tuple, nred: int) -> torch.Tens
     outer = grid[: len(grid) - nred]
     kept = tuple(outer) + (1,) * nred
     flat_v = v.reshape(*outer, -1)
+    if v.dtype == torch.bool and kind in ("max", "min", "argmax", "argmin"):
+        # torch's arg-reductions refuse bool: order False < True as 0 < 1
+        out = reduction(kind, v.to(torch.uint8), torch.uint8, grid, nred)
+        return out if kind.startswith("arg") else out.to(torch.bool)
     if kind == "sum":
         out = flat_v.sum(-1)
     elif kind == "prod":
