@@ -2,7 +2,15 @@
 
 import torch
 
-from kiln_loopir import Kernel, eliminate_dead_nodes, fuse, lower, order, plan_memory
+from kiln_loopir import (
+    Kernel,
+    decompose,
+    eliminate_dead_nodes,
+    fuse,
+    lower,
+    order,
+    plan_memory,
+)
 from kiln_loopir import unfused_schedule as unfused
 from kiln_loopir.fusion import merged_space
 from kiln_loopir.testing import check_against_eager, trace_aten
@@ -78,8 +86,8 @@ def test_merged_space_rules():
     graph = lower(trace_aten(lambda x: (x.sum(1), x + 1, x.sum(0)), [x]), [x])
     row_sum, add, col_sum = unfused(graph).kernels()
     assert merged_space(row_sum, add) == ([4], [6])
-    assert merged_space(col_sum, add) is None  # [4, 6] is not [6] + [4]
-    assert merged_space(row_sum, col_sum) is None
+    assert merged_space(col_sum, add) == ([6], [4])  # [4, 6] runs as [6] + [4] reordered
+    assert merged_space(row_sum, col_sum) is None  # two reductions over other spaces
 
 
 def test_order_keeps_live_memory_low():
@@ -100,4 +108,25 @@ def test_order_keeps_live_memory_low():
     big = 64 * 64 * 4
     assert plan_memory(program_order).peak_bytes >= 2 * big
     assert plan_memory(planned).peak_bytes < 2 * big
+    check_against_eager(fn, inputs)
+
+
+def test_reduction_over_leading_dims_fuses_with_reordered_loops():
+    fn = lambda x: torch.softmax(x, 0)  # noqa: E731
+    for shape in [(6, 5), (5, 5)]:  # a square shape: the order is chosen by the reads
+        _, after = schedules(fn, [torch.randn(*shape)])
+        (k,) = kernels(after)
+        assert k.levels()[-1] == "inner" and list(k.orders.values()) == [(1, 0)]
+
+
+def test_batch_norm_training_is_one_kernel():
+    import torch.nn.functional as F
+
+    fn = lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True)  # noqa: E731
+    inputs = [torch.randn(4, 3, 5, 5), torch.randn(3), torch.randn(3)]
+    graph = lower(decompose(trace_aten(fn, inputs)), inputs)
+    eliminate_dead_nodes(graph)
+    after = order(fuse(unfused(graph)))
+    after.verify()
+    assert len(kernels(after)) == 1
     check_against_eager(fn, inputs)

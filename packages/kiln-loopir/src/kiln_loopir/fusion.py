@@ -17,10 +17,11 @@ other step reads it, not written either); a buffer both read is read once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from kiln_loopir.ir import LoopGraph, Scatter, TensorRef
-from kiln_loopir.kernel import Kernel, _same, node_level
+from kiln_loopir.kernel import Kernel, _same, inner_orders, node_level
 
 
 def merged_space(a: Kernel, b: Kernel) -> tuple[list, list] | None:
@@ -37,9 +38,15 @@ def merged_space(a: Kernel, b: Kernel) -> tuple[list, list] | None:
                 candidates.append((short.ranges, long.ranges[n:]))
     for ranges, rranges in candidates:
         nodes = a.nodes + b.nodes
-        if all(node_level(n, ranges, rranges) is not None for n in nodes):
+        if all(
+            node_level(n, ranges, rranges) is not None or inner_orders(n, ranges, rranges)
+            for n in nodes
+        ):
             return list(ranges), list(rranges)
     return None
+
+
+MAX_TRIES = 16
 
 
 def try_fuse(a: Kernel, b: Kernel, name: str) -> Kernel | None:
@@ -51,8 +58,25 @@ def try_fuse(a: Kernel, b: Kernel, name: str) -> Kernel | None:
     space = merged_space(a, b)
     if space is None:
         return None
-    fused = Kernel(name, space[0], space[1], a.nodes + b.nodes)
-    return fused if fused.same_point_reads() else None
+    nodes = a.nodes + b.nodes
+    # Pointwise nodes of the inner level may run with their loops reordered (a reduction
+    # over leading dimensions): try one order for all of them first, then combinations.
+    choices = [(n.name, inner_orders(n, *space)) for n in nodes if node_level(n, *space) != "outer"]
+    choices = [(name, orders) for name, orders in choices if orders]
+    uniform = []
+    for order in dict.fromkeys(o for _, orders in choices for o in orders):
+        uniform.append(tuple(order if order in orders else orders[0] for _, orders in choices))
+    combos = itertools.chain(uniform, itertools.product(*[orders for _, orders in choices]))
+    for combo in itertools.islice(combos, MAX_TRIES):
+        orders = {
+            name: order
+            for (name, _), order in zip(choices, combo, strict=True)
+            if order != tuple(range(len(order)))
+        }
+        fused = Kernel(name, space[0], space[1], nodes, orders=orders)
+        if fused.same_point_reads():
+            return fused
+    return None
 
 
 def score(

@@ -16,6 +16,7 @@ is a variable of the kernel; ``local_buffers`` are never written to memory at al
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import sympy
@@ -39,7 +40,7 @@ def _same(a, b) -> bool:
 
 
 def node_level(node: ComputedNode, ranges, reduction_ranges) -> str | None:
-    """The level ``node`` runs at in a kernel over this space, or None if it cannot."""
+    """The level ``node`` runs at in a kernel over this space (loop order kept), or None."""
     p, r = node.body.loop_ranges()
     if isinstance(node.body, Reduction):
         return "reduction" if _same(p, ranges) and _same(r, reduction_ranges) else None
@@ -48,6 +49,25 @@ def node_level(node: ComputedNode, ranges, reduction_ranges) -> str | None:
     if reduction_ranges and _same(p, list(ranges) + list(reduction_ranges)):
         return "inner"
     return None
+
+
+MAX_ORDERS = 24
+
+
+def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int, ...]]:
+    """Ways a Pointwise node can run at the inner level with its loops reordered: each is a
+    tuple giving, for each of the node's loop dimensions, the kernel dimension it takes."""
+    p, _ = node.body.loop_ranges()
+    full = list(ranges) + list(reduction_ranges)
+    if isinstance(node.body, Reduction) or not reduction_ranges or len(p) != len(full):
+        return []
+    found = []
+    for order in itertools.permutations(range(len(full))):
+        if all(sympy.expand(p[i] - full[order[i]]) == 0 for i in range(len(p))):
+            found.append(order)
+            if len(found) >= MAX_ORDERS:
+                break
+    return found
 
 
 @dataclass(eq=False)
@@ -62,6 +82,8 @@ class Kernel:
     # set by memory planning: buffer names passed to the kernel, in launch order
     args: list[str] = field(default_factory=list)
     size_args: list[sympy.Symbol] = field(default_factory=list)
+    # inner nodes whose loops run reordered: node name -> kernel dimension of each loop
+    orders: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _reads: tuple | None = field(default=None, repr=False)
 
     @property
@@ -87,8 +109,15 @@ class Kernel:
             self._reads = (key, frozenset(loads - self.writes()))
         return set(self._reads[1])
 
-    def levels(self) -> list[str]:
-        return [node_level(n, self.ranges, self.reduction_ranges) for n in self.nodes]
+    def levels(self) -> list[str | None]:
+        levels = []
+        for n in self.nodes:
+            level = node_level(n, self.ranges, self.reduction_ranges)
+            if level is None and n.name in self.orders:
+                ok = self.orders[n.name] in inner_orders(n, self.ranges, self.reduction_ranges)
+                level = "inner" if ok else None
+            levels.append(level)
+        return levels
 
     def body(self, ops) -> dict[str, sympy.Expr]:
         """Drive ``ops`` through the whole kernel: every node's inner function, its
@@ -101,8 +130,11 @@ class Kernel:
             if level is None:
                 raise ValueError(f"{node.name} does not fit the iteration space of {self.name}")
             if level == "inner":
-                value = node.body.call(ops, xs + rs, [])
-                index = node.store_index(ops, xs + rs)
+                loops = xs + rs
+                if node.name in self.orders:
+                    loops = [loops[d] for d in self.orders[node.name]]
+                value = node.body.call(ops, loops, [])
+                index = node.store_index(ops, loops)
             else:
                 value = node.body.call(ops, xs, rs)
                 index = node.store_index(ops, xs)
@@ -133,7 +165,8 @@ class Kernel:
 
     def header(self) -> str:
         kinds = ", ".join(
-            f"{n.name}:{level}" for n, level in zip(self.nodes, self.levels(), strict=True)
+            f"{n.name}:{level}" + (f"{list(self.orders[n.name])}" if n.name in self.orders else "")
+            for n, level in zip(self.nodes, self.levels(), strict=True)
         )
         return (
             f"{self.name}: ranges={_dims(self.ranges)} "
