@@ -5,6 +5,8 @@ Each pattern is lowered, verified after every pass, and compiled against eager; 
 printed IR is compared with the text below (regenerate with ``EXPECTTEST_ACCEPT=1``).
 """
 
+import re
+
 import torch
 import torch.nn.functional as F
 from expecttest import TestCase
@@ -29,6 +31,13 @@ def stages(fn, inputs):
     ordered.verify()
     check_against_eager(fn, inputs)
     return graph, ordered
+
+
+def canonical_sizes(text):
+    """Size symbols renamed s0, s1 ... in order of appearance (torch versions name them
+    differently)."""
+    names = {}
+    return re.sub(r"\bs\d+\b", lambda m: names.setdefault(m.group(0), f"s{len(names)}"), text)
 
 
 def kinds(schedule):
@@ -473,4 +482,46 @@ kernel0: ranges=[4, 8] reduction_ranges=[] nodes=[buf1:outer, buf2:outer]
     tmp10 = mul(tmp7, tmp9)
     store(buf2, 8*x0 + x1, tmp10)
 return (buf2[4, 8] stride=[8, 1] offset=0)""",
+        )
+
+    def test_host_program_of_matmul_bias_gelu(self):
+        compiled = check_against_eager(
+            lambda x, w, b: F.gelu(x @ w + b),
+            [torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)],
+        )
+        self.assertExpectedInline(
+            compiled.host_source,
+            """\
+def call(args):
+    arg0_1, arg1_1, arg2_1 = args
+    del args
+    assert_size_stride(arg0_1, (4, 8), (8, 1), 'input 0 (arg0_1)')
+    assert_size_stride(arg1_1, (8, 8), (8, 1), 'input 1 (arg1_1)')
+    assert_size_stride(arg2_1, (8,), (1,), 'input 2 (arg2_1)')
+    buf0 = aten.mm.default(arg0_1, arg1_1)
+    assert_size_stride(buf0, (4, 8), (8, 1), 'aten.mm.default output buf0')
+    buf2 = buf0  # in place
+    kernel0(arg2_1, buf0, buf2)
+    del buf0
+    return (buf2,)
+""",
+        )
+
+    def test_host_program_with_symbolic_sizes_and_views(self):
+        compiled = check_against_eager(
+            lambda x: (x.softmax(-1), x.t()[1:]), [torch.randn(5, 6)], dynamic=True
+        )
+        self.assertExpectedInline(
+            canonical_sizes(compiled.host_source),
+            """\
+def call(args):
+    arg0_1, = args
+    del args
+    s0 = arg0_1.size(0)
+    s1 = arg0_1.size(1)
+    assert_size_stride(arg0_1, (s0, s1), (s1, 1), 'input 0 (arg0_1)')
+    buf2 = empty_strided((s0, s1), (s1, 1), torch.float32, 'cpu')
+    kernel0(arg0_1, buf2, s0, s1)
+    return (buf2, reinterpret(arg0_1, (s1 - 1, s0), (1, s1), 1))
+""",
         )
