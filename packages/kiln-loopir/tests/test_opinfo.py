@@ -105,3 +105,16 @@ def test_lowered_op_matches_eager(op):
 @pytest.mark.parametrize("op", list(_ops()), ids=lambda op: op.full_name)
 def test_op_db_sweep(op, dtype):
     _check(op, dtype, max_samples=8)
+
+
+INTEGER_OPS = ["add", "mul", "where", "sum", "amax", "remainder", "bitwise_xor", "gather"]
+BOOL_OPS = ["logical_and", "any", "all", "where", "eq", "max"]
+
+
+@pytest.mark.parametrize(
+    "op, dtype",
+    [(op, torch.int64) for op in _ops(INTEGER_OPS)] + [(op, torch.bool) for op in _ops(BOOL_OPS)],
+    ids=lambda v: v.full_name if hasattr(v, "full_name") else str(v).removeprefix("torch."),
+)
+def test_lowered_op_matches_eager_on_integers_and_bools(op, dtype):
+    _check(op, dtype, max_samples=2)
