@@ -125,6 +125,10 @@ def _constant(graph: LoopGraph, gm: torch.fx.GraphModule, node: torch.fx.Node) -
     return buf.ref()
 
 
+def _is_empty(val: object) -> bool:
+    return isinstance(val, torch.Tensor) and any(isinstance(n, int) and n == 0 for n in val.shape)
+
+
 def _tensors(value: object) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -191,6 +195,9 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
         fn = views.lower_view_copy
     if fn is not None and not _lowerable_dtypes(val, ctx.arg_vals):
         fn = None  # complex numbers and dtype-changing views run through ATen
+    if fn is not None and fn is not views.lower_view and _is_empty(val):
+        # nothing to compute: an empty buffer with the result's layout
+        return ctx.pointwise(lambda ops, index: ops.constant(0, val.dtype))
     if fn is None:
         return extern.fallback(ctx, *args, **kwargs)
     try:

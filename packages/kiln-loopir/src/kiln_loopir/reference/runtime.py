@@ -57,7 +57,18 @@ def reduction(kind: str, value, src_dtype, grid: tuple, nred: int) -> torch.Tens
     v = torch.as_tensor(value).to(src_dtype).expand(grid)
     outer = grid[: len(grid) - nred]
     kept = tuple(outer) + (1,) * nred
-    flat_v = v.reshape(*outer, -1)
+    flat_v = v.reshape(*outer, math.prod(grid[len(outer) :]))
+    if flat_v.shape[-1] == 0 and kind in ("max", "min", "argmax", "argmin"):
+        # nothing to reduce (only a zero-size result reads this): the identity of the op
+        if kind.startswith("arg"):
+            return torch.zeros(kept, dtype=torch.int64, device=v.device)
+        info = torch.finfo(v.dtype) if v.dtype.is_floating_point else torch.iinfo(v.dtype)
+        fill = (
+            (-math.inf if kind == "max" else math.inf)
+            if v.dtype.is_floating_point
+            else (info.min if kind == "max" else info.max)
+        )
+        return torch.full(kept, fill, dtype=v.dtype, device=v.device)
     if v.dtype == torch.bool and kind in ("max", "min", "argmax", "argmin"):
         # torch's arg-reductions refuse bool: order False < True as 0 < 1
         out = reduction(kind, v.to(torch.uint8), torch.uint8, grid, nred)
