@@ -19,7 +19,8 @@ class _RenderHandler(TraceHandler):
 
     def reduction(self, reduction_type, value, src_dtype):
         return self._emit(
-            f"reduction({reduction_type!r}, {value}, {dtype_str(src_dtype)}, grid, {self.nred})"
+            f"reduction({reduction_type!r}, {value}, {dtype_str(src_dtype)}, grid, {self.nred}, "
+            "device)"
         )
 
 

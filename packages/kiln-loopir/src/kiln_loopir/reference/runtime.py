@@ -52,9 +52,9 @@ def store_add(ptr, index, value) -> None:
     store(ptr, index, value, accumulate=True)
 
 
-def reduction(kind: str, value, src_dtype, grid: tuple, nred: int) -> torch.Tensor:
+def reduction(kind: str, value, src_dtype, grid: tuple, nred: int, device=None) -> torch.Tensor:
     """Reduce the trailing ``nred`` dims of ``value`` (broadcast to ``grid``), keeping them."""
-    v = torch.as_tensor(value).to(src_dtype).expand(grid)
+    v = torch.as_tensor(value).to(device=device, dtype=src_dtype).expand(grid)
     outer = grid[: len(grid) - nred]
     kept = tuple(outer) + (1,) * nred
     flat_v = v.reshape(*outer, math.prod(grid[len(outer) :]))
@@ -71,7 +71,7 @@ def reduction(kind: str, value, src_dtype, grid: tuple, nred: int) -> torch.Tens
         return torch.full(kept, fill, dtype=v.dtype, device=v.device)
     if v.dtype == torch.bool and kind in ("max", "min", "argmax", "argmin"):
         # torch's arg-reductions refuse bool: order False < True as 0 < 1
-        out = reduction(kind, v.to(torch.uint8), torch.uint8, grid, nred)
+        out = reduction(kind, v.to(torch.uint8), torch.uint8, grid, nred, device)
         return out if kind.startswith("arg") else out.to(torch.bool)
     if kind == "sum":
         out = flat_v.sum(-1)
