@@ -58,9 +58,15 @@ def test_no_fusion_through_an_extern_dependency():
 
 
 def test_consumer_reading_other_points_is_not_fused():
-    # the transpose reads the sine at other points than the ones each iteration writes
-    _, after = schedules(lambda x: x.sin().t().contiguous() + 1, [torch.randn(4, 6)])
+    # cat reads the row sums at shifted points; a reduction is not recomputed in its reader
+    _, after = schedules(lambda x: torch.cat([x.sum(1), x.sum(1) * 2]), [torch.randn(4, 6)])
     assert len(kernels(after)) == 2
+
+
+def test_pointwise_producer_read_through_a_transpose_is_inlined():
+    _, after = schedules(lambda x: x.sin().t().contiguous() + 1, [torch.randn(4, 6)])
+    (k,) = kernels(after)
+    assert "sin(" in "\n".join(k.trace().lines)
 
 
 def test_scatter_is_never_fused():

@@ -150,15 +150,21 @@ class LoweringContext:
             "only ops returning tensors (or tuples of tensors) can run eagerly"
         )
 
-    def inlined_loader(self, ref: TensorRef) -> Callable:
-        """``fn(ops, index)`` reading ``ref``; when ``ref`` is a whole Pointwise buffer, the
-        producer's inner function is called instead, so that a consumer reading it at
-        shifted points (cat, padding) needs no buffer in between (dead-node elimination
-        drops the producer once nothing else reads it)."""
+    def inlined_loader(self, ref: TensorRef, *, through_views: bool = False) -> Callable:
+        """``fn(ops, index)`` reading ``ref``; when ``ref`` views a Pointwise buffer, the
+        producer's inner function is called instead (at the producer's index), so that a
+        consumer reading it at other points (cat, padding, gather, a transpose) needs no
+        buffer in between. Dead-node elimination drops the producer once nothing else
+        reads it. Without ``through_views`` only a view of the whole buffer is inlined."""
         node = self._producers().get(ref.buffer)
-        if node is None or not isinstance(node.body, Pointwise) or not ref.is_whole(node.buffer):
+        if node is None or not isinstance(node.body, Pointwise):
             return ref.load
-        return node.body.inner_fn
+        if ref.is_whole(node.buffer):
+            return node.body.inner_fn
+        remap = _permuting_remap(ref, node.buffer) if through_views else None
+        if remap is None:
+            return ref.load
+        return lambda ops, index: node.body.inner_fn(ops, remap(index))
 
     def _producers(self) -> dict[str, ComputedNode]:
         found: dict[str, ComputedNode] = {}
@@ -196,3 +202,32 @@ class LoweringContext:
         stream = self._random_calls
         self._random_calls += 1
         return self._seed_ref, stream
+
+
+def _permuting_remap(ref: TensorRef, buf: Buffer) -> Callable | None:
+    """For a view that permutes, broadcasts, squeezes or unsqueezes ``buf`` (offset 0, each
+    of buf's dimensions taken whole by one view dimension), ``fn(view index) -> buf index``;
+    else None."""
+    if ref.offset != 0:
+        return None
+    taken: dict[int, int] = {}
+    for d, (n, st) in enumerate(zip(buf.size, buf.stride, strict=True)):
+        if n == 1:
+            continue
+        matches = [
+            k
+            for k, (m, vst) in enumerate(zip(ref.size, ref.stride, strict=True))
+            if m == n and vst == st and k not in taken.values()
+        ]
+        if len(matches) != 1:
+            return None
+        taken[d] = matches[0]
+    used = set(taken.values())
+    for k, (m, vst) in enumerate(zip(ref.size, ref.stride, strict=True)):
+        if k not in used and m != 1 and vst != 0:
+            return None  # a view dimension that walks buf in a way no dimension does
+
+    def remap(index):
+        return [index[taken[d]] if d in taken else sympy.S.Zero for d in range(len(buf.size))]
+
+    return remap

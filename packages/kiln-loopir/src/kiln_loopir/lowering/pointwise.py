@@ -49,15 +49,24 @@ def broadcast_index(
     ]
 
 
-def loader(arg: object, out_size: Sequence[sympy.Expr], dtype: torch.dtype | None) -> Callable:
+def loader(
+    arg: object,
+    out_size: Sequence[sympy.Expr],
+    dtype: torch.dtype | None,
+    ctx: LoweringContext | None = None,
+) -> Callable:
     """``fn(ops, index)`` reading ``arg`` (tensor, number or size) broadcast to ``out_size``.
 
-    The value is converted to ``dtype`` when one is given.
+    The value is converted to ``dtype`` when one is given. With ``ctx``, a Pointwise
+    producer read through a permuting view is computed in place of the load.
     """
     if isinstance(arg, TensorRef):
+        read = ctx.inlined_loader(arg, through_views=True) if ctx is not None else arg.load
+        if read is not arg.load and ctx is not None and _whole(ctx, arg):
+            read = arg.load  # a plain read: fusion handles it without recomputing
 
         def load(ops, index):
-            value = arg.load(ops, broadcast_index(arg, out_size, index))
+            value = read(ops, broadcast_index(arg, out_size, index))
             return value if dtype is None or dtype == arg.dtype else ops.to_dtype(value, dtype)
 
         return load
@@ -77,6 +86,10 @@ def loader(arg: object, out_size: Sequence[sympy.Expr], dtype: torch.dtype | Non
             value = int(arg)
         return lambda ops, index: ops.constant(value, dtype)
     raise NotImplementedError(f"cannot read {arg!r} ({type(arg).__name__}) in a pointwise op")
+
+
+def _whole(ctx: LoweringContext, ref: TensorRef) -> bool:
+    return ref.is_whole(ctx.buffer(ref.buffer))
 
 
 def out_size(ctx: LoweringContext) -> tuple[sympy.Expr, ...]:
@@ -100,7 +113,7 @@ def make_pointwise(
     size = out_size(ctx)
     out_dtype = ctx.val.dtype
     in_dtype = in_dtype or compute_dtype(out_dtype)
-    loaders = [loader(a, size, in_dtype) for a in args]
+    loaders = [loader(a, size, in_dtype, ctx) for a in args]
 
     def inner_fn(ops, index):
         value = fn(ops, *[load(ops, index) for load in loaders])
