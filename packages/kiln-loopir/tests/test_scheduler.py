@@ -136,3 +136,16 @@ def test_batch_norm_training_is_one_kernel():
     after.verify()
     assert len(kernels(after)) == 1
     check_against_eager(fn, inputs)
+
+
+def test_inlining_stays_linear_in_the_graph_size():
+    import time
+
+    def fn(x):
+        for _ in range(16):
+            x = torch.cat([x, x], 0)[: x.shape[0] + 1]
+        return x
+
+    start = time.perf_counter()
+    check_against_eager(fn, [torch.randn(3, 2)])
+    assert time.perf_counter() - start < 30  # exponential re-inlining would take hours

@@ -178,6 +178,7 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     ctx.val, ctx.op, ctx.kwargs = val, node.target, kwargs
+    ctx.inlined_now = False
     ctx.arg_vals = tuple(_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args)
     ctx.kwarg_vals = {
         k: _meta(a) if isinstance(a, torch.fx.Node) else a for k, a in node.kwargs.items()

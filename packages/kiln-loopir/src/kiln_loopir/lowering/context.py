@@ -42,6 +42,10 @@ class LoweringContext:
         self._seed_ref: TensorRef | None = None
         self._random_calls = 0
         self.reserved: set[str] = {i.name for i in graph.inputs}
+        # buffers whose inner functions compute an inlined producer: never inlined in turn,
+        # so that recomputation stays linear in the graph's size
+        self.inliners: set[str] = set()
+        self.inlined_now = False
 
     # -- buffers and nodes -------------------------------------------------------------
     def new_name(self) -> str:
@@ -87,6 +91,8 @@ class LoweringContext:
             stride = None
         buf = self.new_buffer(dtype, device or self.device, size, stride)
         self.graph.nodes.append(ComputedNode(buf, Pointwise(buf.size, inner_fn)))
+        if self.inlined_now:
+            self.inliners.add(buf.name)
         return buf.ref()
 
     def reduction(
@@ -157,13 +163,15 @@ class LoweringContext:
         buffer in between. Dead-node elimination drops the producer once nothing else
         reads it. Without ``through_views`` only a view of the whole buffer is inlined."""
         node = self._producers().get(ref.buffer)
-        if node is None or not isinstance(node.body, Pointwise):
+        if node is None or not isinstance(node.body, Pointwise) or node.name in self.inliners:
             return ref.load
         if ref.is_whole(node.buffer):
+            self.inlined_now = True
             return node.body.inner_fn
         remap = _permuting_remap(ref, node.buffer) if through_views else None
         if remap is None:
             return ref.load
+        self.inlined_now = True
         return lambda ops, index: node.body.inner_fn(ops, remap(index))
 
     def _producers(self) -> dict[str, ComputedNode]:

@@ -61,9 +61,9 @@ def loader(
     producer read through a permuting view is computed in place of the load.
     """
     if isinstance(arg, TensorRef):
-        read = ctx.inlined_loader(arg, through_views=True) if ctx is not None else arg.load
-        if read is not arg.load and ctx is not None and _whole(ctx, arg):
-            read = arg.load  # a plain read: fusion handles it without recomputing
+        read = arg.load  # a plain read of a whole buffer: fusion handles it
+        if ctx is not None and not _whole(ctx, arg):
+            read = ctx.inlined_loader(arg, through_views=True)
 
         def load(ops, index):
             value = read(ops, broadcast_index(arg, out_size, index))
