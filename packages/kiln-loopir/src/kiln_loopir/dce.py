@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from kiln_loopir.ir import ComputedNode, ExternNode, LoopGraph, TensorRef
-from kiln_loopir.runtime import make_seed
+from kiln_loopir.ir import ComputedNode, LoopGraph, TensorRef
 
 
 def node_reads(node) -> set[str]:
@@ -23,15 +22,9 @@ def eliminate_dead_nodes(graph: LoopGraph) -> LoopGraph:
             if isinstance(node, ComputedNode)
             else {b.name for b in node.outputs if b is not None}
         )
-        if isinstance(node, ExternNode) and node.target is make_seed and not (names & needed):
-            continue
-        if names & needed or (isinstance(node, ExternNode) and not _pure(node)):
+        # every op of a functional graph is pure, and so are the host helpers we add
+        if names & needed:
             kept.append(node)
             needed |= node_reads(node)
     graph.nodes = list(reversed(kept))
     return graph
-
-
-def _pure(node: ExternNode) -> bool:
-    # Every op in a functional graph is pure; the host helpers we add are too.
-    return True

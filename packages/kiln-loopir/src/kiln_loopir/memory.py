@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from kiln_loopir.fusion import output_buffers
-from kiln_loopir.ir import Buffer, ExternNode, TensorRef
+from kiln_loopir.ir import Buffer
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.ops import TraceHandler
 from kiln_loopir.scheduler import step_reads, step_writes
@@ -208,6 +208,3 @@ def _storage_in_use(name, storage_of, last_use, i) -> bool:
         other != name and storage_of.get(other) == root and last_use.get(other, -1) > i
         for other in storage_of
     )
-
-
-_ = (ExternNode, TensorRef)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
-from kiln_loopir.ir import ComputedNode, ExternNode, LoopGraph, TensorRef
+from kiln_loopir.ir import ComputedNode, LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
 
 
@@ -213,6 +213,3 @@ def order(schedule: Schedule) -> Schedule:
 
 def _is_input(graph: LoopGraph, name: str) -> bool:
     return any(i.buffer is not None and i.buffer.name == name for i in graph.inputs)
-
-
-_ = (ExternNode, TensorRef)

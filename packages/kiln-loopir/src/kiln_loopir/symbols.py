@@ -13,15 +13,7 @@ from collections.abc import Iterable, Sequence
 import sympy
 import torch
 from sympy.printing.str import StrPrinter
-from torch.utils._sympy.functions import (
-    CleanDiv,
-    FloorDiv,
-    Max,
-    Min,
-    Mod,
-    ModularIndexing,
-    PythonMod,
-)
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 __all__ = [
     "FloorDiv",
@@ -156,7 +148,3 @@ def free_names(exprs: Iterable[sympy.Expr]) -> set[str]:
     for e in exprs:
         names |= {s.name for s in sympy.sympify(e).free_symbols}
     return names
-
-
-# Names kept importable for lowerings that build index expressions.
-_ = (CleanDiv, Max, Min, Mod, PythonMod)
