@@ -8,4 +8,39 @@ def test_version_is_pep440():
 
 
 def test_public_api_is_pinned():
-    assert sorted(kiln_loopir.__all__) == ["__version__"]
+    assert sorted(kiln_loopir.__all__) == [
+        "Buffer",
+        "Codegen",
+        "CompiledGraph",
+        "CompiledKernel",
+        "ComputedNode",
+        "ExternNode",
+        "IRError",
+        "Kernel",
+        "LoopGraph",
+        "MemoryPlan",
+        "Pointwise",
+        "Reduction",
+        "ReferenceCodegen",
+        "Scatter",
+        "Schedule",
+        "TensorRef",
+        "TraceHandler",
+        "__version__",
+        "compile_fx",
+        "decompose",
+        "eliminate_dead_nodes",
+        "fuse",
+        "generate_host",
+        "kernel_launch_args",
+        "lower",
+        "lowered_ops",
+        "order",
+        "plan_memory",
+        "register_lowering",
+        "resolve_codegen",
+        "schedule_graph",
+        "unfused_schedule",
+    ]
+    for name in kiln_loopir.__all__:
+        assert hasattr(kiln_loopir, name)

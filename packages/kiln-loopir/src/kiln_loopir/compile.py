@@ -1,0 +1,136 @@
+"""``compile_fx``: the whole pipeline of kiln-loopir, top to bottom, in one function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from kiln_loopir import runtime
+from kiln_loopir.codegen import Codegen, resolve_codegen
+from kiln_loopir.dce import eliminate_dead_nodes
+from kiln_loopir.decompose import decompose
+from kiln_loopir.host import generate_host, kernel_launch_args
+from kiln_loopir.ir import LoopGraph
+from kiln_loopir.kernel import Kernel, Schedule
+from kiln_loopir.lowering import lower
+from kiln_loopir.memory import MemoryPlan, plan_memory
+from kiln_loopir.scheduler import fuse, order, unfused_schedule
+
+
+@dataclass(eq=False)
+class CompiledKernel:
+    """One generated kernel: its IR, its source and the callable the codegen built."""
+
+    name: str
+    kernel: Kernel
+    source: str
+    fn: Callable
+
+
+class CompiledGraph:
+    """A graph compiled to kernels and a host program.
+
+    Call it with the graph's inputs; it returns the outputs as a flat tuple. ``kernels``
+    holds the generated kernels (each with its ``source``), ``host_source`` the host
+    program, and ``graph``/``schedule``/``memory_plan`` the stages that made them.
+    """
+
+    def __init__(
+        self,
+        graph: LoopGraph,
+        schedule: Schedule,
+        memory_plan: MemoryPlan,
+        kernels: list[CompiledKernel],
+        host_source: str,
+        codegen: Codegen,
+    ) -> None:
+        self.graph = graph
+        self.schedule = schedule
+        self.memory_plan = memory_plan
+        self.kernels = kernels
+        self.host_source = host_source
+        self.codegen = codegen
+        namespace: dict[str, object] = {
+            "torch": torch,
+            "aten": torch.ops.aten,
+            "empty_strided": runtime.empty_strided,
+            "reinterpret": runtime.reinterpret,
+            "assert_size_stride": runtime.assert_size_stride,
+            "make_seed": runtime.make_seed,
+        }
+        namespace.update({k.name: k.fn for k in kernels})
+        namespace.update({c.name: c.value for c in graph.constants})
+        exec(compile(host_source, "<kiln-loopir host program>", "exec"), namespace)
+        self._call = namespace["call"]
+
+    def __call__(self, *inputs: object) -> tuple:
+        if len(inputs) != len(self.graph.inputs):
+            raise TypeError(
+                f"the compiled graph takes {len(self.graph.inputs)} inputs "
+                f"({', '.join(i.name for i in self.graph.inputs)}), got {len(inputs)}"
+            )
+        return self._call(list(inputs))
+
+    def __repr__(self) -> str:
+        return (
+            f"CompiledGraph({len(self.kernels)} kernels, "
+            f"{len(self.schedule.steps) - len(self.kernels)} extern calls, "
+            f"codegen={getattr(self.codegen, 'name', type(self.codegen).__name__)})"
+        )
+
+
+def graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> torch.device:
+    """The device of the graph's tensors (its inputs first, then any node's value)."""
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
+def schedule_graph(graph: LoopGraph, *, fusion: bool = True) -> Schedule:
+    """Kernels from the IR: one per node, then fused, then ordered for low live memory."""
+    schedule = unfused_schedule(graph)
+    if fusion:
+        schedule = fuse(schedule)
+    return order(schedule)
+
+
+def compile_fx(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[object],
+    *,
+    codegen: Codegen | str | None = None,
+    fusion: bool = True,
+    reuse_memory: bool = True,
+) -> CompiledGraph:
+    """Compile a functional aten graph (fake-tensor ``meta["val"]`` on its nodes).
+
+    ``codegen`` is a codegen object, the name of one (``"reference"`` is built in), or None
+    to take the installed one (``kiln.codegen`` entry points) that serves the inputs' device.
+    """
+    device = graph_device(gm, example_inputs)
+    backend = resolve_codegen(codegen, device.type)
+    gm = decompose(gm)  # 1. the norms through torch._decomp
+    graph = lower(gm, example_inputs)  # 2. aten -> loop IR
+    graph.verify()
+    eliminate_dead_nodes(graph)  # 3. drop what nothing reads
+    graph.verify()
+    schedule = schedule_graph(graph, fusion=fusion)  # 4. kernels, fusion, order
+    schedule.verify()
+    plan = plan_memory(schedule, reuse=reuse_memory)  # 5. allocation, reuse, in place
+    kernel_launch_args(schedule)  # 6. what each kernel is passed
+    sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels
+    fns = backend.compile(sources)
+    kernels = [
+        CompiledKernel(k.name, k, src, fn)
+        for k, src, fn in zip(schedule.kernels(), sources, fns, strict=True)
+    ]
+    host_source = generate_host(schedule, plan)  # 8. the host program
+    return CompiledGraph(graph, schedule, plan, kernels, host_source, backend)

@@ -1,0 +1,170 @@
+"""The host program: generated Python that checks inputs, binds sizes, allocates buffers,
+launches kernels and extern ops, frees dead buffers and returns the outputs with the
+strides eager gives them."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from kiln_loopir.ir import Buffer, ExternNode, LoopGraph, TensorRef
+from kiln_loopir.kernel import Kernel, Schedule
+from kiln_loopir.memory import MemoryPlan
+from kiln_loopir.runtime import make_seed
+from kiln_loopir.symbols import py_expr
+
+
+def _tuple(exprs) -> str:
+    items = [py_expr(e) for e in exprs]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def size_bindings(graph: LoopGraph) -> list[str]:
+    """Lines binding each size symbol from the inputs (``s0 = arg0_1.size(0)``)."""
+    lines: list[str] = []
+    bound: set[sympy.Symbol] = set()
+    for inp in graph.inputs:
+        if inp.buffer is not None:
+            for attr, exprs in (("size", inp.buffer.size), ("stride", inp.buffer.stride)):
+                for d, e in enumerate(exprs):
+                    if isinstance(e, sympy.Symbol) and e not in bound:
+                        lines.append(f"{e} = {inp.name}.{attr}({d})")
+                        bound.add(e)
+        elif isinstance(inp.expr, sympy.Symbol) and inp.expr not in bound:
+            lines.append(f"{inp.expr} = {inp.name}")
+            bound.add(inp.expr)
+    used: set[sympy.Symbol] = set()
+    for buf in graph.buffers().values():
+        for e in (*buf.size, *buf.stride):
+            used |= e.free_symbols
+    refs = [o for o in graph.outputs if isinstance(o, TensorRef)]
+    refs += [r for n in graph.nodes if isinstance(n, ExternNode) for r in n.input_refs()]
+    for ref in refs:
+        for e in (*ref.size, *ref.stride, ref.offset):
+            used |= sympy.sympify(e).free_symbols
+    # sizes only an extern op's result tells (nonzero ...) are bound after that op
+    for node in graph.nodes:
+        if isinstance(node, ExternNode):
+            for buf in node.outputs:
+                if buf is not None:
+                    used -= {s for e in buf.size for s in e.free_symbols}
+    missing = sorted(str(s) for s in used - bound)
+    if missing:
+        raise NotImplementedError(
+            f"sizes {missing} are not an input's size, stride or SymInt, nor the size of an "
+            "extern op's result (they come from tensor data, e.g. .item()): the host program "
+            "cannot bind them; make them graph inputs or break the graph before them"
+        )
+    return lines
+
+
+def format_value(a: object, buffers: dict[str, Buffer]) -> str:
+    """A value of an extern call or an output, as host-program Python."""
+    if isinstance(a, TensorRef):
+        buf = buffers[a.buffer]
+        if a.is_whole(buf):
+            return a.buffer
+        return f"reinterpret({a.buffer}, {_tuple(a.size)}, {_tuple(a.stride)}, {py_expr(a.offset)})"
+    if isinstance(a, sympy.Expr):
+        return py_expr(a)
+    if isinstance(a, list):
+        return "[" + ", ".join(format_value(x, buffers) for x in a) + "]"
+    if isinstance(a, tuple):
+        inner = ", ".join(format_value(x, buffers) for x in a)
+        return f"({inner}{',' if len(a) == 1 else ''})"
+    if isinstance(a, torch.dtype):
+        return str(a)
+    if isinstance(a, torch.device):
+        return f"torch.device({str(a)!r})"
+    if isinstance(a, (torch.layout, torch.memory_format)):
+        return str(a)
+    if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
+        return f"float({str(a)!r})"
+    return repr(a)
+
+
+def _target(node: ExternNode) -> str:
+    if isinstance(node.target, torch._ops.OpOverload):
+        return f"torch.ops.{node.target}" if node.target.namespace != "aten" else str(node.target)
+    if node.target is make_seed:
+        return "make_seed"
+    raise NotImplementedError(f"extern target {node.target!r} has no host-program name")
+
+
+def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
+    """The host program for ``schedule`` as the source of ``def call(args)``."""
+    graph = schedule.graph
+    buffers = graph.buffers()
+    lines = ["def call(args):"]
+    body: list[str] = []
+    names = [i.name for i in graph.inputs]
+    if names:
+        body.append(", ".join(names) + ("," if len(names) == 1 else "") + " = args")
+    body.append("del args")
+    bindings = size_bindings(graph)
+    body += bindings
+    bound_after = {line.split(" = ")[0] for line in bindings}
+    for k, inp in enumerate(graph.inputs):
+        if inp.buffer is not None:
+            body.append(
+                f"assert_size_stride({inp.name}, {_tuple(inp.buffer.size)}, "
+                f"{_tuple(inp.buffer.stride)}, {f'input {k} ({inp.name})'!r})"
+            )
+    reused = {old for p in plan.steps for old in p.reuse.values()}
+    for step, sp in zip(schedule.steps, plan.steps, strict=True):
+        for name in sp.allocate:
+            b = buffers[name]
+            body.append(
+                f"{name} = empty_strided({_tuple(b.size)}, {_tuple(b.stride)}, {b.dtype}, "
+                f"{str(b.device)!r})"
+            )
+        for new, old in {**sp.reuse, **sp.in_place}.items():
+            b, o = buffers[new], buffers[old]
+            # a kernel working in place still reads the old name: drop it after the launch
+            drop = f"; del {old}  # reuse" if new in sp.reuse else "  # in place"
+            if tuple(b.size) == tuple(o.size) and tuple(b.stride) == tuple(o.stride):
+                body.append(f"{new} = {old}{drop}")
+            else:
+                body.append(
+                    f"{new} = reinterpret({old}, {_tuple(b.size)}, {_tuple(b.stride)}, 0){drop}"
+                )
+        if isinstance(step, Kernel):
+            args = list(step.args) + [str(s) for s in step.size_args]
+            body.append(f"{step.name}({', '.join(args)})")
+        else:
+            call_args = [format_value(a, buffers) for a in step.args]
+            call_args += [f"{k}={format_value(v, buffers)}" for k, v in step.kwargs.items()]
+            outs = [b.name if b is not None else "_" for b in step.outputs]
+            lhs = ", ".join(outs) + ("," if step.tuple_output and len(outs) == 1 else "")
+            body.append(f"{lhs} = {_target(step)}({', '.join(call_args)})")
+            for b in step.outputs:
+                for d, e in enumerate(b.size if b is not None else ()):
+                    if isinstance(e, sympy.Symbol) and str(e) not in bound_after:
+                        body.append(f"{e} = {b.name}.size({d})")
+                        bound_after.add(str(e))
+            for b in step.outputs:
+                if b is not None and step.target is not make_seed:
+                    body.append(
+                        f"assert_size_stride({b.name}, {_tuple(b.size)}, {_tuple(b.stride)}, "
+                        f"{f'{step.target_name()} output {b.name}'!r})"
+                    )
+        freed = [n for n in sp.free if n not in reused] + list(sp.in_place.values())
+        if freed:
+            body.append("del " + ", ".join(freed))
+    outs = [format_value(o, buffers) for o in graph.outputs]
+    body.append("return (" + ", ".join(outs) + ("," if len(outs) == 1 else "") + ")")
+    return "\n".join(lines + ["    " + line for line in body]) + "\n"
+
+
+def kernel_launch_args(schedule: Schedule) -> None:
+    """Fill each kernel's ``args`` (loaded, then stored buffers) and ``size_args``."""
+    for kernel in schedule.kernels():
+        reads = sorted(kernel.reads())
+        stored = kernel.stored_buffers()
+        kernel.args = reads + [s for s in stored if s not in reads]
+        symbols: set[sympy.Symbol] = set(kernel.trace().symbols)
+        for e in (*kernel.ranges, *kernel.reduction_ranges):
+            symbols |= sympy.sympify(e).free_symbols
+        known = schedule.graph.size_symbols()
+        symbols = {s for s in symbols if s.name in known}
+        kernel.size_args = sorted(symbols, key=str)

@@ -1,0 +1,225 @@
+"""Kernels: fused groups of IR nodes over one iteration space, and the Schedule.
+
+A :class:`Kernel` iterates over ``ranges`` (the outer, parallel loops: variables ``x0 ..``)
+and ``reduction_ranges`` (the inner loops: ``r0 ..``). Each of its nodes runs at one level:
+
+- ``outer``: a Pointwise node whose loop ranges equal ``ranges``: once per outer point;
+- ``inner``: a Pointwise node whose loop ranges equal ``ranges + reduction_ranges``: once
+  per point of the whole space;
+- ``reduction``: a Reduction node with ``(ranges, reduction_ranges)`` as its loop ranges:
+  reduces over the inner loops, once per outer point.
+
+Nodes run in order at each outer point. A node reads a buffer written earlier in the same
+kernel only at the point where it was written (the fusion rule guarantees it), so the value
+is a variable of the kernel; ``local_buffers`` are never written to memory at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln_loopir.ir import (
+    ComputedNode,
+    ExternNode,
+    LoopGraph,
+    Pointwise,
+    Reduction,
+    Scatter,
+    _dims,
+)
+from kiln_loopir.ops import TraceHandler
+from kiln_loopir.symbols import index_vars, reduction_vars
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(sympy.expand(x - y) == 0 for x, y in zip(a, b, strict=True))
+
+
+def node_level(node: ComputedNode, ranges, reduction_ranges) -> str | None:
+    """The level ``node`` runs at in a kernel over this space (loop order kept), or None."""
+    p, r = node.body.loop_ranges()
+    if isinstance(node.body, Reduction):
+        return "reduction" if _same(p, ranges) and _same(r, reduction_ranges) else None
+    if _same(p, ranges):
+        return "outer"
+    if reduction_ranges and _same(p, list(ranges) + list(reduction_ranges)):
+        return "inner"
+    return None
+
+
+MAX_ORDERS = 24
+
+
+def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int, ...]]:
+    """Ways a Pointwise node can run at the inner level with its loops reordered: each is a
+    tuple giving, for each of the node's loop dimensions, the kernel dimension it takes."""
+    p, _ = node.body.loop_ranges()
+    full = list(ranges) + list(reduction_ranges)
+    if isinstance(node.body, Reduction) or not reduction_ranges or len(p) != len(full):
+        return []
+    found = []
+    for order in itertools.permutations(range(len(full))):
+        if all(sympy.expand(p[i] - full[order[i]]) == 0 for i in range(len(p))):
+            found.append(order)
+            if len(found) >= MAX_ORDERS:
+                break
+    return found
+
+
+@dataclass(eq=False)
+class Kernel:
+    """Fused IR nodes over one iteration space; what a codegen backend renders."""
+
+    name: str
+    ranges: list[sympy.Expr]
+    reduction_ranges: list[sympy.Expr]
+    nodes: list[ComputedNode]
+    local_buffers: set[str] = field(default_factory=set)
+    # set by memory planning: buffer names passed to the kernel, in launch order
+    args: list[str] = field(default_factory=list)
+    size_args: list[sympy.Symbol] = field(default_factory=list)
+    # inner nodes whose loops run reordered: node name -> kernel dimension of each loop
+    orders: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    _reads: tuple | None = field(default=None, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.nodes[0].buffer.device
+
+    def writes(self) -> set[str]:
+        return {n.name for n in self.nodes}
+
+    def stored_buffers(self) -> list[str]:
+        """Buffers the kernel writes to memory, in node order."""
+        seen: list[str] = []
+        for n in self.nodes:
+            if n.name not in self.local_buffers and n.name not in seen:
+                seen.append(n.name)
+        return seen
+
+    def reads(self) -> set[str]:
+        """Buffers the kernel loads from memory (not produced inside it)."""
+        key = tuple(id(n) for n in self.nodes)
+        if self._reads is None or self._reads[0] != key:
+            loads = {load.buffer for load in self.trace().loads}
+            self._reads = (key, frozenset(loads - self.writes()))
+        return set(self._reads[1])
+
+    def levels(self) -> list[str | None]:
+        levels = []
+        for n in self.nodes:
+            level = node_level(n, self.ranges, self.reduction_ranges)
+            if level is None and n.name in self.orders:
+                ok = self.orders[n.name] in inner_orders(n, self.ranges, self.reduction_ranges)
+                level = "inner" if ok else None
+            levels.append(level)
+        return levels
+
+    def body(self, ops) -> dict[str, sympy.Expr]:
+        """Drive ``ops`` through the whole kernel: every node's inner function, its
+        reduction and its store (skipped for local buffers). ``ops.local_values`` gets each
+        produced buffer's value variable. Returns each node's store index."""
+        xs = index_vars(len(self.ranges))
+        rs = reduction_vars(len(self.reduction_ranges))
+        stores: dict[str, sympy.Expr] = {}
+        for node, level in zip(self.nodes, self.levels(), strict=True):
+            if level is None:
+                raise ValueError(f"{node.name} does not fit the iteration space of {self.name}")
+            if level == "inner":
+                loops = xs + rs
+                if node.name in self.orders:
+                    loops = [loops[d] for d in self.orders[node.name]]
+                value = node.body.call(ops, loops, [])
+                index = node.store_index(ops, loops)
+            else:
+                value = node.body.call(ops, xs, rs)
+                index = node.store_index(ops, xs)
+            if isinstance(node.body, Reduction):
+                value = ops.reduction(node.body.reduction_type, value, node.body.src_dtype)
+            stores[node.name] = index
+            accumulate = isinstance(node.body, Scatter) and node.body.accumulate
+            if node.name not in self.local_buffers:
+                ops.store(node.name, index, value, accumulate)
+            if not isinstance(node.body, Scatter):
+                ops.local_values[node.name] = value
+        return stores
+
+    def trace(self) -> TraceHandler:
+        handler = TraceHandler()
+        self.body(handler)
+        return handler
+
+    def same_point_reads(self) -> bool:
+        """Whether every read of a buffer produced in this kernel is at its store index."""
+        handler = TraceHandler()
+        stores = self.body(handler)
+        return all(
+            sympy.expand(load.index - stores[load.buffer]) == 0
+            for load in handler.loads
+            if load.buffer in stores
+        )
+
+    def header(self) -> str:
+        kinds = ", ".join(
+            f"{n.name}:{level}" + (f"{list(self.orders[n.name])}" if n.name in self.orders else "")
+            for n, level in zip(self.nodes, self.levels(), strict=True)
+        )
+        return (
+            f"{self.name}: ranges={_dims(self.ranges)} "
+            f"reduction_ranges={_dims(self.reduction_ranges)} nodes=[{kinds}]"
+        )
+
+    def format(self) -> list[str]:
+        lines = [self.header()]
+        if self.local_buffers:
+            lines.append("    # local: " + ", ".join(sorted(self.local_buffers)))
+        return lines + ["    " + line for line in self.trace().lines]
+
+
+def kernel_of(node: ComputedNode, name: str) -> Kernel:
+    """A kernel holding just ``node`` (a Pointwise runs outer, a Reduction reduces)."""
+    p, r = node.body.loop_ranges()
+    if isinstance(node.body, (Pointwise, Scatter)):
+        r = []
+    return Kernel(name, list(p), list(r), [node])
+
+
+Step = Kernel | ExternNode
+
+
+@dataclass(eq=False)
+class Schedule:
+    """The graph as an ordered list of steps: kernels and extern calls."""
+
+    graph: LoopGraph
+    steps: list[Step]
+
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+    def format(self) -> str:
+        lines = []
+        for i in self.graph.inputs:
+            if i.buffer is not None:
+                lines.append(f"input {i.name}: {i.buffer.describe()}")
+        for step in self.steps:
+            if isinstance(step, Kernel):
+                lines += step.format()
+            else:
+                lines += step.format()
+        from kiln_loopir.ir import format_arg
+
+        lines.append("return (" + ", ".join(format_arg(o) for o in self.graph.outputs) + ")")
+        return "\n".join(lines)
+
+    __str__ = format
+
+    def verify(self) -> None:
+        """Check the schedule's invariants; raise IRError naming the first broken one."""
+        from kiln_loopir.verify import verify_schedule
+
+        verify_schedule(self)

@@ -1,0 +1,208 @@
+"""Lowering: a functional aten FX graph -> a :class:`~kiln_loopir.ir.LoopGraph`.
+
+Each FX node is lowered through the registry (``registry.py``), filled by the modules that
+own the ops: ``pointwise``, ``reductions``, ``views``, ``indexing``, ``random`` and
+``extern``. An op with no lowering runs eagerly through ATen (``extern.fallback``), which
+logs it once per op.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+
+import sympy
+import torch
+import torch.fx
+
+from kiln_loopir.ir import Buffer, GraphInput, LoopGraph
+from kiln_loopir.lowering import extern, indexing, pointwise, random, reductions, views
+from kiln_loopir.lowering.context import LoweringContext, val_layout
+from kiln_loopir.lowering.registry import (
+    LOWERINGS,
+    find_lowering,
+    is_view_op,
+    lowered_ops,
+    register_lowering,
+)
+from kiln_loopir.symbols import to_expr
+
+__all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
+_ = (indexing, pointwise, random, reductions)  # imported for their registrations
+log = logging.getLogger("kiln.loopir")
+
+
+def _meta(node: torch.fx.Node, example: object = None) -> object:
+    val = node.meta.get("val", node.meta.get("example_value"))
+    return example if val is None else val
+
+
+def _size_hints(graph_inputs, vals, example_inputs) -> dict[sympy.Symbol, int]:
+    hints: dict[sympy.Symbol, int] = {}
+    for val, example in zip(vals, example_inputs or [None] * len(vals), strict=False):
+        if isinstance(val, torch.Tensor):
+            shape_env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
+            if shape_env is not None:
+                backed = getattr(shape_env, "backed_var_to_val", None)
+                for sym, hint in (backed if backed is not None else shape_env.var_to_val).items():
+                    hints.setdefault(sym, int(hint))
+            if isinstance(example, torch.Tensor):
+                pairs = list(zip(val.shape, example.shape, strict=False))
+                pairs += list(zip(val.stride(), example.stride(), strict=False))
+                for s, real in pairs:
+                    e = to_expr(s)
+                    if isinstance(e, sympy.Symbol):
+                        hints[e] = int(real)
+        elif isinstance(val, torch.SymInt):
+            e = to_expr(val)
+            if isinstance(e, sympy.Symbol) and isinstance(example, int):
+                hints[e] = example
+    return hints
+
+
+def _live_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    live: set[torch.fx.Node] = set()
+    stack = [n for n in gm.graph.nodes if n.op == "output"]
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack.extend(n.all_input_nodes)
+    return live
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopGraph:
+    """Lower ``gm`` (aten ops, fake-tensor ``meta["val"]`` on every node) to a LoopGraph."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    examples = list(example_inputs) if example_inputs is not None else [None] * len(placeholders)
+    if len(examples) != len(placeholders):
+        raise ValueError(
+            f"the graph has {len(placeholders)} inputs but {len(examples)} example inputs "
+            "were given: pass one example per placeholder"
+        )
+    inputs: list[GraphInput] = []
+    env: dict[torch.fx.Node, object] = {}
+    vals = []
+    for node, example in zip(placeholders, examples, strict=True):
+        val = _meta(node, example)
+        vals.append(val)
+        if isinstance(val, torch.Tensor):
+            size, stride, _ = val_layout(val)
+            buf = Buffer(node.name, val.dtype, val.device, size, stride)
+            inputs.append(GraphInput(node.name, buffer=buf))
+            env[node] = buf.ref()
+        elif isinstance(val, torch.SymInt):
+            inputs.append(GraphInput(node.name, expr=to_expr(val)))
+            env[node] = to_expr(val)
+        else:
+            inputs.append(GraphInput(node.name, value=val))
+            env[node] = val
+    graph = LoopGraph(inputs, size_hints=_size_hints(inputs, vals, example_inputs))
+    ctx = LoweringContext(graph)
+    live = _live_nodes(gm)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node in live:
+            env[node] = _constant(graph, gm, node)
+        if node.op != "call_function" or node not in live:
+            continue
+        env[node] = _lower_node(ctx, node, env)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    results = torch.fx.node.map_arg(out_node.args[0], lambda n: env[n])
+    graph.outputs = _flatten(results)
+    return graph
+
+
+def _constant(graph: LoopGraph, gm: torch.fx.GraphModule, node: torch.fx.Node) -> object:
+    value: object = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        return value
+    size, stride, _ = val_layout(value)
+    buf = Buffer(node.name, value.dtype, value.device, size, stride)
+    graph.constants.append(GraphInput(node.name, buffer=buf, value=value))
+    return buf.ref()
+
+
+def _is_empty(val: object) -> bool:
+    return isinstance(val, torch.Tensor) and any(isinstance(n, int) and n == 0 for n in val.shape)
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _lowerable_dtypes(val: object, arg_vals: tuple) -> bool:
+    outs, ins = _tensors(val), _tensors(list(arg_vals))
+    if any(t.dtype.is_complex for t in outs + ins):
+        return False
+    return not (ins and outs and is_view_op_dtype_change(ins[0], outs))
+
+
+def is_view_op_dtype_change(first_in: torch.Tensor, outs: list[torch.Tensor]) -> bool:
+    return any(o.dtype != first_in.dtype and _same_storage(o, first_in) for o in outs)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except Exception:
+        return False
+
+
+def _flatten(value: object) -> list[object]:
+    if isinstance(value, (tuple, list)):
+        return [y for x in value for y in _flatten(x)]
+    return [value]
+
+
+def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
+    val = _meta(node)
+    if node.target is operator.getitem:
+        return env[node.args[0]][node.args[1]]
+    if isinstance(val, torch.SymInt):
+        return to_expr(val)
+    if isinstance(val, (torch.SymBool, torch.SymFloat)):
+        return val.node.expr  # a size condition or ratio: kept symbolic
+    if val is None and node.target is not operator.getitem:
+        # runtime assertions on sizes (aten._assert_scalar ...): the tracer's shape
+        # environment already holds them as guards
+        return None
+    if isinstance(val, (int, float, bool)) and not isinstance(node.target, torch._ops.OpOverload):
+        return val  # Python arithmetic on sizes, already folded by the tracer
+    args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    ctx.val, ctx.op, ctx.kwargs = val, node.target, kwargs
+    ctx.inlined_now = False
+    ctx.arg_vals = tuple(_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args)
+    ctx.kwarg_vals = {
+        k: _meta(a) if isinstance(a, torch.fx.Node) else a for k, a in node.kwargs.items()
+    }
+    if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+        raise ValueError(
+            f"{node.name} = {node.target}(...) mutates an input, but kiln-loopir takes "
+            "functional graphs: functionalize the graph first (torch.func.functionalize, as "
+            "kiln-autograd does)"
+        )
+    fn = find_lowering(node.target)
+    if fn is None and is_view_op(node.target):
+        fn = views.lower_view
+    if fn is None and views.view_of_copy_op(node.target) is not None:
+        fn = views.lower_view_copy
+    if fn is not None and not _lowerable_dtypes(val, ctx.arg_vals):
+        fn = None  # complex numbers and dtype-changing views run through ATen
+    if fn is not None and fn is not views.lower_view and _is_empty(val):
+        # nothing to compute: an empty buffer with the result's layout
+        return ctx.pointwise(lambda ops, index: ops.constant(0, val.dtype))
+    if fn is None:
+        return extern.fallback(ctx, *args, **kwargs)
+    try:
+        return fn(ctx, *args, **kwargs)
+    except NotImplementedError as exc:
+        log.info("lowering of %s gave up (%s): falling back to ATen", node.target, exc)
+        return extern.fallback(ctx, *args, **kwargs)

@@ -1,0 +1,241 @@
+"""The state of one lowering: the graph being built and helpers that add nodes to it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import sympy
+import torch
+
+from kiln_loopir.ir import (
+    Buffer,
+    ComputedNode,
+    ExternNode,
+    LoopGraph,
+    Pointwise,
+    Reduction,
+    Scatter,
+    TensorRef,
+)
+from kiln_loopir.symbols import contiguous_strides, to_expr
+
+
+def val_layout(val: torch.Tensor) -> tuple[tuple, tuple, sympy.Expr]:
+    """(size, stride, storage offset) of a (fake) tensor as sympy expressions."""
+    size = tuple(to_expr(s) for s in val.shape)
+    stride = tuple(to_expr(s) for s in val.stride())
+    return size, stride, to_expr(val.storage_offset())
+
+
+class LoweringContext:
+    """Builds a :class:`LoopGraph`; lowerings add nodes through its methods.
+
+    ``val`` is the fake-tensor value of the FX node being lowered (its size, stride and
+    dtype are the truth the lowering must match).
+    """
+
+    def __init__(self, graph: LoopGraph) -> None:
+        self.graph = graph
+        self.val: object = None
+        self.arg_vals: tuple = ()
+        self._count = 0
+        self._seed_ref: TensorRef | None = None
+        self._random_calls = 0
+        self.reserved: set[str] = {i.name for i in graph.inputs}
+        # buffers whose inner functions compute an inlined producer: never inlined in turn,
+        # so that recomputation stays linear in the graph's size
+        self.inliners: set[str] = set()
+        self.inlined_now = False
+
+    # -- buffers and nodes -------------------------------------------------------------
+    def new_name(self) -> str:
+        while True:
+            name = f"buf{self._count}"
+            self._count += 1
+            if name not in self.reserved:
+                return name
+
+    def new_buffer(
+        self,
+        dtype: torch.dtype,
+        device: torch.device,
+        size: Sequence[sympy.Expr],
+        stride: Sequence[sympy.Expr] | None = None,
+    ) -> Buffer:
+        size = tuple(sympy.sympify(s) for s in size)
+        stride = tuple(stride) if stride is not None else contiguous_strides(size)
+        return Buffer(self.new_name(), dtype, torch.device(device), size, stride)
+
+    def _out_layout(self, val, size, stride, dtype):
+        if val is not None:
+            vsize, vstride, _ = val_layout(val)
+            return vsize, vstride, val.dtype, val.device
+        return size, stride, dtype, None
+
+    def pointwise(
+        self,
+        inner_fn: Callable,
+        *,
+        dtype: torch.dtype | None = None,
+        size: Sequence[sympy.Expr] | None = None,
+        device: torch.device | None = None,
+        val: torch.Tensor | None = None,
+    ) -> TensorRef:
+        """Add a Pointwise node; with ``val`` (a fake tensor) its buffer takes val's layout."""
+        if val is None and size is None:
+            val = self.val
+        if val is not None:
+            size, stride, _ = val_layout(val)
+            dtype, device = val.dtype, val.device
+        else:
+            stride = None
+        buf = self.new_buffer(dtype, device or self.device, size, stride)
+        self.graph.nodes.append(ComputedNode(buf, Pointwise(buf.size, inner_fn)))
+        if self.inlined_now:
+            self.inliners.add(buf.name)
+        return buf.ref()
+
+    def reduction(
+        self,
+        inner_fn: Callable,
+        *,
+        ranges: Sequence[sympy.Expr],
+        reduction_ranges: Sequence[sympy.Expr],
+        reduction_type: str,
+        dtype: torch.dtype,
+        src_dtype: torch.dtype,
+        val: torch.Tensor | None = None,
+        device: torch.device | None = None,
+    ) -> TensorRef:
+        """Add a Reduction node writing a buffer of size ``ranges`` (val's layout if given)."""
+        stride = None
+        if val is not None:
+            size, stride, _ = val_layout(val)
+            assert tuple(size) == tuple(sympy.sympify(r) for r in ranges), (size, ranges)
+        buf = self.new_buffer(dtype, device or self.device, ranges, stride)
+        body = Reduction(
+            buf.size,
+            tuple(sympy.sympify(r) for r in reduction_ranges),
+            reduction_type,
+            inner_fn,
+            src_dtype,
+        )
+        self.graph.nodes.append(ComputedNode(buf, body))
+        return buf.ref()
+
+    def scatter(
+        self, target: TensorRef, ranges, inner_fn: Callable, index_fn: Callable, accumulate: bool
+    ) -> None:
+        buf = self.buffer(target.buffer)
+        body = Scatter(tuple(sympy.sympify(r) for r in ranges), inner_fn, index_fn, accumulate)
+        self.graph.nodes.append(ComputedNode(buf, body))
+
+    def extern(self, target: object, args: tuple, kwargs: dict, val: object) -> object:
+        """Add an ExternNode; returns a TensorRef (or a tuple) matching ``val``'s structure."""
+        if isinstance(val, torch.Tensor):
+            size, stride, _ = val_layout(val)
+            buf = self.new_buffer(val.dtype, val.device, size, stride)
+            self.graph.nodes.append(ExternNode(target, tuple(args), dict(kwargs), [buf]))
+            return buf.ref()
+        if isinstance(val, (tuple, list)) and all(
+            isinstance(v, torch.Tensor) or v is None for v in val
+        ):
+            outs: list[Buffer | None] = []
+            for v in val:
+                if v is None:
+                    outs.append(None)
+                    continue
+                size, stride, _ = val_layout(v)
+                outs.append(self.new_buffer(v.dtype, v.device, size, stride))
+            self.graph.nodes.append(
+                ExternNode(target, tuple(args), dict(kwargs), outs, tuple_output=True)
+            )
+            return tuple(b.ref() if b is not None else None for b in outs)
+        raise NotImplementedError(
+            f"{target} returns {type(val).__name__}, which the extern fallback cannot hold: "
+            "only ops returning tensors (or tuples of tensors) can run eagerly"
+        )
+
+    def inlined_loader(self, ref: TensorRef, *, through_views: bool = False) -> Callable:
+        """``fn(ops, index)`` reading ``ref``; when ``ref`` views a Pointwise buffer, the
+        producer's inner function is called instead (at the producer's index), so that a
+        consumer reading it at other points (cat, padding, gather, a transpose) needs no
+        buffer in between. Dead-node elimination drops the producer once nothing else
+        reads it. Without ``through_views`` only a view of the whole buffer is inlined."""
+        node = self._producers().get(ref.buffer)
+        if node is None or not isinstance(node.body, Pointwise) or node.name in self.inliners:
+            return ref.load
+        if ref.is_whole(node.buffer):
+            self.inlined_now = True
+            return node.body.inner_fn
+        remap = _permuting_remap(ref, node.buffer) if through_views else None
+        if remap is None:
+            return ref.load
+        self.inlined_now = True
+        return lambda ops, index: node.body.inner_fn(ops, remap(index))
+
+    def _producers(self) -> dict[str, ComputedNode]:
+        found: dict[str, ComputedNode] = {}
+        for node in self.graph.nodes:
+            if isinstance(node, ComputedNode):
+                if node.name in found or isinstance(node.body, Scatter):
+                    found[node.name] = None  # written twice: read it from memory
+                else:
+                    found[node.name] = node
+        return {k: v for k, v in found.items() if v is not None}
+
+    # -- lookups -------------------------------------------------------------------------
+    def buffer(self, name: str) -> Buffer:
+        return self.graph.buffers()[name]
+
+    @property
+    def device(self) -> torch.device:
+        val = self.val[0] if isinstance(self.val, (tuple, list)) else self.val
+        return val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
+
+    # -- random numbers ------------------------------------------------------------------
+    def random_seed(self) -> tuple[TensorRef, int]:
+        """The graph's seed buffer and a fresh stream number for one random op.
+
+        The host program draws one int64 seed per call from torch's default generator (so
+        ``torch.manual_seed`` makes runs repeatable); each random op mixes its own stream
+        number into the element offset.
+        """
+        from kiln_loopir.runtime import make_seed
+
+        if self._seed_ref is None:
+            buf = self.new_buffer(torch.int64, self.device, (sympy.S.One,), (sympy.S.One,))
+            self.graph.nodes.insert(0, ExternNode(make_seed, (str(self.device),), {}, [buf]))
+            self._seed_ref = buf.ref()
+        stream = self._random_calls
+        self._random_calls += 1
+        return self._seed_ref, stream
+
+
+def _permuting_remap(ref: TensorRef, buf: Buffer) -> Callable | None:
+    """For a view that permutes, broadcasts, squeezes or unsqueezes ``buf`` (offset 0, each
+    of buf's dimensions taken whole by one view dimension), ``fn(view index) -> buf index``;
+    else None."""
+    if ref.offset != 0:
+        return None
+    taken: dict[int, int] = {}
+    for d, (n, st) in enumerate(zip(buf.size, buf.stride, strict=True)):
+        if n == 1:
+            continue
+        matches = [
+            k
+            for k, (m, vst) in enumerate(zip(ref.size, ref.stride, strict=True))
+            if m == n and vst == st and k not in taken.values()
+        ]
+        if len(matches) != 1:
+            return None
+        taken[d] = matches[0]
+    used = set(taken.values())
+    for k, (m, vst) in enumerate(zip(ref.size, ref.stride, strict=True)):
+        if k not in used and m != 1 and vst != 0:
+            return None  # a view dimension that walks buf in a way no dimension does
+
+    def remap(index):
+        return [index[taken[d]] if d in taken else sympy.S.Zero for d in range(len(buf.size))]
+
+    return remap

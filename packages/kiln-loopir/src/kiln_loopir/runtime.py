@@ -1,0 +1,39 @@
+"""Helpers the generated host program calls (allocation, views, checks, seeds)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["assert_size_stride", "empty_strided", "make_seed", "reinterpret"]
+
+
+def empty_strided(size: Sequence[int], stride: Sequence[int], dtype, device) -> torch.Tensor:
+    return torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
+
+
+def reinterpret(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
+    """A view of ``t``'s storage with ``size``/``stride``, ``offset`` elements past ``t``'s."""
+    return torch.as_strided(t, tuple(size), tuple(stride), t.storage_offset() + offset)
+
+
+def assert_size_stride(t: torch.Tensor, size, stride, what: str) -> None:
+    """Fail clearly when a tensor's layout differs from the one the graph was compiled for."""
+    if tuple(t.shape) != tuple(size):
+        raise ValueError(
+            f"{what} has size {tuple(t.shape)} but the graph was compiled for {tuple(size)}: "
+            "compile again for this shape (or mark the dimension dynamic when tracing)"
+        )
+    for dim, (n, got, want) in enumerate(zip(t.shape, t.stride(), stride, strict=True)):
+        if n > 1 and got != want:
+            raise ValueError(
+                f"{what} has stride {tuple(t.stride())} but the graph was compiled for "
+                f"{tuple(stride)} (dimension {dim}): pass a tensor with that layout "
+                "(e.g. .contiguous()) or compile again"
+            )
+
+
+def make_seed(device: str) -> torch.Tensor:
+    """One int64 seed for this call's random ops, from torch's default generator."""
+    return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64).to(device)

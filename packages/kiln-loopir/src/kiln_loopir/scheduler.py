@@ -1,0 +1,215 @@
+"""The scheduler: IR nodes -> kernels, fused, in an order that keeps live memory low."""
+
+from __future__ import annotations
+
+from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
+from kiln_loopir.ir import ComputedNode, LoopGraph
+from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
+
+
+def step_reads(step: Step) -> set[str]:
+    if isinstance(step, Kernel):
+        return step.reads()
+    return {ref.buffer for ref in step.input_refs()}
+
+
+def step_writes(step: Step) -> set[str]:
+    if isinstance(step, Kernel):
+        return step.writes()
+    return {b.name for b in step.outputs if b is not None}
+
+
+def dependencies(steps: list[Step]) -> dict[int, set[int]]:
+    """For each step index, the indices of the steps it must follow."""
+    last_writer: dict[str, int] = {}
+    readers_since: dict[str, list[int]] = {}
+    deps: dict[int, set[int]] = {}
+    for i, step in enumerate(steps):
+        d: set[int] = set()
+        for name in step_reads(step):
+            if name in last_writer:
+                d.add(last_writer[name])
+        for name in step_writes(step):
+            if name in last_writer:  # a second write (scatter) follows the first's readers
+                d.add(last_writer[name])
+                d |= set(readers_since.get(name, []))
+        for name in step_reads(step):
+            readers_since.setdefault(name, []).append(i)
+        for name in step_writes(step):
+            last_writer[name] = i
+            readers_since[name] = []
+        d.discard(i)
+        deps[i] = d
+    return deps
+
+
+def unfused_schedule(graph: LoopGraph) -> Schedule:
+    """One kernel per computed node, extern nodes as they are, in program order."""
+    steps: list[Step] = []
+    count = 0
+    for node in graph.nodes:
+        if isinstance(node, ComputedNode):
+            steps.append(kernel_of(node, f"kernel{count}"))
+            count += 1
+        else:
+            steps.append(node)
+    schedule = Schedule(graph, steps)
+    assign_locals(schedule)
+    return schedule
+
+
+def assign_locals(schedule: Schedule) -> None:
+    """Mark as local each buffer that only its own kernel reads and nobody returns."""
+    outputs = output_buffers(schedule.graph)
+    readers: dict[str, int] = {}
+    writers: dict[str, int] = {}
+    for step in schedule.steps:
+        for name in step_reads(step):
+            readers[name] = readers.get(name, 0) + 1
+        for name in step_writes(step):
+            writers[name] = writers.get(name, 0) + 1
+    for kernel in schedule.kernels():
+        kernel.local_buffers = {
+            name
+            for name in kernel.writes()
+            if name not in outputs and readers.get(name, 0) == 0 and writers[name] == 1
+        }
+
+
+def fuse(schedule: Schedule) -> Schedule:
+    """Merge kernels greedily, best score first, until no legal pair saves memory traffic."""
+    steps = list(schedule.steps)
+    graph = schedule.graph
+    outputs = output_buffers(graph)
+    count = len(schedule.kernels())
+    nbytes = {name: graph.hint(buf.nbytes()) for name, buf in graph.buffers().items()}
+    while True:
+        reads = {id(s): step_reads(s) for s in steps}
+        readers: dict[str, int] = {}
+        for s in steps:
+            for name in reads[id(s)]:
+                readers[name] = readers.get(name, 0) + 1
+        deps = dependencies(steps)
+        candidates = []
+        for i, a in enumerate(steps):
+            if not isinstance(a, Kernel):
+                continue
+            for j in range(i + 1, len(steps)):
+                b = steps[j]
+                if not isinstance(b, Kernel):
+                    continue
+                saved = score(a, b, reads, readers, graph, outputs, nbytes)
+                if saved > 0:
+                    candidates.append((-saved, i, j))
+        merged = False
+        for _, i, j in sorted(candidates):
+            if reachable(deps, i, j, skip=[i]):
+                continue
+            fused = try_fuse(steps[i], steps[j], f"kernel{count}")
+            if fused is None:
+                continue
+            count += 1
+            # The fused kernel takes the earlier slot; a stable topological sort then moves
+            # it after whatever the later kernel needed (no path runs between the two).
+            steps[i] = fused
+            del steps[j]
+            steps = stable_topological_sort(steps)
+            merged = True
+            break
+        if not merged:
+            break
+    fused_schedule = Schedule(graph, _renamed(steps))
+    assign_locals(fused_schedule)
+    return fused_schedule
+
+
+def stable_topological_sort(steps: list[Step]) -> list[Step]:
+    """``steps`` in dependency order, each as early in the given order as it can be."""
+    deps = dependencies_by_data(steps)
+    done: set[int] = set()
+    result: list[Step] = []
+    while len(result) < len(steps):
+        best = min(i for i in range(len(steps)) if i not in done and deps[i] <= done)
+        done.add(best)
+        result.append(steps[best])
+    return result
+
+
+def dependencies_by_data(steps: list[Step]) -> dict[int, set[int]]:
+    """Dependencies from buffer names alone, whatever the current order of ``steps``."""
+    writers: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for name in step_writes(s):
+            writers.setdefault(name, []).append(i)
+    deps: dict[int, set[int]] = {}
+    for i, s in enumerate(steps):
+        d: set[int] = set()
+        for name in step_reads(s) | step_writes(s):
+            ws = writers.get(name, [])
+            # the first writer of a buffer precedes every other user of it; a scatter (a
+            # second writer) precedes the buffer's readers that are not themselves writers
+            if ws and ws[0] != i:
+                d.add(ws[0])
+            if len(ws) > 1 and i not in ws:
+                d |= set(ws[1:])
+        deps[i] = d
+    return deps
+
+
+def _renamed(steps: list[Step]) -> list[Step]:
+    """Kernels numbered in program order (deterministic names in printed output)."""
+    count = 0
+    for step in steps:
+        if isinstance(step, Kernel):
+            step.name = f"kernel{count}"
+            count += 1
+    return steps
+
+
+def order(schedule: Schedule) -> Schedule:
+    """A dependency order that keeps live memory low.
+
+    Greedy: among the steps whose dependencies have run, take the one that frees the most
+    bytes net of what it allocates; ties keep program order.
+    """
+    steps = schedule.steps
+    graph = schedule.graph
+    buffers = graph.buffers()
+    deps = dependencies(steps)
+    outputs = output_buffers(graph)
+    remaining_readers: dict[str, int] = {}
+    for s in steps:
+        for name in step_reads(s):
+            remaining_readers[name] = remaining_readers.get(name, 0) + 1
+    done: set[int] = set()
+    result: list[Step] = []
+    while len(result) < len(steps):
+        ready = [i for i in range(len(steps)) if i not in done and deps[i] <= done]
+
+        def net(i: int) -> int:
+            s = steps[i]
+            allocated = sum(
+                graph.hint(buffers[n].nbytes())
+                for n in step_writes(s)
+                if not (isinstance(s, Kernel) and n in s.local_buffers)
+            )
+            freed = sum(
+                graph.hint(buffers[n].nbytes())
+                for n in step_reads(s)
+                if remaining_readers.get(n) == 1
+                and n not in outputs
+                and n in buffers
+                and not _is_input(graph, n)
+            )
+            return allocated - freed
+
+        best = min(ready, key=lambda i: (net(i), i))
+        done.add(best)
+        result.append(steps[best])
+        for name in step_reads(steps[best]):
+            remaining_readers[name] -= 1
+    return Schedule(graph, _renamed(result))
+
+
+def _is_input(graph: LoopGraph, name: str) -> bool:
+    return any(i.buffer is not None and i.buffer.name == name for i in graph.inputs)

@@ -1,0 +1,150 @@
+"""Sympy indexing: index variables, size expressions, strided offsets, printing.
+
+Every size, stride and index in the IR is a sympy expression over three kinds of symbols:
+size symbols (``s0``, ``s1`` ..., from symbolic shapes), iteration variables (``x0`` ...
+for the pointwise ranges of a node or kernel, ``r0`` ... for its reduction ranges) and
+indirect-index symbols (``tmp3``: a value loaded at run time and used as an index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import sympy
+import torch
+from sympy.printing.str import StrPrinter
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+__all__ = [
+    "FloorDiv",
+    "ModularIndexing",
+    "index_vars",
+    "reduction_vars",
+    "to_expr",
+    "strided_index",
+    "contiguous_strides",
+    "py_expr",
+    "evaluate",
+    "is_one",
+]
+
+
+def index_vars(n: int, prefix: str = "x") -> list[sympy.Symbol]:
+    """``n`` iteration variables ``x0 .. x{n-1}`` (non-negative integers)."""
+    return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(n)]
+
+
+def reduction_vars(n: int) -> list[sympy.Symbol]:
+    """``n`` reduction variables ``r0 .. r{n-1}``."""
+    return index_vars(n, "r")
+
+
+def to_expr(value: object) -> sympy.Expr:
+    """A size, stride or offset (int, SymInt or sympy expression) as a sympy expression."""
+    if isinstance(value, sympy.Expr):
+        return value
+    if isinstance(value, torch.SymInt):
+        return value.node.expr
+    if isinstance(value, bool):
+        return sympy.Integer(int(value))
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    raise TypeError(f"expected an integer size, got {value!r} ({type(value).__name__})")
+
+
+def is_one(expr: sympy.Expr) -> bool:
+    return expr == 1
+
+
+def strided_index(
+    index: Sequence[sympy.Expr], stride: Sequence[sympy.Expr], offset: sympy.Expr = sympy.S.Zero
+) -> sympy.Expr:
+    """The storage offset of element ``index`` of a strided layout."""
+    assert len(index) == len(stride), (index, stride)
+    return sympy.expand(offset + sum((i * s for i, s in zip(index, stride, strict=True)), 0))
+
+
+def contiguous_strides(size: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+    """Row-major strides of ``size``."""
+    strides: list[sympy.Expr] = []
+    running: sympy.Expr = sympy.S.One
+    for s in reversed(size):
+        strides.append(running)
+        running = running * s
+    return tuple(reversed(strides))
+
+
+class _PythonPrinter(StrPrinter):
+    """Prints index and size expressions as Python that works on ints and int tensors."""
+
+    def _print_FloorDiv(self, expr: sympy.Expr) -> str:
+        a, b = expr.args
+        return f"({self._print(a)} // {self._print(b)})"
+
+    def _print_CleanDiv(self, expr: sympy.Expr) -> str:
+        return self._print_FloorDiv(expr)
+
+    def _print_ModularIndexing(self, expr: sympy.Expr) -> str:
+        x, div, mod = expr.args
+        if div == 1:
+            return f"({self._print(x)} % {self._print(mod)})"
+        return f"(({self._print(x)} // {self._print(div)}) % {self._print(mod)})"
+
+    def _print_Mod(self, expr: sympy.Expr) -> str:
+        a, b = expr.args
+        return f"({self._print(a)} % {self._print(b)})"
+
+    _print_PythonMod = _print_Mod
+
+    def _print_Min(self, expr: sympy.Expr) -> str:
+        return "minimum(" + ", ".join(self._print(a) for a in expr.args) + ")"
+
+    def _print_Max(self, expr: sympy.Expr) -> str:
+        return "maximum(" + ", ".join(self._print(a) for a in expr.args) + ")"
+
+    def _print_Pow(self, expr: sympy.Expr, rational: bool = False) -> str:
+        base, exp = expr.args
+        if exp.is_Integer and int(exp) > 0:
+            return "(" + "*".join([self._print(base)] * int(exp)) + ")"
+        raise NotImplementedError(f"cannot print index expression {expr} as integer Python")
+
+    def _print_Rational(self, expr: sympy.Expr) -> str:
+        raise NotImplementedError(f"index expression has a fraction: {expr}")
+
+    def _print_Relational(self, expr: sympy.Expr) -> str:
+        return f"({self._print(expr.lhs)} {expr.rel_op} {self._print(expr.rhs)})"
+
+
+_PRINTER = _PythonPrinter()
+
+
+def py_expr(expr: sympy.Expr | int) -> str:
+    """``expr`` as Python source; ``//`` and ``%`` floor, as sympy's FloorDiv/Mod do."""
+    return _PRINTER.doprint(sympy.sympify(expr))
+
+
+def _minimum(*args):
+    out = args[0]
+    for a in args[1:]:
+        out = torch.minimum(out, a) if isinstance(out, torch.Tensor) else min(out, a)
+    return out
+
+
+def _maximum(*args):
+    out = args[0]
+    for a in args[1:]:
+        out = torch.maximum(out, a) if isinstance(out, torch.Tensor) else max(out, a)
+    return out
+
+
+def evaluate(expr: sympy.Expr, env: dict[str, object]) -> object:
+    """Evaluate ``expr`` with symbols bound by name in ``env`` (ints or int64 tensors)."""
+    scope = {"minimum": _minimum, "maximum": _maximum, **env}
+    return eval(py_expr(expr), {"__builtins__": {}}, scope)  # noqa: S307 - our own printer
+
+
+def free_names(exprs: Iterable[sympy.Expr]) -> set[str]:
+    names: set[str] = set()
+    for e in exprs:
+        names |= {s.name for s in sympy.sympify(e).free_symbols}
+    return names

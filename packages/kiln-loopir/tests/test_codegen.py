@@ -1,0 +1,108 @@
+"""The codegen protocol and how compile_fx chooses a code generator."""
+
+import pytest
+import torch
+
+import kiln_loopir
+from kiln_loopir import Codegen, ReferenceCodegen, compile_fx, resolve_codegen
+from kiln_loopir import codegen as codegen_module
+from kiln_loopir.testing import trace_aten
+
+
+class CountingCodegen:
+    """A codegen wrapping the reference one, to check what compile_fx asks of it."""
+
+    name = "counting"
+    device_types = ("cpu",)
+
+    def __init__(self):
+        self.inner = ReferenceCodegen()
+        self.rendered = []
+
+    def render(self, kernel):
+        self.rendered.append(kernel.name)
+        return self.inner.render(kernel)
+
+    def compile(self, sources):
+        return self.inner.compile(sources)
+
+
+def test_reference_codegen_implements_the_protocol():
+    assert isinstance(ReferenceCodegen(), Codegen)
+
+
+def test_an_object_is_used_as_given():
+    x = torch.randn(3, 4)
+    backend = CountingCodegen()
+    compiled = compile_fx(trace_aten(lambda x: x.sum(0) + 1, [x]), [x], codegen=backend)
+    assert backend.rendered == [k.name for k in compiled.kernels]
+    torch.testing.assert_close(compiled(x)[0], x.sum(0) + 1)
+    assert compiled.kernels[0].source.startswith("def kernel0(")
+
+
+def test_missing_codegen_names_the_device_and_what_to_install(monkeypatch):
+    monkeypatch.setattr(codegen_module, "installed_codegens", lambda: ())
+    with pytest.raises(RuntimeError, match=r"device 'cpu'.*kiln-cpp.*codegen='reference'"):
+        resolve_codegen(None, "cpu")
+    with pytest.raises(RuntimeError, match="kiln-triton"):
+        resolve_codegen(None, "cuda")
+
+
+def test_discovery_picks_the_codegen_serving_the_device(monkeypatch):
+    gpu, cpu = CountingCodegen(), CountingCodegen()
+    gpu.device_types = ("cuda",)
+    monkeypatch.setattr(
+        codegen_module, "installed_codegens", lambda: (("a-gpu", gpu), ("b-cpu", cpu))
+    )
+    assert resolve_codegen(None, "cpu") is cpu
+    assert resolve_codegen(None, "cuda") is gpu
+    assert resolve_codegen("a-gpu", "cpu") is gpu
+
+
+def test_unknown_names_and_objects_are_refused():
+    with pytest.raises(ValueError, match="no code generator named 'nope'"):
+        resolve_codegen("nope", "cpu")
+    with pytest.raises(TypeError, match="lacks device_types, render or compile"):
+        resolve_codegen(object(), "cpu")
+
+
+def test_entry_points_that_do_not_implement_the_protocol_are_skipped(monkeypatch):
+    class EP:
+        name, value = "meta-only", "some_module"
+
+        def load(self):
+            return object()  # a package with only its metadata so far
+
+    monkeypatch.setattr(codegen_module.metadata, "entry_points", lambda group: [EP()])
+    codegen_module.installed_codegens.cache_clear()
+    try:
+        assert codegen_module.installed_codegens() == ()
+    finally:
+        codegen_module.installed_codegens.cache_clear()
+
+
+def test_compiled_graph_exposes_every_stage():
+    x = torch.randn(3, 4)
+    compiled = kiln_loopir.testing.compile_fn(lambda x: (x * 2).softmax(-1), [x])
+    assert "Reduction(max" in str(compiled.graph)
+    assert "kernel0:" in str(compiled.schedule)
+    assert "peak" in compiled.memory_plan.format(compiled.schedule)
+    assert compiled.host_source.startswith("def call(args):")
+    assert "kernel0(" in compiled.host_source
+    assert "CompiledGraph(1 kernels" in repr(compiled)
+
+
+def test_wrong_number_of_inputs_is_explained():
+    x = torch.randn(3)
+    compiled = kiln_loopir.testing.compile_fn(lambda x: x + 1, [x])
+    with pytest.raises(TypeError, match=r"takes 1 inputs \(arg0_1\), got 2"):
+        compiled(x, x)
+
+
+def test_input_with_another_layout_is_refused_with_advice():
+    x = torch.randn(4, 6)
+    compiled = kiln_loopir.testing.compile_fn(lambda x: x + 1, [x])
+    with pytest.raises(ValueError, match=r"stride \(1, 4\).*\.contiguous\(\)"):
+        compiled(torch.randn(6, 4).t())
+    with pytest.raises(ValueError, match="compile again for this shape"):
+        compiled(torch.randn(5, 6))

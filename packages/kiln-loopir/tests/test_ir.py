@@ -1,0 +1,139 @@
+"""The IR prints, and verify() catches broken invariants."""
+
+import pytest
+import sympy
+import torch
+
+from kiln_loopir import (
+    Buffer,
+    ComputedNode,
+    IRError,
+    LoopGraph,
+    Pointwise,
+    TensorRef,
+    TraceHandler,
+    lower,
+)
+from kiln_loopir.ir import GraphInput
+from kiln_loopir.testing import trace_aten
+
+S = sympy.Integer
+
+
+def buffer(name, *size):
+    size = tuple(S(s) for s in size)
+    stride = tuple(S(s) for s in (size[1], 1)) if len(size) == 2 else (S(1),)
+    return Buffer(name, torch.float32, torch.device("cpu"), size, stride)
+
+
+def graph_with(*nodes, outputs=()):
+    x = buffer("x", 4)
+    return LoopGraph([GraphInput("x", buffer=x)], list(nodes), list(outputs))
+
+
+def test_trace_handler_records_loads_and_prints_lines():
+    h = TraceHandler()
+    i = sympy.Symbol("x0", integer=True)
+    v = h.add(h.load("x", 2 * i + 1), h.constant(1.0, torch.float32))
+    assert v == "tmp2"
+    assert h.lines == [
+        "tmp0 = load(x, 2*x0 + 1)",
+        "tmp1 = constant(1.0, torch.float32)",
+        "tmp2 = add(tmp0, tmp1)",
+    ]
+    assert [(ld.buffer, ld.index) for ld in h.loads] == [("x", 2 * i + 1)]
+
+
+def test_trace_handler_reuses_common_subexpressions():
+    h = TraceHandler()
+    i = sympy.Symbol("x0", integer=True)
+    assert h.load("x", i) == h.load("x", i)
+    assert len(h.lines) == 1
+
+
+def test_nested_masks_combine():
+    h = TraceHandler()
+    a, b = h.constant(True, torch.bool), h.constant(False, torch.bool)
+    h.masked(a, lambda: h.masked(b, lambda: h.load("x", S(0)), 0.0), 0.0)
+    assert any("logical_and(tmp0, tmp1)" in line for line in h.lines)
+    assert "mask=tmp2" in h.lines[-3]
+
+
+def test_verify_accepts_a_lowered_graph():
+    x = torch.randn(3, 5)
+    graph = lower(trace_aten(lambda x: x.softmax(-1) + x.sum(), [x]), [x])
+    graph.verify()
+    assert "Reduction(max" in str(graph)
+
+
+def test_verify_rejects_a_load_of_an_undefined_buffer():
+    out = buffer("buf0", 4)
+    node = ComputedNode(out, Pointwise(out.size, lambda ops, i: ops.load("nowhere", i[0])))
+    with pytest.raises(IRError, match="loads nowhere before it is defined"):
+        graph_with(node).verify()
+
+
+def test_verify_rejects_a_second_write():
+    out = buffer("buf0", 4)
+    body = Pointwise(out.size, lambda ops, i: ops.load("x", i[0]))
+    with pytest.raises(IRError, match="written twice"):
+        graph_with(ComputedNode(out, body), ComputedNode(out, body)).verify()
+
+
+def test_verify_rejects_an_unknown_index_symbol():
+    out = buffer("buf0", 4)
+    j = sympy.Symbol("j", integer=True)
+    node = ComputedNode(out, Pointwise(out.size, lambda ops, i: ops.load("x", i[0] + j)))
+    with pytest.raises(IRError, match=r"uses \['j'\]"):
+        graph_with(node).verify()
+
+
+def test_verify_rejects_ranges_that_differ_from_the_buffer():
+    out = buffer("buf0", 4)
+    node = ComputedNode(out, Pointwise((S(5),), lambda ops, i: ops.load("x", i[0])))
+    with pytest.raises(IRError, match="differ from the buffer size"):
+        graph_with(node).verify()
+
+
+def test_verify_rejects_an_output_of_an_unknown_buffer():
+    ref = TensorRef("ghost", torch.float32, torch.device("cpu"), (S(4),), (S(1),), S(0))
+    with pytest.raises(IRError, match="reads ghost before it is defined"):
+        graph_with(outputs=[ref]).verify()
+
+
+def test_views_are_index_remaps_on_one_buffer():
+    x = torch.randn(4, 6)
+    graph = lower(trace_aten(lambda x: x.t()[1:, ::2] * 2, [x]), [x])
+    text = str(graph)
+    # the view reads the input at remapped offsets: no copy node
+    assert len(graph.nodes) == 1
+    assert "load(arg0_1, 12*x1 + x0 + 1)" in text.replace("x0 + 12*x1", "12*x1 + x0")
+
+
+def test_symbolic_sizes_flow_through():
+    x = torch.randn(5, 7)
+    graph = lower(trace_aten(lambda x: x.sum(1) * 2, [x], dynamic=True), [x])
+    graph.verify()
+    sizes = {str(s) for b in graph.buffers().values() for e in b.size for s in e.free_symbols}
+    assert len(sizes) == 2  # both dimensions stay symbols
+
+
+def test_unlowered_ops_fall_back_and_are_logged_once(caplog):
+    x = torch.randn(6, 3)
+    caplog.set_level("INFO", logger="kiln.loopir")
+    from kiln_loopir.lowering import extern
+
+    extern._LOGGED.discard("aten.cumsum.default")
+    for _ in range(2):
+        graph = lower(trace_aten(lambda x: x.cumsum(0) + 1, [x]), [x])
+    assert "extern aten.cumsum.default" in str(graph)
+    assert sum("aten.cumsum.default" in r.message for r in caplog.records) == 1
+
+
+def test_mutating_graph_is_refused_with_advice():
+    x = torch.randn(3)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: x.clone().add_(1), tracing_mode="fake")(x)
+    with pytest.raises(ValueError, match="functionalize"):
+        lower(gm, [x])

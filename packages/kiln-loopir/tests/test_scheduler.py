@@ -1,0 +1,151 @@
+"""Fusion rules, dependency order and the memory-aware order of the scheduler."""
+
+import torch
+
+from kiln_loopir import (
+    Kernel,
+    decompose,
+    eliminate_dead_nodes,
+    fuse,
+    lower,
+    order,
+    plan_memory,
+)
+from kiln_loopir import unfused_schedule as unfused
+from kiln_loopir.fusion import merged_space
+from kiln_loopir.testing import check_against_eager, trace_aten
+
+
+def schedules(fn, inputs):
+    graph = lower(trace_aten(fn, inputs), inputs)
+    eliminate_dead_nodes(graph)
+    graph.verify()
+    before = unfused(graph)
+    before.verify()
+    after = order(fuse(before))
+    after.verify()
+    check_against_eager(fn, inputs)
+    return before, after
+
+
+def kernels(schedule):
+    return [s for s in schedule.steps if isinstance(s, Kernel)]
+
+
+def test_horizontal_fusion_of_reductions_over_one_space():
+    before, after = schedules(lambda x: (x.sum(1), x.amax(1), x.mean(1)), [torch.randn(5, 9)])
+    assert len(kernels(before)) == 4  # sum, amax, mean's sum, mean's division
+    assert len(kernels(after)) == 1
+
+
+def test_horizontal_fusion_of_pointwise_kernels_sharing_an_input():
+    _, after = schedules(lambda x: (x + 1, x * 2), [torch.randn(3, 4)])
+    (k,) = kernels(after)
+    assert k.reads() == {"arg0_1"}
+
+
+def test_reductions_over_different_spaces_stay_apart():
+    _, after = schedules(lambda x: (x.sum(0), x.sum(1)), [torch.randn(4, 6)])
+    spaces = sorted((str(k.ranges), str(k.reduction_ranges)) for k in kernels(after))
+    assert spaces == [("[4]", "[6]"), ("[6]", "[4]")]
+
+
+def test_no_fusion_through_an_extern_dependency():
+    fn = lambda x, w: torch.mm(x.exp(), w) + x.exp()  # noqa: E731
+    _, after = schedules(fn, [torch.randn(4, 4), torch.randn(4, 4)])
+    kinds = ["kernel" if isinstance(s, Kernel) else "extern" for s in after.steps]
+    assert kinds == ["kernel", "extern", "kernel"]
+
+
+def test_consumer_reading_other_points_is_not_fused():
+    # cat reads the row sums at shifted points; a reduction is not recomputed in its reader
+    _, after = schedules(lambda x: torch.cat([x.sum(1), x.sum(1) * 2]), [torch.randn(4, 6)])
+    assert len(kernels(after)) == 2
+
+
+def test_pointwise_producer_read_through_a_transpose_is_inlined():
+    _, after = schedules(lambda x: x.sin().t().contiguous() + 1, [torch.randn(4, 6)])
+    (k,) = kernels(after)
+    assert "sin(" in "\n".join(k.trace().lines)
+
+
+def test_scatter_is_never_fused():
+    fn = lambda x, i, s: x.scatter_add(0, i, s) * 2  # noqa: E731
+    inputs = [torch.randn(5, 3), torch.randint(0, 5, (4, 3)), torch.randn(4, 3)]
+    _, after = schedules(fn, inputs)
+    scatter_kernels = [k for k in kernels(after) if any(n.body.kind == "Scatter" for n in k.nodes)]
+    assert len(scatter_kernels) == 1 and len(scatter_kernels[0].nodes) == 1
+
+
+def test_pointwise_broadcast_consumer_joins_as_inner_level():
+    # x.sum(1) then a [N, D] consumer of it: outer reduction + inner pointwise, one kernel
+    _, after = schedules(lambda x: x - x.sum(1, keepdim=True) / 3, [torch.randn(4, 6)])
+    (k,) = kernels(after)
+    assert set(k.levels()) == {"reduction", "outer", "inner"} or set(k.levels()) == {
+        "reduction",
+        "inner",
+    }
+
+
+def test_merged_space_rules():
+    x = torch.randn(4, 6)
+    graph = lower(trace_aten(lambda x: (x.sum(1), x + 1, x.sum(0)), [x]), [x])
+    row_sum, add, col_sum = unfused(graph).kernels()
+    assert merged_space(row_sum, add) == ([4], [6])
+    assert merged_space(col_sum, add) == ([6], [4])  # [4, 6] runs as [6] + [4] reordered
+    assert merged_space(row_sum, col_sum) is None  # two reductions over other spaces
+
+
+def test_order_keeps_live_memory_low():
+    # two independent matmuls whose big results are each reduced: eager order keeps both
+    def fn(x, w1, w2):
+        a = torch.mm(x, w1)
+        b = torch.mm(x, w2)
+        return a.sum(), b.sum()
+
+    inputs = [torch.randn(64, 8), torch.randn(8, 64), torch.randn(8, 64)]
+    graph = lower(trace_aten(fn, inputs), inputs)
+    program_order = unfused(graph)
+    program_order.steps = [s for s in program_order.steps if not isinstance(s, Kernel)] + [
+        s for s in program_order.steps if isinstance(s, Kernel)
+    ]
+    planned = order(program_order)
+    planned.verify()
+    big = 64 * 64 * 4
+    assert plan_memory(program_order).peak_bytes >= 2 * big
+    assert plan_memory(planned).peak_bytes < 2 * big
+    check_against_eager(fn, inputs)
+
+
+def test_reduction_over_leading_dims_fuses_with_reordered_loops():
+    fn = lambda x: torch.softmax(x, 0)  # noqa: E731
+    for shape in [(6, 5), (5, 5)]:  # a square shape: the order is chosen by the reads
+        _, after = schedules(fn, [torch.randn(*shape)])
+        (k,) = kernels(after)
+        assert k.levels()[-1] == "inner" and list(k.orders.values()) == [(1, 0)]
+
+
+def test_batch_norm_training_is_one_kernel():
+    import torch.nn.functional as F
+
+    fn = lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True)  # noqa: E731
+    inputs = [torch.randn(4, 3, 5, 5), torch.randn(3), torch.randn(3)]
+    graph = lower(decompose(trace_aten(fn, inputs)), inputs)
+    eliminate_dead_nodes(graph)
+    after = order(fuse(unfused(graph)))
+    after.verify()
+    assert len(kernels(after)) == 1
+    check_against_eager(fn, inputs)
+
+
+def test_inlining_stays_linear_in_the_graph_size():
+    import time
+
+    def fn(x):
+        for _ in range(16):
+            x = torch.cat([x, x], 0)[: x.shape[0] + 1]
+        return x
+
+    start = time.perf_counter()
+    check_against_eager(fn, [torch.randn(3, 2)])
+    assert time.perf_counter() - start < 30  # exponential re-inlining would take hours
