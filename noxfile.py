@@ -14,7 +14,13 @@ ROOT = pathlib.Path(__file__).parent
 PACKAGES_DIR = ROOT / "packages"
 TORCH = "torch==2.13.0"
 # Third-party wheels the GPU machine lacks; they travel with our own (see docs/development.md).
-GPU_THIRD_PARTY = ["bytecode==0.19.1", "pytest==9.2.0", "pluggy==1.7.0", "iniconfig==2.3.1"]
+GPU_THIRD_PARTY = [
+    "bytecode==0.19.1",
+    "pytest==9.2.0",
+    "pluggy==1.7.0",
+    "iniconfig==2.3.1",
+    "expecttest==0.3.0",
+]
 
 nox.options.sessions = ["tests"]
 nox.options.error_on_external_run = True
