@@ -4,18 +4,10 @@ import warnings
 
 import pytest
 import torch
+from recording import Recorder
 
 import kiln_capture
 from kiln_capture import Unsupported, capture
-
-
-class Recorder:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm.forward
 
 
 def add_mul(x, y):

@@ -2,18 +2,9 @@
 
 import pytest
 import torch
+from recording import Recorder
 
 from kiln_capture import capture
-
-
-class Recorder:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm.forward
-
 
 CONFIG = {"mode": "default"}
 
