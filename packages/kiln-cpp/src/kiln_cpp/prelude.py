@@ -1,0 +1,100 @@
+"""The C++ prelude every generated source starts with: integer division and modulo that
+floor, torch's float semantics for the ops C++ spells differently, bfloat16 conversions."""
+
+PRELUDE = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace kiln {
+
+template <typename T> inline T floordiv(T a, T b) {
+  if (b == 0) return 0;  // only reached under a mask (torch raises before a kernel runs)
+  T q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+template <typename T> inline T mod(T a, T b) {
+  if (b == 0) return 0;
+  T r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+template <typename T> inline T truncdiv(T a, T b) { return b == 0 ? 0 : a / b; }
+template <typename T> inline T fmod_int(T a, T b) { return b == 0 ? 0 : a % b; }
+
+template <typename T> inline T floordiv_float(T a, T b) {
+  if (b == 0) return a / b;
+  T m = std::fmod(a, b);
+  T div = (a - m) / b;
+  if (m != 0 && ((b < 0) != (m < 0))) div -= 1;
+  T fl;
+  if (div != 0) {
+    fl = std::floor(div);
+    if (div - fl > T(0.5)) fl += 1;
+  } else {
+    fl = std::copysign(T(0), a / b);
+  }
+  return fl;
+}
+template <typename T> inline T remainder_float(T a, T b) {
+  T m = std::fmod(a, b);
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+template <typename T> inline T max_float(T a, T b) {
+  return (std::isnan(a) || a > b) ? a : (std::isnan(b) ? b : b);
+}
+template <typename T> inline T min_float(T a, T b) {
+  return (std::isnan(a) || a < b) ? a : b;
+}
+template <typename T> inline T pow_int(T base, T exp) {
+  if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
+  T out = 1;
+  while (exp) {
+    if (exp & 1) out *= base;
+    base *= base;
+    exp >>= 1;
+  }
+  return out;
+}
+template <typename T> inline T shl(T a, T b) {
+  return (b < 0 || b >= T(sizeof(T) * 8)) ? T(0) : static_cast<T>(a << b);
+}
+template <typename T> inline T shr(T a, T b) {
+  if (b < 0 || b >= T(sizeof(T) * 8)) return a < 0 ? T(-1) : T(0);
+  return static_cast<T>(a >> b);
+}
+template <typename T> inline T sign(T x) { return x > 0 ? T(1) : (x < 0 ? T(-1) : x); }
+template <typename T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFF + ((u >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+template <typename T> struct Welford {
+  double mean = 0, m2 = 0;
+  int64_t n = 0;
+  inline void update(T x) {
+    n += 1;
+    double delta = static_cast<double>(x) - mean;
+    mean += delta / static_cast<double>(n);
+    m2 += delta * (static_cast<double>(x) - mean);
+  }
+};
+
+}  // namespace kiln
+"""
