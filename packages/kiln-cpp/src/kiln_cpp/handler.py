@@ -89,6 +89,7 @@ class CppOpsHandler:
         self._node = 0
         self._reduced = False
         self._count = 0
+        self._spilled: set[str] = set()
 
     # -- where lines go --------------------------------------------------------------------
     def _place(self) -> tuple[list[str | ReductionLoop] | list[str], int]:
@@ -120,14 +121,24 @@ class CppOpsHandler:
         self.dtypes[var] = dtype
         return var
 
-    def _check_visible(self, var: str) -> None:
+    def _visible(self, var: str) -> str:
+        """``var`` as a variable of the current scope. A value computed inside another
+        reduction loop is spilled there to a per-point array and read back here."""
         _, scope = self._place()
-        if self._scope.get(var, 0) not in (0, scope):
-            raise CppCodegenError(
-                f"{self.kernel.name}: a value computed in one reduction loop is read in "
-                "another; kiln-cpp does not render such kernels yet (compile with "
-                "fusion=False, or use codegen='reference')"
-            )
+        home = self._scope.get(var, 0)
+        if home in (0, scope):
+            return var
+        loop = next(i for i in self.items if isinstance(i, ReductionLoop) and i.id == home)
+        spill = f"{var}_spill"
+        if spill not in self._spilled:
+            self._spilled.add(spill)
+            vt = value_type(self.dtypes[var])
+            loop.prologue.append(f"std::vector<{vt}> {spill}({self._rnumel()});")
+            loop.body.append(f"{spill}[{self._rlinear()}] = {var};")
+        return self._emit(f"{spill}[{self._rlinear()}]", self.dtypes[var])
+
+    def _rnumel(self) -> str:
+        return cexpr(sympy.expand(math.prod(self.kernel.reduction_ranges)))
 
     # -- structural ops --------------------------------------------------------------------
     def _buffer_dtype(self, name: str) -> torch.dtype:
@@ -148,9 +159,7 @@ class CppOpsHandler:
 
     def load(self, name: str, index: sympy.Expr) -> str:
         if name in self.local_values:
-            var = self.local_values[name]
-            self._check_visible(var)
-            return var
+            return self._visible(self.local_values[name])
         dtype = self._buffer_dtype(name)
         element = load_expr(dtype, f"{name}[{cexpr(sympy.expand(index))}]")
         if self._masks:

@@ -7,6 +7,7 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace kiln {
 
