@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from kiln_loopir.testing import check_against_eager, compile_fn
 
 from kiln_cpp import CppCodegen, CppCompileError, build
+from kiln_loopir.testing import check_against_eager, compile_fn
 
 
 def _fn(a, b):
