@@ -203,9 +203,10 @@ class CppOpsHandler:
         return sympy.Symbol(var, integer=True)
 
     def rand(self, seed: str, offset: str) -> str:
-        raise CppCodegenError("kiln-cpp does not render random numbers yet")
+        return self._emit(f"kiln::uniform({seed}, {offset})", torch.float32)
 
-    randn = rand
+    def randn(self, seed: str, offset: str) -> str:
+        return self._emit(f"kiln::randn({seed}, {offset})", torch.float32)
 
     def reduction(self, reduction_type: str, value: str, src_dtype: torch.dtype) -> str:
         loop = self._loop

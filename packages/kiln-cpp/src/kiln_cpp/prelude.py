@@ -86,6 +86,27 @@ inline uint16_t float_to_bf16(float f) {
 }
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
+// Random numbers: the counter-based hash of kiln-loopir's reference codegen, so both
+// give the same values for a seed.
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+inline float uniform(int64_t seed, int64_t offset) {
+  uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
+  uint32_t h = fmix32(static_cast<uint32_t>(s) ^ fmix32(static_cast<uint32_t>(o)));
+  h = fmix32(h ^ static_cast<uint32_t>(o >> 32) ^ static_cast<uint32_t>(s >> 32));
+  return static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+}
+inline float randn(int64_t seed, int64_t offset) {
+  float u1 = std::max(uniform(seed, offset * 2), 1e-7f);
+  float u2 = uniform(seed, offset * 2 + 1);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * static_cast<float>(M_PI) * u2);
+}
+
 template <typename T> struct Welford {
   double mean = 0, m2 = 0;
   int64_t n = 0;
