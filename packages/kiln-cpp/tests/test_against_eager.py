@@ -75,6 +75,14 @@ CASES = {
         lambda: [_f(5, 9), torch.randint(0, 9, (5, 4))],
     ),
     "index_negative": (lambda a, i: a[i] * 2, lambda: [_f(5, 3), torch.randint(-5, 5, (7,))]),
+    "index_put_accumulate": (
+        lambda z, i, v: z.index_put((i,), v, accumulate=True),
+        lambda: [_f(10), torch.randint(0, 10, (40,)), _f(40)],
+    ),
+    "int8_wraps": (
+        lambda a: (a * 3 + a, a.sum(-1), a // 3),
+        lambda: [torch.randint(-100, 100, (6, 7), dtype=torch.int8)],
+    ),
     "bfloat16": (
         lambda a, b: (a * b + 1).softmax(-1),
         lambda: [_f(4, 16).bfloat16(), _f(4, 16).bfloat16()],
