@@ -133,3 +133,11 @@ def test_random_numbers_match_the_reference_codegen():
     torch.testing.assert_close(got, want)
     u = got[0] - x
     assert float(u.min()) >= 0 and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.05
+
+
+def test_out_of_range_index_raises():
+    x, i = _f(5, 3), torch.tensor([0, 4, 9])
+    compiled = check_against_eager(lambda a, j: a[j] + 1, [x, torch.tensor([0, 1, -5])],
+                                   codegen=CppCodegen())  # fmt: skip
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(x, i)

@@ -13,7 +13,7 @@ from kiln_cpp.prelude import PRELUDE
 from kiln_cpp.render import render_kernel
 from kiln_loopir.kernel import Kernel
 
-_SIGNATURE = re.compile(r'extern "C" void (\w+)\(([^)]*)\)')
+_SIGNATURE = re.compile(r'extern "C" int (\w+)\(([^)]*)\)')
 
 
 class CppKernel:
@@ -24,7 +24,7 @@ class CppKernel:
         self._fn = fn
         self._pointer_args = pointer_args
         fn.argtypes = [ctypes.c_void_p if p else ctypes.c_int64 for p in pointer_args]
-        fn.restype = None
+        fn.restype = ctypes.c_int
 
     def __call__(self, *args: object) -> None:
         if len(args) != len(self._pointer_args):
@@ -39,7 +39,8 @@ class CppKernel:
                 converted.append(a.data_ptr())
             else:
                 converted.append(int(a))
-        self._fn(*converted)
+        if self._fn(*converted):
+            raise IndexError(f"{self.name}: an index is out of range of the tensor it indexes")
 
     def __repr__(self) -> str:
         return f"CppKernel({self.name})"

@@ -196,10 +196,16 @@ class CppOpsHandler:
         return self._emit(f"({mask} ? {value} : {literal(other, dtype)})", dtype)
 
     def indirect_indexing(self, x: str, size: sympy.Expr, mask: object = None) -> sympy.Symbol:
-        # negative indices wrap; out-of-range indices are not checked yet
+        """Negative indices wrap; an index out of range sets the kernel's ``kiln_oob`` flag
+        (the launcher raises IndexError) and reads element 0 instead of outside memory."""
         size_c = cexpr(size)
-        idx = f"static_cast<int64_t>({x})"
-        var = self._emit(f"({idx} < 0 ? {idx} + {size_c} : {idx})", torch.int64)
+        raw = self._emit(f"static_cast<int64_t>({x})", torch.int64)
+        wrapped = self._emit(f"({raw} < 0 ? {raw} + {size_c} : {raw})", torch.int64)
+        ok = self._emit(f"({wrapped} >= 0 && {wrapped} < {size_c})", torch.bool)
+        guard = f"{self._masks[-1]} && !{ok}" if self._masks else f"!{ok}"
+        target, _ = self._place()
+        target.append(f"if ({guard}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);")
+        var = self._emit(f"({ok} ? {wrapped} : 0)", torch.int64)
         return sympy.Symbol(var, integer=True)
 
     def rand(self, seed: str, offset: str) -> str:

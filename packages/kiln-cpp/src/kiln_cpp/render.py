@@ -1,4 +1,5 @@
-"""A kernel as one ``extern "C"`` C++ function: the outer loops (parallel with OpenMP above
+"""A kernel as one ``extern "C"`` C++ function (returning 1 when an indirect index was out of
+range): the outer loops (parallel with OpenMP above
 a size threshold), the reduction loops inside them, and the body the handler rendered."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def render_kernel(kernel: Kernel) -> str:
     kernel.body(handler)
     params = [f"{pointer_type(handler.buffer_dtypes[a])} {a}" for a in kernel.args]
     params += [f"int64_t {s}" for s in kernel.size_args]
-    lines = [f"// {kernel.header()}", f'extern "C" void {kernel.name}({", ".join(params)}) {{']
+    lines = [f"// {kernel.header()}", f'extern "C" int {kernel.name}({", ".join(params)}) {{']
+    lines.append("  int kiln_oob = 0;  // set when an indirect index is out of range")
     ind = "  "
     if kernel.ranges:
         points = sympy.expand(math.prod(kernel.ranges) * math.prod(kernel.reduction_ranges or [1]))
@@ -50,5 +52,6 @@ def render_kernel(kernel: Kernel) -> str:
         else:
             lines.append(body_ind + item)
     lines.append(ind + "}")
+    lines.append(ind + "return kiln_oob;")
     lines.append("}")
     return "\n".join(lines) + "\n"
