@@ -83,6 +83,10 @@ CASES = {
         lambda a: (a * 3 + a, a.sum(-1), a // 3),
         lambda: [torch.randint(-100, 100, (6, 7), dtype=torch.int8)],
     ),
+    "slice_scatter_step": (
+        lambda x, s: torch.slice_scatter(x, s, 1, 1, 7, 2),
+        lambda: [_f(3, 8), _f(3, 3)],
+    ),
     "bfloat16": (
         lambda a, b: (a * b + 1).softmax(-1),
         lambda: [_f(4, 16).bfloat16(), _f(4, 16).bfloat16()],

@@ -11,6 +11,9 @@ from sympy.printing.str import StrPrinter
 
 
 class CppIndexPrinter(StrPrinter):
+    # not "_sympystr": torch's sympy functions print themselves as Python with it
+    printmethod = "_kiln_cpp"
+
     def _print_Integer(self, expr: sympy.Integer) -> str:
         v = int(expr)
         if v == -(2**63):
@@ -22,20 +25,22 @@ class CppIndexPrinter(StrPrinter):
 
     def _print_FloorDiv(self, expr: sympy.Expr) -> str:
         a, b = expr.args
-        return f"kiln::floordiv({self._print(a)}, {self._print(b)})"
+        return f"kiln::floordiv<int64_t>({self._print(a)}, {self._print(b)})"
 
     _print_CleanDiv = _print_FloorDiv
 
     def _print_ModularIndexing(self, expr: sympy.Expr) -> str:
         x, div, mod = expr.args
         inner = (
-            self._print(x) if div == 1 else f"kiln::floordiv({self._print(x)}, {self._print(div)})"
+            self._print(x)
+            if div == 1
+            else f"kiln::floordiv<int64_t>({self._print(x)}, {self._print(div)})"
         )
-        return f"kiln::mod({inner}, {self._print(mod)})"
+        return f"kiln::mod<int64_t>({inner}, {self._print(mod)})"
 
     def _print_Mod(self, expr: sympy.Expr) -> str:
         a, b = expr.args
-        return f"kiln::mod({self._print(a)}, {self._print(b)})"
+        return f"kiln::mod<int64_t>({self._print(a)}, {self._print(b)})"
 
     _print_PythonMod = _print_Mod
 
