@@ -87,6 +87,14 @@ CASES = {
         lambda x, s: torch.slice_scatter(x, s, 1, 1, 7, 2),
         lambda: [_f(3, 8), _f(3, 3)],
     ),
+    "float64_int32_uint8": (
+        lambda a, b, c: (a.exp() / 3 + a.sum(-1, keepdim=True), b * 2 - 7, b.sum(0), c + c),
+        lambda: [
+            _f(4, 6).double(),
+            _i(4, 6).int(),
+            torch.randint(0, 255, (4, 6), dtype=torch.uint8),
+        ],
+    ),
     "bfloat16": (
         lambda a, b: (a * b + 1).softmax(-1),
         lambda: [_f(4, 16).bfloat16(), _f(4, 16).bfloat16()],
