@@ -215,9 +215,10 @@ class CppOpsHandler:
         return self._emit(f"kiln::randn({seed}, {offset})", torch.float32)
 
     def reduction(self, reduction_type: str, value: str, src_dtype: torch.dtype) -> str:
+        value = self.to_dtype(value, src_dtype)
+        self._place()  # this node's loop, even when its value needed no new line
         loop = self._loop
         assert loop is not None and not self._reduced, "a reduction outside a reduction loop"
-        value = self.to_dtype(value, src_dtype)
         acc = f"acc{self._count}"
         self._count += 1
         vt = value_type(src_dtype)
