@@ -95,6 +95,13 @@ CASES = {
             torch.randint(0, 255, (4, 6), dtype=torch.uint8),
         ],
     ),
+    "erfinv_digamma": (
+        lambda a, b: (torch.erfinv(a), torch.digamma(b)),
+        lambda: [
+            torch.rand(64) * 1.98 - 0.99,
+            torch.cat([torch.rand(32) * 20 + 0.01, torch.rand(16) * -5 - 0.01]),
+        ],
+    ),
     "bfloat16": (
         lambda a, b: (a * b + 1).softmax(-1),
         lambda: [_f(4, 16).bfloat16(), _f(4, 16).bfloat16()],

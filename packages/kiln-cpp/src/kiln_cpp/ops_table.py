@@ -32,6 +32,8 @@ FLOAT_UNARY = {
     "isnan": _std("isnan"),
     "isinf": _std("isinf"),
     "isfinite": _std("isfinite"),
+    "erfinv": lambda x: f"kiln::erfinv({x})",
+    "digamma": lambda x: f"kiln::digamma({x})",
     **{
         n: _std(n)
         for n in (

@@ -86,6 +86,61 @@ inline uint16_t float_to_bf16(float f) {
 }
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
+// erfinv and digamma as ATen's CPU kernels compute them (ATen/native/Math.h)
+template <typename T> inline T erfinv(T y) {
+  const T a[4] = {T(0.886226899), T(-1.645349621), T(0.914624893), T(-0.140543331)};
+  const T b[4] = {T(-2.118377725), T(1.442710462), T(-0.329097515), T(0.012229801)};
+  const T c[4] = {T(-1.970840454), T(-1.624906493), T(3.429567803), T(1.641345311)};
+  const T d[2] = {T(3.543889200), T(1.637067800)};
+  T y_abs = std::abs(y);
+  if (y_abs > T(1)) return std::numeric_limits<T>::quiet_NaN();
+  if (y_abs == T(1)) return std::copysign(std::numeric_limits<T>::infinity(), y);
+  T x;
+  if (y_abs <= T(0.7)) {
+    T z = y * y;
+    T num = (((a[3] * z + a[2]) * z + a[1]) * z + a[0]);
+    T dem = ((((b[3] * z + b[2]) * z + b[1]) * z + b[0]) * z + T(1));
+    x = y * num / dem;
+  } else {
+    T z = std::sqrt(-std::log((T(1) - y_abs) / T(2)));
+    T num = ((c[3] * z + c[2]) * z + c[1]) * z + c[0];
+    T dem = (d[1] * z + d[0]) * z + T(1);
+    x = std::copysign(num, y) / dem;
+  }
+  const T k = T(2) / static_cast<T>(std::sqrt(M_PI));
+  x = x - (std::erf(x) - y) / (k * std::exp(-x * x));
+  x = x - (std::erf(x) - y) / (k * std::exp(-x * x));
+  return x;
+}
+template <typename T> inline T digamma(T x) {
+  const T PSI_10 = T(2.25175258906672110764);
+  if (x == 0) return std::copysign(std::numeric_limits<T>::infinity(), -x);
+  if (x < 0) {
+    if (x == std::trunc(x)) return std::numeric_limits<T>::quiet_NaN();
+    double q;
+    double r = std::modf(static_cast<double>(x), &q);
+    return digamma(1 - x) - static_cast<T>(M_PI / std::tan(M_PI * r));
+  }
+  T result = 0;
+  while (x < 10) {
+    result -= 1 / x;
+    x += 1;
+  }
+  if (x == 10) return result + PSI_10;
+  const T A[] = {T(8.33333333333333333333E-2), T(-2.10927960927960927961E-2),
+                 T(7.57575757575757575758E-3), T(-4.16666666666666666667E-3),
+                 T(3.96825396825396825397E-3), T(-8.33333333333333333333E-3),
+                 T(8.33333333333333333333E-2)};
+  T y = 0;
+  if (x < T(1.0e17)) {
+    T z = 1 / (x * x);
+    T p = 0;
+    for (int i = 0; i <= 6; ++i) p = p * z + A[i];
+    y = z * p;
+  }
+  return result + std::log(x) - (T(0.5) / x) - y;
+}
+
 // Random numbers: the counter-based hash of kiln-loopir's reference codegen, so both
 // give the same values for a seed.
 inline uint32_t fmix32(uint32_t h) {
