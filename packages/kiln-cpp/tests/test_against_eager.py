@@ -102,6 +102,10 @@ CASES = {
             torch.cat([torch.rand(32) * 20 + 0.01, torch.rand(16) * -5 - 0.01]),
         ],
     ),
+    "reductions_over_nothing": (
+        lambda a: (*torch.var_mean(a, -1), a.sum(-1), a.mean(-1)),
+        lambda: [_f(3, 0)],
+    ),
     "bfloat16": (
         lambda a, b: (a * b + 1).softmax(-1),
         lambda: [_f(4, 16).bfloat16(), _f(4, 16).bfloat16()],

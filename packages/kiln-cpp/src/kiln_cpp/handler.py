@@ -279,8 +279,9 @@ class CppOpsHandler:
                 acc,
             )
         if kind in ("welford.mean", "welford.m2"):
-            field_ = "mean" if kind == "welford.mean" else "m2"
-            return [f"kiln::Welford<{vt}> {acc};"], [f"{acc}.update({v});"], f"{acc}.{field_}"
+            # the mean of nothing is NaN, as in eager; its m2 is 0
+            result = f"({acc}.n ? {acc}.mean : NAN)" if kind == "welford.mean" else f"{acc}.m2"
+            return [f"kiln::Welford<{vt}> {acc};"], [f"{acc}.update({v});"], result
         raise CppCodegenError(f"kiln-cpp does not render reduction {kind!r} yet")
 
     def _rlinear(self) -> str:
