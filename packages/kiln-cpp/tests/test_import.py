@@ -8,4 +8,19 @@ def test_version_is_pep440():
 
 
 def test_public_api_is_pinned():
-    assert sorted(kiln_cpp.__all__) == ["__version__"]
+    assert sorted(kiln_cpp.__all__) == [
+        "CppCodegen",
+        "CppCodegenError",
+        "CppCompileError",
+        "CppError",
+        "__version__",
+        "cpp_codegen",
+    ]
+
+
+def test_entry_point_resolves_to_the_codegen():
+    from kiln_loopir.codegen import installed_codegens
+
+    found = dict(installed_codegens())
+    assert found["cpp"] is kiln_cpp.cpp_codegen
+    assert kiln_cpp.cpp_codegen.device_types == ("cpu",)

@@ -2,12 +2,26 @@
 
 kiln-cpp renders the fused kernels of a kiln-loopir schedule as C++ with OpenMP, builds
 them with the system C++ compiler into one shared library per graph, caches the libraries
-on disk and loads them. It registers itself in the ``kiln.codegen`` entry-point group
-under the name ``cpp``.
+on disk and loads them. It registers :class:`CppCodegen` in the ``kiln.codegen``
+entry-point group under the name ``cpp``.
 
-This release holds the package's metadata only: code generation arrives in 0.1.
+Errors derive from :class:`CppError`: :class:`CppCodegenError` for a kernel the generator
+cannot render yet, :class:`CppCompileError` for a missing or failing compiler. A caller
+catching ``CppError`` can run the graph eagerly instead.
 """
 
 from kiln_cpp.__about__ import __version__
+from kiln_cpp.codegen import CppCodegen
+from kiln_cpp.errors import CppCodegenError, CppCompileError, CppError
 
-__all__ = ["__version__"]
+# the object the ``kiln.codegen`` entry point ``cpp`` resolves to
+cpp_codegen = CppCodegen()
+
+__all__ = [
+    "CppCodegen",
+    "CppCodegenError",
+    "CppCompileError",
+    "CppError",
+    "__version__",
+    "cpp_codegen",
+]

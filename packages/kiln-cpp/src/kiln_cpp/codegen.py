@@ -1,0 +1,89 @@
+"""``CppCodegen``: kiln-loopir's codegen protocol for CPUs, as C++ with OpenMP."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kiln_cpp import build
+from kiln_cpp.prelude import PRELUDE
+from kiln_cpp.render import render_kernel
+from kiln_loopir.kernel import Kernel
+
+_SIGNATURE = re.compile(r'extern "C" int (\w+)\(([^)]*)\)')
+
+
+class CppKernel:
+    """A compiled kernel: call it as the host program does, ``kernel(*tensors, *sizes)``."""
+
+    def __init__(self, name: str, fn: ctypes._CFuncPtr, pointer_args: list[bool]) -> None:
+        self.name = name
+        self._fn = fn
+        self._pointer_args = pointer_args
+        fn.argtypes = [ctypes.c_void_p if p else ctypes.c_int64 for p in pointer_args]
+        fn.restype = ctypes.c_int
+
+    def __call__(self, *args: object) -> None:
+        if len(args) != len(self._pointer_args):
+            raise TypeError(
+                f"{self.name} takes {len(self._pointer_args)} arguments, got {len(args)}"
+            )
+        converted = []
+        for a, is_ptr in zip(args, self._pointer_args, strict=True):
+            if is_ptr:
+                if not isinstance(a, torch.Tensor) or a.device.type != "cpu":
+                    raise TypeError(f"{self.name}: expected a CPU tensor, got {a!r}")
+                converted.append(a.data_ptr())
+            else:
+                converted.append(int(a))
+        if self._fn(*converted):
+            raise IndexError(f"{self.name}: an index is out of range of the tensor it indexes")
+
+    def __repr__(self) -> str:
+        return f"CppKernel({self.name})"
+
+
+class CppCodegen:
+    """Renders kernels as C++ with OpenMP and builds each graph's kernels into one shared
+    library with the system compiler, cached on disk (see :mod:`kiln_cpp.build`).
+
+    ``compile`` raises :class:`kiln_cpp.CppCompileError` when no compiler is found or it
+    fails; ``render`` raises :class:`kiln_cpp.CppCodegenError` for what it cannot render.
+    ``builds`` and ``cache_hits`` count the libraries this object built and found cached.
+    """
+
+    name = "cpp"
+    device_types = ("cpu",)
+
+    def __init__(self) -> None:
+        self.builds = 0
+        self.cache_hits = 0
+        self.last_library = None
+
+    def render(self, kernel: Kernel) -> str:
+        return render_kernel(kernel)
+
+    def compile(self, sources: Sequence[str]) -> list[Callable]:
+        if not sources:
+            return []
+        source = PRELUDE + "\n" + "\n".join(sources)
+        path, built = build.build(source)
+        self.builds += built
+        self.cache_hits += not built
+        self.last_library = path
+        lib = build.load(path)
+        kernels = []
+        for src in sources:
+            m = _SIGNATURE.search(src)
+            if m is None:
+                raise ValueError('not a kiln-cpp kernel source: no extern "C" function')
+            name, params = m.group(1), [p for p in m.group(2).split(",") if p.strip()]
+            pointers = ["*" in p for p in params]
+            kernels.append(CppKernel(name, getattr(lib, name), pointers))
+        return kernels
+
+    def __repr__(self) -> str:
+        return "CppCodegen()"

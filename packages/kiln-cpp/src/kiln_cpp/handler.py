@@ -1,0 +1,329 @@
+"""The ops handler that renders a kernel's define-by-run body as C++ statements.
+
+``Kernel.body(handler)`` calls every node's inner function with this handler, then
+``reduction`` and ``store``. Each call emits one ``const T tmpN = ...;`` line (with common
+subexpressions reused in the scope that defined them) into the right place of the loop
+nest: nodes at the ``outer`` level go into the body of the outer loops, nodes at the
+``inner`` or ``reduction`` level into a loop over the reduction ranges. A reduction's
+accumulator is declared before its loop and its result defined after it; a node that reads
+a reduction result starts a new reduction loop.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln_cpp import ops_table
+from kiln_cpp.dtypes import convert_expr, load_expr, storage_type, store_expr, value_type
+from kiln_cpp.errors import CppCodegenError
+from kiln_cpp.printer import cexpr
+from kiln_loopir.ir import Scatter, TensorRef
+from kiln_loopir.kernel import Kernel
+from kiln_loopir.ops import BINARY_OPS, UNARY_OPS
+
+
+@dataclass
+class ReductionLoop:
+    """A loop over the kernel's reduction ranges, in the body of the outer loops."""
+
+    id: int
+    prologue: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+    closed: bool = False  # a reduction finished here: later nodes need a new loop
+
+
+class _NodeValues(dict):
+    """``local_values``; ``Kernel.body`` sets an entry as each node finishes."""
+
+    def __init__(self, on_set: Callable[[str], None]) -> None:
+        super().__init__()
+        self._on_set = on_set
+
+    def __setitem__(self, key: str, value: str) -> None:
+        super().__setitem__(key, value)
+        self._on_set(key)
+
+
+def literal(value: object, dtype: torch.dtype) -> str:
+    """A constant as a C++ expression of the value type of ``dtype``."""
+    vt = value_type(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)  # type: ignore[arg-type]
+        if math.isnan(v):
+            return f"std::numeric_limits<{vt}>::quiet_NaN()"
+        if math.isinf(v):
+            return ("-" if v < 0 else "") + f"std::numeric_limits<{vt}>::infinity()"
+        return f"static_cast<{vt}>({v!r})"
+    v = int(value)  # type: ignore[arg-type]
+    if v == -(2**63):
+        return "std::numeric_limits<int64_t>::min()"
+    return f"static_cast<{vt}>(INT64_C({v}))"
+
+
+class CppOpsHandler:
+    """Renders one kernel's body; ``items`` is the body of the outer loops (lines and
+    :class:`ReductionLoop` s), ``buffer_dtypes`` the dtype of every buffer it touches."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.levels = kernel.levels()
+        self.nodes = kernel.nodes
+        self.buffer_dtypes: dict[str, torch.dtype] = {n.name: n.buffer.dtype for n in kernel.nodes}
+        self.items: list[str | ReductionLoop] = []
+        self.local_values = _NodeValues(self._node_done)
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.has_scatter = any(isinstance(n.body, Scatter) for n in kernel.nodes)
+        self._scope: dict[str, int] = {}
+        self._cse: dict[tuple[int, str], str] = {}
+        self._masks: list[str] = []
+        self._loop: ReductionLoop | None = None
+        self._loops = 0
+        self._node = 0
+        self._reduced = False
+        self._count = 0
+        self._spilled: set[str] = set()
+
+    # -- where lines go --------------------------------------------------------------------
+    def _place(self) -> tuple[list[str | ReductionLoop] | list[str], int]:
+        level = self.levels[self._node] if self._node < len(self.levels) else "outer"
+        if level == "outer" or self._reduced:
+            if not self._reduced:
+                self._loop = None  # an outer node: the next inner node starts a new loop
+            return self.items, 0
+        if self._loop is None or self._loop.closed:
+            self._loops += 1
+            self._loop = ReductionLoop(self._loops)
+            self.items.append(self._loop)
+        return self._loop.body, self._loop.id
+
+    def _node_done(self, name: str) -> None:
+        self._node += 1
+        self._reduced = False
+
+    def _emit(self, rhs: str, dtype: torch.dtype) -> str:
+        target, scope = self._place()
+        for key in ((scope, rhs), (0, rhs)):
+            if key in self._cse:
+                return self._cse[key]
+        var = f"tmp{self._count}"
+        self._count += 1
+        target.append(f"const {value_type(dtype)} {var} = {rhs};")
+        self._cse[(scope, rhs)] = var
+        self._scope[var] = scope
+        self.dtypes[var] = dtype
+        return var
+
+    def _visible(self, var: str) -> str:
+        """``var`` as a variable of the current scope. A value computed inside another
+        reduction loop is spilled there to a per-point array and read back here."""
+        _, scope = self._place()
+        home = self._scope.get(var, 0)
+        if home in (0, scope):
+            return var
+        loop = next(i for i in self.items if isinstance(i, ReductionLoop) and i.id == home)
+        spill = f"{var}_spill"
+        if spill not in self._spilled:
+            self._spilled.add(spill)
+            vt = value_type(self.dtypes[var])
+            loop.prologue.append(f"std::vector<{vt}> {spill}({self._rnumel()});")
+            loop.body.append(f"{spill}[{self._rlinear()}] = {var};")
+        return self._emit(f"{spill}[{self._rlinear()}]", self.dtypes[var])
+
+    def _rnumel(self) -> str:
+        return cexpr(sympy.expand(math.prod(self.kernel.reduction_ranges)))
+
+    # -- structural ops --------------------------------------------------------------------
+    def _buffer_dtype(self, name: str) -> torch.dtype:
+        if name in self.buffer_dtypes:
+            return self.buffer_dtypes[name]
+        # The protocol's load passes a buffer name only: the dtype of a buffer the kernel
+        # reads comes from the TensorRef whose ``load`` is calling.
+        frame = sys._getframe(2)
+        for _ in range(4):
+            if frame is None:
+                break
+            ref = frame.f_locals.get("self")
+            if isinstance(ref, TensorRef) and ref.buffer == name:
+                self.buffer_dtypes[name] = ref.dtype
+                return ref.dtype
+            frame = frame.f_back
+        raise CppCodegenError(f"{self.kernel.name}: cannot tell the dtype of buffer {name}")
+
+    def load(self, name: str, index: sympy.Expr) -> str:
+        if name in self.local_values:
+            return self._visible(self.local_values[name])
+        dtype = self._buffer_dtype(name)
+        element = load_expr(dtype, f"{name}[{cexpr(sympy.expand(index))}]")
+        if self._masks:
+            element = f"({self._masks[-1]} ? {element} : {value_type(dtype)}(0))"
+        return self._emit(element, dtype)
+
+    def constant(self, value: object, dtype: torch.dtype) -> str:
+        return self._emit(literal(value, dtype), dtype)
+
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
+        rhs = f"static_cast<{value_type(dtype)}>({cexpr(sympy.expand(expr))})"
+        return self._emit(rhs, dtype)
+
+    def to_dtype(self, x: str, dtype: torch.dtype) -> str:
+        src = self.dtypes[x]
+        if src == dtype:
+            return x
+        return self._emit(convert_expr(x, src, dtype), dtype)
+
+    def where(self, cond: str, a: str, b: str) -> str:
+        dtype = ops_table.result_dtype("where", self.dtypes[a], self.dtypes[b])
+        vt = value_type(dtype)
+        return self._emit(f"({cond} ? static_cast<{vt}>({a}) : static_cast<{vt}>({b}))", dtype)
+
+    def masked(self, mask: str, body: Callable[[], str], other: object) -> str:
+        if self._masks:
+            mask = self.logical_and(self._masks[-1], mask)
+        self._masks.append(mask)
+        try:
+            value = body()
+        finally:
+            self._masks.pop()
+        dtype = self.dtypes[value]
+        return self._emit(f"({mask} ? {value} : {literal(other, dtype)})", dtype)
+
+    def indirect_indexing(self, x: str, size: sympy.Expr, mask: object = None) -> sympy.Symbol:
+        """Negative indices wrap; an index out of range sets the kernel's ``kiln_oob`` flag
+        (the launcher raises IndexError) and reads element 0 instead of outside memory."""
+        size_c = cexpr(size)
+        raw = self._emit(f"static_cast<int64_t>({x})", torch.int64)
+        wrapped = self._emit(f"({raw} < 0 ? {raw} + {size_c} : {raw})", torch.int64)
+        ok = self._emit(f"({wrapped} >= 0 && {wrapped} < {size_c})", torch.bool)
+        guard = f"{self._masks[-1]} && !{ok}" if self._masks else f"!{ok}"
+        target, _ = self._place()
+        target.append(f"if ({guard}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);")
+        var = self._emit(f"({ok} ? {wrapped} : 0)", torch.int64)
+        return sympy.Symbol(var, integer=True)
+
+    def rand(self, seed: str, offset: str) -> str:
+        return self._emit(f"kiln::uniform({seed}, {offset})", torch.float32)
+
+    def randn(self, seed: str, offset: str) -> str:
+        return self._emit(f"kiln::randn({seed}, {offset})", torch.float32)
+
+    def reduction(self, reduction_type: str, value: str, src_dtype: torch.dtype) -> str:
+        value = self.to_dtype(value, src_dtype)
+        self._place()  # this node's loop, even when its value needed no new line
+        loop = self._loop
+        assert loop is not None and not self._reduced, "a reduction outside a reduction loop"
+        acc = f"acc{self._count}"
+        self._count += 1
+        vt = value_type(src_dtype)
+        is_float = src_dtype.is_floating_point
+        out_dtype = torch.int64 if reduction_type in ("argmax", "argmin") else src_dtype
+        if reduction_type in ("any", "all"):
+            out_dtype = torch.bool
+        pro, upd, result = self._reduction_parts(reduction_type, acc, value, vt, is_float,
+                                                 src_dtype)  # fmt: skip
+        loop.prologue += pro
+        loop.body += upd
+        loop.closed = True
+        self._reduced = True
+        return self._emit(f"static_cast<{value_type(out_dtype)}>({result})", out_dtype)
+
+    def _reduction_parts(self, kind, acc, v, vt, is_float, src_dtype):
+        is_bool = src_dtype == torch.bool
+        lim = f"std::numeric_limits<{vt}>"
+        if kind == "sum":
+            at = "double" if is_float else vt
+            if is_bool:
+                return [f"bool {acc} = false;"], [f"{acc} = {acc} || {v};"], acc
+            return [f"{at} {acc} = 0;"], [f"{acc} += {v};"], acc
+        if kind == "prod":
+            at = "double" if is_float else vt
+            if is_bool:
+                return [f"bool {acc} = true;"], [f"{acc} = {acc} && {v};"], acc
+            return [f"{at} {acc} = 1;"], [f"{acc} *= {v};"], acc
+        if kind in ("max", "min"):
+            if is_bool:
+                op = "||" if kind == "max" else "&&"
+                init = "false" if kind == "max" else "true"
+                return [f"bool {acc} = {init};"], [f"{acc} = {acc} {op} {v};"], acc
+            if is_float:
+                init = f"-{lim}::infinity()" if kind == "max" else f"{lim}::infinity()"
+                fn = f"kiln::{kind}_float"
+            else:
+                init = f"{lim}::lowest()" if kind == "max" else f"{lim}::max()"
+                fn = f"std::{kind}"
+            return [f"{vt} {acc} = {init};"], [f"{acc} = {fn}<{vt}>({acc}, {v});"], acc
+        if kind in ("any", "all"):
+            init, op = ("false", "||") if kind == "any" else ("true", "&&")
+            return (
+                [f"bool {acc} = {init};"],
+                [f"{acc} = {acc} {op} static_cast<bool>({v});"],
+                acc,
+            )
+        if kind in ("argmax", "argmin"):
+            cmp = ">" if kind == "argmax" else "<"
+            better = f"({v} {cmp} {acc}_v)"
+            if is_float:
+                better = f"((std::isnan({v}) && !std::isnan({acc}_v)) || " + (
+                    f"(!std::isnan({acc}_v) && {v} {cmp} {acc}_v))"
+                )
+            return (
+                [f"{vt} {acc}_v = {vt}(0);", f"int64_t {acc} = -1;"],
+                [f"if ({acc} < 0 || {better}) {{ {acc}_v = {v}; {acc} = {self._rlinear()}; }}"],
+                acc,
+            )
+        if kind in ("welford.mean", "welford.m2"):
+            # the mean of nothing is NaN, as in eager; its m2 is 0
+            result = f"({acc}.n ? {acc}.mean : NAN)" if kind == "welford.mean" else f"{acc}.m2"
+            return [f"kiln::Welford<{vt}> {acc};"], [f"{acc}.update({v});"], result
+        raise CppCodegenError(f"kiln-cpp does not render reduction {kind!r} yet")
+
+    def _rlinear(self) -> str:
+        """The row-major position in the reduction ranges of the current point."""
+        out = sympy.S.Zero
+        for i, size in enumerate(self.kernel.reduction_ranges):
+            out = out * size + sympy.Symbol(f"r{i}", integer=True, nonnegative=True)
+        return cexpr(sympy.expand(out))
+
+    def store(self, name: str, index: sympy.Expr, value: str, accumulate: bool = False) -> None:
+        target, _ = self._place()
+        dtype = self.buffer_dtypes[name]
+        element = f"{name}[{cexpr(sympy.expand(index))}]"
+        value = self.to_dtype(value, dtype) if self.dtypes[value] != dtype else value
+        if accumulate:
+            value = f"({load_expr(dtype, element)} + {value})"
+        target.append(f"{element} = {store_expr(dtype, value)};")
+        if isinstance(self.nodes[self._node].body, Scatter):
+            self._node_done(name)
+
+    # -- elementwise ops -------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Callable[..., str]:
+        if name not in UNARY_OPS and name not in BINARY_OPS:
+            raise AttributeError(f"the ops handler has no operation {name!r}")
+        arity = 1 if name in UNARY_OPS else 2
+
+        def op(*args: str) -> str:
+            dtypes = [self.dtypes[a] for a in args]
+            dtype = ops_table.result_dtype(name, *dtypes)
+            operand = ops_table.result_dtype("add", *dtypes)
+            fn = ops_table.table(operand, arity).get(name)
+            if fn is None:
+                raise CppCodegenError(f"kiln-cpp does not render {name} on {operand} yet")
+            vt = value_type(operand)
+            casted = [
+                a if d == operand else f"static_cast<{vt}>({a})"
+                for a, d in zip(args, dtypes, strict=True)
+            ]
+            return self._emit(fn(*casted), dtype)
+
+        return op
+
+
+def pointer_type(dtype: torch.dtype) -> str:
+    return storage_type(dtype) + "*"

@@ -1,0 +1,177 @@
+"""The C++ prelude every generated source starts with: integer division and modulo that
+floor, torch's float semantics for the ops C++ spells differently, bfloat16 conversions."""
+
+PRELUDE = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace kiln {
+
+template <typename T> inline T floordiv(T a, T b) {
+  if (b == 0) return 0;  // only reached under a mask (torch raises before a kernel runs)
+  T q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+template <typename T> inline T mod(T a, T b) {
+  if (b == 0) return 0;
+  T r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+template <typename T> inline T truncdiv(T a, T b) { return b == 0 ? 0 : a / b; }
+template <typename T> inline T fmod_int(T a, T b) { return b == 0 ? 0 : a % b; }
+
+template <typename T> inline T floordiv_float(T a, T b) {
+  if (b == 0) return a / b;
+  T m = std::fmod(a, b);
+  T div = (a - m) / b;
+  if (m != 0 && ((b < 0) != (m < 0))) div -= 1;
+  T fl;
+  if (div != 0) {
+    fl = std::floor(div);
+    if (div - fl > T(0.5)) fl += 1;
+  } else {
+    fl = std::copysign(T(0), a / b);
+  }
+  return fl;
+}
+template <typename T> inline T remainder_float(T a, T b) {
+  T m = std::fmod(a, b);
+  if (m != 0 && ((b < 0) != (m < 0))) m += b;
+  return m;
+}
+template <typename T> inline T max_float(T a, T b) {
+  return (std::isnan(a) || a > b) ? a : (std::isnan(b) ? b : b);
+}
+template <typename T> inline T min_float(T a, T b) {
+  return (std::isnan(a) || a < b) ? a : b;
+}
+template <typename T> inline T pow_int(T base, T exp) {
+  if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
+  T out = 1;
+  while (exp) {
+    if (exp & 1) out *= base;
+    base *= base;
+    exp >>= 1;
+  }
+  return out;
+}
+template <typename T> inline T shl(T a, T b) {
+  return (b < 0 || b >= T(sizeof(T) * 8)) ? T(0) : static_cast<T>(a << b);
+}
+template <typename T> inline T shr(T a, T b) {
+  if (b < 0 || b >= T(sizeof(T) * 8)) return a < 0 ? T(-1) : T(0);
+  return static_cast<T>(a >> b);
+}
+template <typename T> inline T sign(T x) { return x > 0 ? T(1) : (x < 0 ? T(-1) : x); }
+template <typename T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFF + ((u >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// erfinv and digamma as ATen's CPU kernels compute them (ATen/native/Math.h)
+template <typename T> inline T erfinv(T y) {
+  const T a[4] = {T(0.886226899), T(-1.645349621), T(0.914624893), T(-0.140543331)};
+  const T b[4] = {T(-2.118377725), T(1.442710462), T(-0.329097515), T(0.012229801)};
+  const T c[4] = {T(-1.970840454), T(-1.624906493), T(3.429567803), T(1.641345311)};
+  const T d[2] = {T(3.543889200), T(1.637067800)};
+  T y_abs = std::abs(y);
+  if (y_abs > T(1)) return std::numeric_limits<T>::quiet_NaN();
+  if (y_abs == T(1)) return std::copysign(std::numeric_limits<T>::infinity(), y);
+  T x;
+  if (y_abs <= T(0.7)) {
+    T z = y * y;
+    T num = (((a[3] * z + a[2]) * z + a[1]) * z + a[0]);
+    T dem = ((((b[3] * z + b[2]) * z + b[1]) * z + b[0]) * z + T(1));
+    x = y * num / dem;
+  } else {
+    T z = std::sqrt(-std::log((T(1) - y_abs) / T(2)));
+    T num = ((c[3] * z + c[2]) * z + c[1]) * z + c[0];
+    T dem = (d[1] * z + d[0]) * z + T(1);
+    x = std::copysign(num, y) / dem;
+  }
+  const T k = T(2) / static_cast<T>(std::sqrt(M_PI));
+  x = x - (std::erf(x) - y) / (k * std::exp(-x * x));
+  x = x - (std::erf(x) - y) / (k * std::exp(-x * x));
+  return x;
+}
+template <typename T> inline T digamma(T x) {
+  const T PSI_10 = T(2.25175258906672110764);
+  if (x == 0) return std::copysign(std::numeric_limits<T>::infinity(), -x);
+  if (x < 0) {
+    if (x == std::trunc(x)) return std::numeric_limits<T>::quiet_NaN();
+    double q;
+    double r = std::modf(static_cast<double>(x), &q);
+    return digamma(1 - x) - static_cast<T>(M_PI / std::tan(M_PI * r));
+  }
+  T result = 0;
+  while (x < 10) {
+    result -= 1 / x;
+    x += 1;
+  }
+  if (x == 10) return result + PSI_10;
+  const T A[] = {T(8.33333333333333333333E-2), T(-2.10927960927960927961E-2),
+                 T(7.57575757575757575758E-3), T(-4.16666666666666666667E-3),
+                 T(3.96825396825396825397E-3), T(-8.33333333333333333333E-3),
+                 T(8.33333333333333333333E-2)};
+  T y = 0;
+  if (x < T(1.0e17)) {
+    T z = 1 / (x * x);
+    T p = 0;
+    for (int i = 0; i <= 6; ++i) p = p * z + A[i];
+    y = z * p;
+  }
+  return result + std::log(x) - (T(0.5) / x) - y;
+}
+
+// Random numbers: the counter-based hash of kiln-loopir's reference codegen, so both
+// give the same values for a seed.
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+inline float uniform(int64_t seed, int64_t offset) {
+  uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
+  uint32_t h = fmix32(static_cast<uint32_t>(s) ^ fmix32(static_cast<uint32_t>(o)));
+  h = fmix32(h ^ static_cast<uint32_t>(o >> 32) ^ static_cast<uint32_t>(s >> 32));
+  return static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+}
+inline float randn(int64_t seed, int64_t offset) {
+  float u1 = std::max(uniform(seed, offset * 2), 1e-7f);
+  float u2 = uniform(seed, offset * 2 + 1);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * static_cast<float>(M_PI) * u2);
+}
+
+template <typename T> struct Welford {
+  double mean = 0, m2 = 0;
+  int64_t n = 0;
+  inline void update(T x) {
+    n += 1;
+    double delta = static_cast<double>(x) - mean;
+    mean += delta / static_cast<double>(n);
+    m2 += delta * (static_cast<double>(x) - mean);
+  }
+};
+
+}  // namespace kiln
+"""
