@@ -8,16 +8,26 @@ import kiln_capture
 transformers = pytest.importorskip("transformers")
 
 
+SMALL = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+
+
+def token_ids():
+    return {"input_ids": torch.randint(0, 128, (2, 8))}
+
+
+def pixels():
+    return {"pixel_values": torch.randn(2, 3, 32, 32)}
+
+
 def bert():
-    config = transformers.BertConfig(
-        vocab_size=128,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return transformers.BertModel(config), lambda: {"input_ids": torch.randint(0, 128, (2, 8))}
+    return transformers.BertModel(transformers.BertConfig(**SMALL)), token_ids
 
 
 def gpt2():
@@ -30,24 +40,12 @@ def gpt2():
         bos_token_id=0,
         eos_token_id=0,
     )
-    return transformers.GPT2LMHeadModel(config), lambda: {
-        "input_ids": torch.randint(0, 128, (2, 8))
-    }
+    return transformers.GPT2LMHeadModel(config), token_ids
 
 
 def llama():
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config), lambda: {
-        "input_ids": torch.randint(0, 128, (2, 8))
-    }
+    config = transformers.LlamaConfig(**SMALL, num_key_value_heads=2)
+    return transformers.LlamaForCausalLM(config), token_ids
 
 
 def t5():
@@ -69,28 +67,10 @@ def vit():
         num_attention_heads=4,
         intermediate_size=64,
     )
-    return transformers.ViTModel(config), lambda: {"pixel_values": torch.randn(2, 3, 32, 32)}
+    return transformers.ViTModel(config), pixels
 
 
 MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "t5": t5, "vit": vit}
-
-SMALL = dict(
-    vocab_size=128,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
-
-
-def token_ids():
-    return {"input_ids": torch.randint(0, 128, (2, 8))}
-
-
-def pixels():
-    return {"pixel_values": torch.randn(2, 3, 32, 32)}
-
 
 # More architectures, run in the integration session.
 MORE_MODELS = {
