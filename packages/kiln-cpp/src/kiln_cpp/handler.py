@@ -12,7 +12,6 @@ a reduction result starts a new reduction loop.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ from kiln_cpp import ops_table
 from kiln_cpp.dtypes import convert_expr, load_expr, storage_type, store_expr, value_type
 from kiln_cpp.errors import CppCodegenError
 from kiln_cpp.printer import cexpr
-from kiln_loopir.ir import Scatter, TensorRef
+from kiln_loopir.ir import Scatter
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.ops import BINARY_OPS, UNARY_OPS
 
@@ -77,6 +76,7 @@ class CppOpsHandler:
         self.levels = kernel.levels()
         self.nodes = kernel.nodes
         self.buffer_dtypes: dict[str, torch.dtype] = {n.name: n.buffer.dtype for n in kernel.nodes}
+        self.buffer_dtypes.update(kernel.arg_dtypes)
         self.items: list[str | ReductionLoop] = []
         self.local_values = _NodeValues(self._node_done)
         self.dtypes: dict[str, torch.dtype] = {}
@@ -144,18 +144,10 @@ class CppOpsHandler:
     def _buffer_dtype(self, name: str) -> torch.dtype:
         if name in self.buffer_dtypes:
             return self.buffer_dtypes[name]
-        # The protocol's load passes a buffer name only: the dtype of a buffer the kernel
-        # reads comes from the TensorRef whose ``load`` is calling.
-        frame = sys._getframe(2)
-        for _ in range(4):
-            if frame is None:
-                break
-            ref = frame.f_locals.get("self")
-            if isinstance(ref, TensorRef) and ref.buffer == name:
-                self.buffer_dtypes[name] = ref.dtype
-                return ref.dtype
-            frame = frame.f_back
-        raise CppCodegenError(f"{self.kernel.name}: cannot tell the dtype of buffer {name}")
+        raise CppCodegenError(
+            f"{self.kernel.name}: buffer {name} has no dtype in kernel.arg_dtypes; "
+            "run kiln_loopir's kernel_launch_args on the schedule before rendering"
+        )
 
     def load(self, name: str, index: sympy.Expr) -> str:
         if name in self.local_values:

@@ -23,8 +23,8 @@ class Codegen(Protocol):
     - ``device_types``: the ``torch.device.type`` values it serves (``("cpu",)``).
     - ``render(kernel)``: the kernel's source, as text. The generator walks the kernel by
       calling ``kernel.body(handler)`` with its own ops handler (see ``kiln_loopir.ops``);
-      ``kernel.args`` (buffer names) then ``kernel.size_args`` (size symbols) are the
-      launch arguments, in that order.
+      ``kernel.args`` (buffer names, dtypes in ``kernel.arg_dtypes``) then
+      ``kernel.size_args`` (size symbols) are the launch arguments, in that order.
     - ``compile(sources)``: one callable per source, same order. The host program calls
       ``kernel(*buffers, *sizes)`` with tensors for the buffers and ints for the sizes.
 

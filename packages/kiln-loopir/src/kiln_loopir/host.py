@@ -157,11 +157,14 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
 
 
 def kernel_launch_args(schedule: Schedule) -> None:
-    """Fill each kernel's ``args`` (loaded, then stored buffers) and ``size_args``."""
+    """Fill each kernel's ``args`` (loaded, then stored buffers), their ``arg_dtypes``
+    and ``size_args``."""
+    buffers = schedule.graph.buffers()
     for kernel in schedule.kernels():
         reads = sorted(kernel.reads())
         stored = kernel.stored_buffers()
         kernel.args = reads + [s for s in stored if s not in reads]
+        kernel.arg_dtypes = {a: buffers[a].dtype for a in kernel.args}
         symbols: set[sympy.Symbol] = set(kernel.trace().symbols)
         for e in (*kernel.ranges, *kernel.reduction_ranges):
             symbols |= sympy.sympify(e).free_symbols

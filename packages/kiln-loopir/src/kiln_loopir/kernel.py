@@ -82,6 +82,8 @@ class Kernel:
     # set by memory planning: buffer names passed to the kernel, in launch order
     args: list[str] = field(default_factory=list)
     size_args: list[sympy.Symbol] = field(default_factory=list)
+    # set by memory planning: the dtype of every buffer in ``args``
+    arg_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     # inner nodes whose loops run reordered: node name -> kernel dimension of each loop
     orders: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _reads: tuple | None = field(default=None, repr=False)
