@@ -1,12 +1,20 @@
 """Triton kernel generation for GPUs.
 
-kiln-triton renders the fused kernels of a kiln-loopir schedule as Triton kernels,
-autotunes their launch configurations and caches the winners. It registers itself in the
-``kiln.codegen`` entry-point group under the name ``triton``.
+kiln-triton renders the fused kernels of a kiln-loopir schedule as Triton kernels:
+pointwise kernels on 1-D or 2-D blocks, reductions as persistent (whole rows in registers)
+or looped kernels chosen by size at launch. Launch configurations are timed on the GPU and
+the winners cached on disk. It registers :data:`triton_codegen` in the ``kiln.codegen``
+entry-point group under the name ``triton``.
 
-This release holds the package's metadata only: code generation arrives in 0.1.
+Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's interpreter
+(slow; for tests).
 """
 
 from kiln_triton.__about__ import __version__
+from kiln_triton.codegen import TritonCodegen
+from kiln_triton.errors import TritonCodegenError, TritonError
 
-__all__ = ["__version__"]
+# the object the ``kiln.codegen`` entry point ``triton`` resolves to
+triton_codegen = TritonCodegen()
+
+__all__ = ["TritonCodegen", "TritonCodegenError", "TritonError", "__version__", "triton_codegen"]

@@ -1,0 +1,87 @@
+"""Choosing a launch configuration by timing the candidates, and remembering the winner
+on disk per (kernel source, sizes, device) so later processes skip the timing.
+
+The cache lives in ``$KILN_TRITON_CACHE_DIR`` (default ``~/.cache/kiln/triton``) under
+``autotune/``; ``KILN_TRITON_AUTOTUNE=0`` turns timing off (the heuristic's first pick is
+used). Kernels with little work are not timed: launch cost dominates them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from kiln_triton.configs import Config
+
+# kernels touching fewer points than this run the heuristic's pick untimed
+MIN_POINTS = 1 << 18
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KILN_TRITON_CACHE_DIR") or Path.home() / ".cache" / "kiln" / "triton"
+    return Path(root)
+
+
+def enabled() -> bool:
+    return os.environ.get("KILN_TRITON_AUTOTUNE", "1") != "0"
+
+
+def cache_key(source_hash: str, numels: dict, sizes: tuple, device: str) -> str:
+    import triton
+
+    text = json.dumps(
+        [source_hash, sorted(numels.items()), list(sizes), device, triton.__version__]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def load_winner(key: str) -> Config | None:
+    path = cache_dir() / "autotune" / f"{key}.json"
+    try:
+        return Config.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def save_winner(key: str, config: Config, timings: dict[str, float]) -> None:
+    folder = cache_dir() / "autotune"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{key}.json.{os.getpid()}"
+    tmp.write_text(json.dumps({**config.as_dict(), "timings_us": timings}, indent=1))
+    tmp.replace(folder / f"{key}.json")
+
+
+def time_config(launch: Callable[[], None], reps: int = 20) -> float:
+    """Microseconds per launch, median of three batches (after a warm-up launch)."""
+    launch()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps)
+    return sorted(times)[1]
+
+
+def pick(configs: list[Config], launch_with: Callable[[Config], Callable[[], None]]) -> tuple:
+    """The fastest config and every config's time (microseconds)."""
+    timings: dict[str, float] = {}
+    best, best_t = configs[0], float("inf")
+    for config in configs:
+        try:
+            t = time_config(launch_with(config))
+        except Exception:  # a config that does not compile (too many registers ...) loses
+            continue
+        timings[json.dumps(config.as_dict(), sort_keys=True)] = round(t, 2)
+        if t < best_t:
+            best, best_t = config, t
+    return best, timings

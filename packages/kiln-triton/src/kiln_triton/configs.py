@@ -1,0 +1,97 @@
+"""Launch configurations: the small set of block sizes, warps and stages worth trying for
+a kernel at given sizes, chosen by heuristics (the first is the heuristic's pick)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# a reduction up to this size keeps whole rows in registers (the persistent variant)
+PERSISTENT_MAX = 4096
+
+
+@dataclass(frozen=True)
+class Config:
+    variant: str  # the function of the kernel module: the kernel's name, or _persistent/_looped
+    blocks: tuple[tuple[str, int], ...]
+    num_warps: int = 4
+    num_stages: int = 1
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def as_dict(self) -> dict:
+        return {
+            "variant": self.variant,
+            "blocks": dict(self.blocks),
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        return cls(d["variant"], tuple(d["blocks"].items()), d["num_warps"], d["num_stages"])
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _warps(elements: int, lo: int = 1, hi: int = 16) -> int:
+    return max(lo, min(hi, elements // 256))
+
+
+def _unique(configs: list[Config]) -> list[Config]:
+    seen, out = set(), []
+    for c in configs:
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def pointwise_configs(name: str, xnumel: int) -> list[Config]:
+    cap = next_pow2(xnumel)
+    out = []
+    for x, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8)):
+        xb = max(16, min(x, cap))
+        out.append(Config(name, (("XBLOCK", xb),), max(1, min(w, xb // 128))))
+    return _unique(out)
+
+
+def tiled_configs(name: str, ynumel: int, xnumel: int) -> list[Config]:
+    out = []
+    for y, x, w in ((64, 64, 4), (32, 128, 4), (128, 32, 4), (32, 32, 2)):
+        yb, xb = max(16, min(y, next_pow2(ynumel))), max(16, min(x, next_pow2(xnumel)))
+        out.append(Config(name, (("YBLOCK", yb), ("XBLOCK", xb)), max(1, min(w, yb * xb // 256))))
+    return _unique(out)
+
+
+def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -> list[Config]:
+    xcap, rfull = next_pow2(xnumel), next_pow2(rnumel)
+    out = []
+    if column_major:  # loads run along x: wide x blocks keep them coalesced
+        for x, r, w in ((64, 8, 4), (128, 8, 8), (32, 32, 4), (64, 16, 8)):
+            xb, rb = min(x, xcap), min(r, rfull)
+            variant = "persistent" if rb >= rfull else "looped"
+            out.append(Config(f"{name}_{variant}", (("XBLOCK", xb), ("RBLOCK", rb)),
+                              _warps(xb * rb, 1, w)))  # fmt: skip
+        return _unique(out)
+    if rfull <= PERSISTENT_MAX:
+        base = max(1, min(xcap, max(1, 1024 // rfull)))
+        for xb in (base, base * 2, base * 4, max(1, base // 2)):
+            xb = min(xb, xcap, 64)
+            for w in (_warps(xb * rfull, 2), _warps(xb * rfull, 2) * 2):
+                out.append(Config(f"{name}_persistent", (("XBLOCK", xb), ("RBLOCK", rfull)),
+                                  min(w, 16)))  # fmt: skip
+        return _unique(out)[:6]
+    for xb, rb, w in ((1, 2048, 8), (1, 4096, 16), (2, 1024, 8), (1, 1024, 4)):
+        xb = min(xb, xcap)
+        out.append(Config(f"{name}_looped", (("XBLOCK", xb), ("RBLOCK", rb)), w))
+    return _unique(out)
+
+
+def candidates(meta: dict, numels: dict[str, int]) -> list[Config]:
+    kind, name = meta["kind"], meta["name"]
+    if kind == "pointwise":
+        return pointwise_configs(name, numels["xnumel"])
+    if kind == "tiled":
+        return tiled_configs(name, numels["ynumel"], numels["xnumel"])
+    return reduction_configs(name, numels["xnumel"], numels["rnumel"], meta["column_major"])

@@ -1,0 +1,217 @@
+"""Device functions the generated kernels call (imported there as ``kt``).
+
+Integer division and remainder floor as in Python and torch; reductions combine with NaN
+propagation and first-index ties as eager does; ``uniform`` and ``randn`` hash a seed and
+an offset exactly as kiln-loopir's reference backend does. ``libdevice`` is Triton's CUDA
+math library, or, under ``TRITON_INTERPRET=1`` (which cannot call it), the same functions
+evaluated with torch on the host.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+if INTERPRET:
+    from kiln_triton.interpret_libdevice import libdevice
+else:
+    from triton.language.extra import libdevice  # noqa: F401
+
+
+# -- integer division that floors (the primitives truncate on GPU) ---------------------------
+@triton.jit
+def floordiv_int(a, b):
+    q = a // b
+    r = a - q * b
+    fix = (r != 0) & ((r < 0) != (b < 0))
+    return tl.where(fix, q - 1, q)
+
+
+@triton.jit
+def mod_int(a, b):
+    q = a // b
+    r = a - q * b
+    fix = (r != 0) & ((r < 0) != (b < 0))
+    return tl.where(fix, r + b, r)
+
+
+@triton.jit
+def truncdiv_int(a, b):
+    q = floordiv_int(a, b)
+    r = a - q * b
+    return tl.where((r != 0) & ((a < 0) != (b < 0)), q + 1, q)
+
+
+@triton.jit
+def fmod_int(a, b):
+    return a - truncdiv_int(a, b) * b
+
+
+@triton.jit
+def pow_int(base, exp):
+    result = tl.full(base.shape, 1, base.dtype) * (exp * 0 + 1).to(base.dtype)
+    b = base + result * 0
+    e = exp + (base * 0).to(exp.dtype)
+    for _ in range(63):
+        result = tl.where((e & 1) != 0, result * b, result)
+        b = b * b
+        e = e >> 1
+    return result
+
+
+@triton.jit
+def shl(a, b):
+    return tl.where(b < a.dtype.primitive_bitwidth, a << b, 0)
+
+
+@triton.jit
+def shr(a, b):
+    return a >> tl.minimum(b, a.dtype.primitive_bitwidth - 1)
+
+
+# -- float ops with torch's semantics ---------------------------------------------------------
+@triton.jit
+def floordiv_float(a, b):
+    mod = libdevice.fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floored = tl.floor(div)
+    floored = tl.where(div - floored > 0.5, floored + 1, floored)
+    out = tl.where(div != 0, floored, libdevice.copysign(div * 0, a / b))
+    return tl.where(b == 0, a / b, out)
+
+
+@triton.jit
+def remainder_float(a, b):
+    mod = libdevice.fmod(a, b)
+    return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
+@triton.jit
+def maximum(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def minimum(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def sign(x):
+    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+
+
+@triton.jit
+def isinf(x):
+    return (x == float("inf")) | (x == float("-inf"))
+
+
+@triton.jit
+def isfinite(x):
+    return (x == x) & ~isinf(x)
+
+
+@triton.jit
+def sigmoid(x):
+    return 1 / (1 + tl.exp(-x))
+
+
+@triton.jit
+def digamma(x):
+    # reflection for x < 0.5, the recurrence up to 6, then the asymptotic series
+    reflect = x < 0.5
+    pi = 3.141592653589793
+    y = tl.where(reflect, 1 - x, x)
+    acc = y * 0
+    for _ in range(6):
+        small = y < 6
+        acc = tl.where(small, acc - 1 / y, acc)
+        y = tl.where(small, y + 1, y)
+    inv = 1 / y
+    inv2 = inv * inv
+    series = tl.log(y) - 0.5 * inv
+    series -= inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 * (1.0 / 252 - inv2 * (1.0 / 240))))
+    out = acc + series
+    out = tl.where(reflect, out - pi / libdevice.tan(pi * x), out)
+    return tl.where((x == tl.floor(x)) & (x <= 0), float("nan"), out)
+
+
+# -- reductions -------------------------------------------------------------------------------
+@triton.jit
+def prod_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def max_combine(a, b):
+    return maximum(a, b)
+
+
+@triton.jit
+def min_combine(a, b):
+    return minimum(a, b)
+
+
+@triton.jit
+def argmax_combine(a, ia, b, ib):
+    nan_a = a != a
+    nan_b = b != b
+    take_a = (a > b) | (nan_a & ~nan_b) | (((a == b) | (nan_a & nan_b)) & (ia < ib))
+    return tl.where(take_a, a, b), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def argmin_combine(a, ia, b, ib):
+    nan_a = a != a
+    nan_b = b != b
+    take_a = (a < b) | (nan_a & ~nan_b) | (((a == b) | (nan_a & nan_b)) & (ia < ib))
+    return tl.where(take_a, a, b), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    frac = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * n_a * frac, n
+
+
+@triton.jit
+def welford_update(mean, m2, n, value, mask):
+    n_new = tl.where(mask, n + 1, n)
+    delta = value - mean
+    mean_new = tl.where(mask, mean + delta / tl.where(mask, n_new, 1.0), mean)
+    m2_new = tl.where(mask, m2 + delta * (value - mean_new), m2)
+    return mean_new, m2_new, n_new
+
+
+# -- random numbers: a counter-based hash of (seed, offset) -----------------------------------
+@triton.jit
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def uniform(seed, offset):
+    s = seed.to(tl.int64)
+    o = offset.to(tl.int64)
+    h = _fmix32(s.to(tl.uint32) ^ _fmix32(o.to(tl.uint32)))
+    h = _fmix32(h ^ (o >> 32).to(tl.uint32) ^ (s >> 32).to(tl.uint32))
+    return (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def randn(seed, offset):
+    o = offset.to(tl.int64)
+    u1 = tl.maximum(uniform(seed, o * 2), 1e-7)
+    u2 = uniform(seed, o * 2 + 1)
+    return tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(6.283185307179586 * u2)

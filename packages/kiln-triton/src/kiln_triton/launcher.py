@@ -1,0 +1,145 @@
+"""The callable the host program launches: ``kernel(*tensors, *sizes)``.
+
+On the first call at some sizes it evaluates the kernel's block counts (``META['numels']``),
+picks a launch configuration (timed on the GPU for big kernels, remembered on disk; see
+:mod:`kiln_triton.autotune`) and whether indices need 64 bits; later calls at the same
+sizes go straight to the launch.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+
+from kiln_triton import autotune
+from kiln_triton.configs import Config, candidates
+from kiln_triton.device import INTERPRET
+
+INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block past the end
+
+
+@dataclass
+class Launch:
+    fn: object
+    grid: tuple[int, ...]
+    numels: tuple[int, ...]
+    kwargs: dict
+    config: Config
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements from ``t``'s first element to one past its last."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+
+
+def _floordiv(a, b):
+    return a // b
+
+
+class TritonKernel:
+    def __init__(self, module: types.ModuleType, source_hash: str) -> None:
+        self.module = module
+        self.meta: dict = module.META
+        self.name: str = self.meta["name"]
+        self.source_hash = source_hash
+        self._nargs = len(self.meta["args"])
+        self._stored = [i for i, a in enumerate(self.meta["args"]) if a in self.meta["stored"]]
+        names = list(self.meta["numels"])
+        exprs = ", ".join(self.meta["numels"][n] for n in names)
+        params = ", ".join(self.meta["sizes"])
+        scope = {"minimum": min, "maximum": max}
+        self._numels = eval(f"lambda {params}: ({exprs},)", scope)  # noqa: S307 - generated
+        self._numel_names = names
+        self._launches: dict[tuple, Launch | None] = {}
+        self.configs_timed = 0
+
+    def __repr__(self) -> str:
+        return f"TritonKernel({self.name})"
+
+    def __call__(self, *args: object) -> None:
+        sizes = tuple(int(s) for s in args[self._nargs :])  # type: ignore[call-overload]
+        launch = self._launches.get(sizes, False)
+        if launch is False:
+            launch = self._plan(args, sizes)
+            self._launches[sizes] = launch
+        if launch is None:  # nothing to compute
+            return
+        launch.fn[launch.grid](*args, *launch.numels, **launch.kwargs)
+
+    # -- planning -------------------------------------------------------------------------------
+    def numels(self, sizes: tuple[int, ...]) -> dict[str, int]:
+        return dict(zip(self._numel_names, (int(n) for n in self._numels(*sizes)), strict=True))
+
+    def _plan(self, args: tuple, sizes: tuple[int, ...]) -> Launch | None:
+        if len(args) != self._nargs + len(self.meta["sizes"]):
+            raise TypeError(
+                f"{self.name} takes {self._nargs} tensors and {len(self.meta['sizes'])} sizes, "
+                f"got {len(args)} arguments"
+            )
+        tensors = args[: self._nargs]
+        for a in tensors:
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"{self.name}: expected a tensor, got {a!r}")
+            if a.device.type != "cuda" and not INTERPRET:
+                raise TypeError(
+                    f"{self.name}: got a tensor on {a.device}; Triton kernels run on CUDA "
+                    "tensors (or on CPU tensors under TRITON_INTERPRET=1)"
+                )
+        numels = self.numels(sizes)
+        if any(n == 0 for k, n in numels.items() if k != "rnumel"):
+            return None
+        points = 1
+        for n in numels.values():
+            points *= max(n, 1)
+        biggest = max([points] + [_span(t) for t in tensors])  # type: ignore[arg-type]
+        index64 = biggest > INT32_LIMIT
+        configs = candidates(self.meta, numels)
+        config = configs[0]
+        if (
+            len(configs) > 1
+            and not INTERPRET
+            and autotune.enabled()
+            and points >= autotune.MIN_POINTS
+        ):
+            config = self._tune(configs, tensors, sizes, numels, index64)
+        return self._launch(config, numels, index64)
+
+    def _launch(self, config: Config, numels: dict[str, int], index64: bool) -> Launch:
+        blocks = dict(config.blocks)
+        if self.meta["kind"] == "tiled":
+            grid = (
+                -(-numels["ynumel"] // blocks["YBLOCK"]) * -(-numels["xnumel"] // blocks["XBLOCK"]),
+            )
+        else:
+            grid = (-(-numels["xnumel"] // blocks["XBLOCK"]),)
+        kwargs = {**blocks, "INDEX64": index64}
+        if not INTERPRET:
+            kwargs.update(num_warps=config.num_warps, num_stages=config.num_stages)
+        fn = getattr(self.module, config.variant)
+        return Launch(fn, grid, tuple(numels.values()), kwargs, config)
+
+    def _tune(self, configs, tensors, sizes, numels, index64) -> Config:
+        device = torch.cuda.get_device_name(tensors[0].device) if tensors else "cuda"
+        key = autotune.cache_key(self.source_hash, numels, sizes, device)
+        cached = autotune.load_winner(key)
+        if cached is not None and cached in configs:
+            return cached
+        # time on scratch copies of what the kernel writes: inputs stay as they are, even
+        # when an output shares their storage (in place) or accumulates
+        scratch = list(tensors)
+        for i in self._stored:
+            t = tensors[i]
+            scratch[i] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+        def launch_with(config: Config):
+            launch = self._launch(config, numels, index64)
+            return lambda: launch.fn[launch.grid](*scratch, *sizes, *launch.numels, **launch.kwargs)
+
+        best, timings = autotune.pick(configs, launch_with)
+        self.configs_timed += len(timings)
+        autotune.save_winner(key, best, timings)
+        return best

@@ -1,0 +1,621 @@
+"""A kernel as Triton source: one ``@triton.jit`` function per variant and its launch
+metadata (``META``), read by :mod:`kiln_triton.launcher`.
+
+Pointwise kernels have one variant over 1-D or 2-D blocks (see :mod:`kiln_triton.tiling`).
+Kernels with reduction ranges have two, and the launcher picks one by the size of the
+reduction: ``persistent`` holds whole rows in registers (``RBLOCK`` covers the reduction,
+every value is computed once), ``looped`` walks the reduction in chunks of ``RBLOCK`` with
+per-lane accumulators; a value that needs a reduction's result starts a new loop, and the
+loads it needs are repeated there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from kiln_loopir.kernel import Kernel
+from kiln_loopir.symbols import index_vars, py_expr, reduction_vars
+from kiln_triton import ops_table
+from kiln_triton.dtypes import LOW_PRECISION, compute_type, convert, tl_type
+from kiln_triton.errors import TritonCodegenError
+from kiln_triton.printer import texpr
+from kiln_triton.tiling import Tiling, choose_tiling, column_major, merge_dims
+from kiln_triton.values import RecordingHandler, Store, Value, record
+
+HEADER = """\
+import triton
+import triton.language as tl
+
+from kiln_triton import device as kt
+"""
+
+
+def _literal(value: object, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "1" if value else "0"
+    if dtype.is_floating_point:
+        v = float(value)  # type: ignore[arg-type]
+        if math.isnan(v) or math.isinf(v):
+            return f'float("{v}")'
+        return repr(v)
+    return str(int(value))  # type: ignore[call-overload]
+
+
+def _identity(kind: str, dtype: torch.dtype) -> str:
+    """The value masked lanes contribute to a reduction (in the compute type)."""
+    if kind in ("sum", "welford"):
+        return "0"
+    if kind == "prod":
+        return "1"
+    big = kind in ("min", "argmin")
+    if dtype.is_floating_point:
+        return 'float("inf")' if big else 'float("-inf")'
+    if dtype == torch.bool:
+        return "1" if big else "0"
+    info = torch.iinfo(dtype)
+    return str(info.max if big else info.min)
+
+
+@dataclass
+class Space:
+    """The iteration space after merging: variables by group and what masks them."""
+
+    tiling: Tiling
+    subs: dict
+    xvars: list
+    rvars: list
+
+    def group_of(self, s: sympy.Symbol) -> str | None:
+        if s in self.rvars:
+            return "r"
+        if s in self.xvars:
+            if self.tiling.kind == "tiled" and self.xvars.index(s) < self.tiling.split:
+                return "y"
+            return "x"
+        return None
+
+
+class KernelRenderer:
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.rec: RecordingHandler = record(kernel)
+        self.space = self._space()
+        self.lines: list[str] = []
+
+    # -- the iteration space -------------------------------------------------------------------
+    def _space(self) -> Space:
+        k, rec = self.kernel, self.rec
+        xs, rs = index_vars(len(k.ranges)), reduction_vars(len(k.reduction_ranges))
+        exprs = [v.attrs["index"] for v in rec.values if v.op in ("load", "index")]
+        exprs += [s.index for s in rec.stores]
+        ranges, new_xs, xsubs = merge_dims(list(k.ranges), xs, exprs)
+        rranges, new_rs, rsubs = merge_dims(list(k.reduction_ranges), rs, exprs)
+        subs = {**xsubs, **rsubs}
+        if subs:
+            for v in rec.values:
+                if "index" in v.attrs:
+                    v.attrs["index"] = sympy.expand(v.attrs["index"].subs(subs, simultaneous=True))
+            for s in rec.stores:
+                s.index = sympy.expand(s.index.subs(subs, simultaneous=True))
+        accesses = [v.attrs["index"] for v in rec.values if v.op == "load"]
+        accesses += [s.index for s in rec.stores]
+        tiling = choose_tiling(ranges, rranges, new_xs, accesses)
+        return Space(tiling, subs, new_xs, new_rs)
+
+    def _index_groups(self, expr: sympy.Expr) -> set[str]:
+        groups = set()
+        for s in sympy.sympify(expr).free_symbols:
+            g = self.space.group_of(s)
+            if g:
+                groups.add(g)
+            elif s.name in self.rec.indirect:
+                groups |= self._value_groups(self.rec.indirect[s.name])
+        return groups
+
+    def _value_groups(self, v: Value) -> set[str]:
+        if "groups" in v.attrs:
+            return v.attrs["groups"]
+        groups: set[str] = set()
+        if "index" in v.attrs:
+            groups |= self._index_groups(v.attrs["index"])
+        for a in v.args:
+            groups |= self._value_groups(a)
+        if v.op == "reduction":
+            groups.discard("r")
+        v.attrs["groups"] = groups
+        return groups
+
+    # -- masks and shapes ----------------------------------------------------------------------
+    def _level(self, inner: bool) -> list[str]:
+        """The groups of the block a value of this level spans."""
+        kind = self.space.tiling.kind
+        if kind == "tiled":
+            return ["y", "x"]
+        if kind == "pointwise":
+            return ["x"]
+        return ["x", "r"] if inner else ["x"]
+
+    def _shape(self, groups: list[str]) -> str:
+        kind = self.space.tiling.kind
+        if kind == "pointwise":
+            return "[XBLOCK]"
+        if kind == "tiled":
+            return (
+                "["
+                + ("YBLOCK" if "y" in groups else "1")
+                + ", "
+                + ("XBLOCK" if "x" in groups else "1")
+                + "]"
+            )
+        return (
+            "["
+            + ("XBLOCK" if "x" in groups else "1")
+            + ", "
+            + ("RBLOCK" if "r" in groups else "1")
+            + "]"
+        )
+
+    @staticmethod
+    def _mask(groups, extra: Value | None = None) -> str | None:
+        parts = [f"{g}mask" for g in ("y", "x", "r") if g in groups]
+        if extra is not None:
+            parts.append(extra.name)
+        return " & ".join(parts) if parts else None
+
+    def _pointer(self, buffer: str, index: sympy.Expr, have: set[str], need: list[str]) -> str:
+        ptr = f"{buffer} + {texpr(index)}"
+        if any(
+            g not in have for g in need
+        ):  # a broadcast access: the pointer takes the mask's shape
+            ptr += f" + tl.zeros({self._shape(need)}, tl.int32)"
+        return ptr
+
+    # -- one value -----------------------------------------------------------------------------
+    def value_lines(self, v: Value) -> list[str]:
+        a = [x.name for x in v.args]
+        n, op = v.name, v.op
+        if op == "load":
+            return [f"{n} = {self._load(v)}"]
+        if op == "constant":
+            lit = _literal(v.attrs["value"], v.dtype)
+            return [f"{n} = tl.full([], {lit}, {compute_type(v.dtype)})"]
+        if op == "index":
+            expr = texpr(v.attrs["index"])
+            return [f"{n} = (tl.zeros([], tl.int64) + {expr}).to({compute_type(v.dtype)})"]
+        if op == "convert":
+            return [f"{n} = {convert(a[0], v.args[0].dtype, v.dtype)}"]
+        if op == "where":
+            b, c = (self._cast(x, v.dtype) for x in v.args[1:])
+            return [f"{n} = tl.where({a[0]}, {b}, {c})"]
+        if op == "masked":
+            other = _literal(v.attrs["other"], v.dtype)
+            return [f"{n} = tl.where({a[0]}, {a[1]}, {other})"]
+        if op == "indirect":
+            # negative indices wrap; one out of range reads element 0 rather than outside memory
+            size = texpr(v.attrs["size"])
+            return [
+                f"{n} = {a[0]}.to(tl.int64)",
+                f"{n} = tl.where({n} < 0, {n} + {size}, {n})",
+                f"{n} = tl.where(({n} >= 0) & ({n} < {size}), {n}, 0)",
+            ]
+        if op in ("rand", "randn"):
+            fn = "uniform" if op == "rand" else "randn"
+            return [f"{n} = kt.{fn}({a[0]}, {a[1]})"]
+        return [f"{n} = {self._elementwise(v)}"]
+
+    def _load(self, v: Value) -> str:
+        index, buffer, mask_v = v.attrs["index"], v.attrs["buffer"], v.attrs["mask"]
+        have = self._index_groups(index)
+        need = set(have) | (self._value_groups(mask_v) if mask_v is not None else set())
+        mask = self._mask(have, mask_v)
+        order = [g for g in ("y", "x", "r") if g in need]
+        if mask is None:
+            line = f"tl.load({self._pointer(buffer, index, have, order)})"
+        else:
+            line = f"tl.load({self._pointer(buffer, index, have, order)}, {mask}, other=0)"
+        if v.dtype in LOW_PRECISION:
+            line += ".to(tl.float32)"
+        return line
+
+    def _cast(self, x: Value, dtype: torch.dtype) -> str:
+        if x.dtype == dtype or (x.dtype in LOW_PRECISION and dtype.is_floating_point):
+            return x.name
+        return convert(x.name, x.dtype, dtype)
+
+    def _elementwise(self, v: Value) -> str:
+        operand = ops_table.result_dtype("add", *(x.dtype for x in v.args))
+        fn = ops_table.table(operand, len(v.args)).get(v.op)
+        if fn is None:
+            raise TritonCodegenError(f"kiln-triton does not render {v.op} on {operand} yet")
+        return fn(*(self._cast(x, operand) for x in v.args))
+
+    # -- stores --------------------------------------------------------------------------------
+    def store_lines(self, s: Store) -> list[str]:
+        full = self._level(s.inner)
+        ptr = self._pointer(s.buffer, s.index, self._index_groups(s.index), full)
+        mask = self._mask(full)
+        dtype = self.rec.buffer_dtype(s.buffer)
+        value = self._cast(s.value, dtype) if dtype not in LOW_PRECISION else s.value.name
+        if (
+            s.value.dtype != dtype
+            and dtype in LOW_PRECISION
+            and not s.value.dtype.is_floating_point
+        ):
+            value = convert(value, s.value.dtype, torch.float32)
+        if s.accumulate:
+            return [f"tl.atomic_add({ptr}, {value}, {mask}, sem='relaxed')"]
+        return [f"tl.store({ptr}, {value}, {mask})"]
+
+    # -- reductions ----------------------------------------------------------------------------
+    def _reduce_kind(self, v: Value) -> str:
+        kind, src = v.attrs["type"], v.attrs["src"]
+        if src == torch.bool:  # bool sums and products are any/all
+            kind = {"sum": "any", "prod": "all", "max": "any", "min": "all"}.get(kind, kind)
+        return "welford" if kind.startswith("welford") else kind
+
+    def persistent_reduction(self, v: Value, done: dict) -> list[str]:
+        kind, src = self._reduce_kind(v), v.attrs["src"]
+        i = v.args[0].name
+        ct = compute_type(src)
+        ident = _identity(kind, src)
+        masked = f"tl.where(rxmask, {i}, {ident})"
+        n = v.name
+        if kind == "welford":
+            key = f"wf_{i}"
+            if key not in done:
+                done[key] = True
+                lines = [
+                    f"{key}_mean = tl.sum(tl.where(rxmask, {i}, 0), 1, keep_dims=True) / rnumel",
+                    f"{key}_dev = tl.where(rxmask, {i} - {key}_mean, 0)",
+                    f"{key}_m2 = tl.sum({key}_dev * {key}_dev, 1, keep_dims=True)",
+                ]
+            else:
+                lines = []
+            part = "mean" if v.attrs["type"] == "welford.mean" else "m2"
+            return lines + [f"{n} = {key}_{part}.to({ct})"]
+        if kind == "sum":
+            line = f"{n} = tl.sum({masked}, 1, keep_dims=True)"
+        elif kind == "prod":
+            line = f"{n} = tl.reduce({masked}, 1, kt.prod_combine, keep_dims=True)"
+        elif kind in ("max", "min"):
+            if src.is_floating_point:
+                line = f"{n} = tl.reduce({masked}, 1, kt.{kind}_combine, keep_dims=True)"
+            else:
+                line = f"{n} = tl.{kind}({masked}, 1, keep_dims=True)"
+        elif kind in ("any", "all"):
+            fn = "max" if kind == "any" else "min"
+            flag = f"tl.where(rxmask, ({i} != 0).to(tl.int8), {ident})"
+            line = f"{n} = tl.{fn}({flag}, 1, keep_dims=True) != 0"
+        elif kind in ("argmax", "argmin"):
+            values = f"tl.broadcast_to({masked}, [XBLOCK, RBLOCK])"
+            if src == torch.bool:
+                values = (
+                    f"tl.broadcast_to(tl.where(rxmask, {i}.to(tl.int8), {ident}), [XBLOCK, RBLOCK])"
+                )
+            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
+            return [
+                f"_, {n} = tl.reduce(({values}, {idx}), 1, kt.{kind}_combine, keep_dims=True)",
+                f"{n} = {n}.to(tl.int64)",
+            ]
+        else:
+            raise TritonCodegenError(f"kiln-triton does not render reduction {kind!r} yet")
+        return [line] + self._round(v)
+
+    def _round(self, v: Value) -> list[str]:
+        if v.dtype in LOW_PRECISION:
+            return [f"{v.name} = {v.name}.to({tl_type(v.dtype)}).to(tl.float32)"]
+        return []
+
+    def looped_reduction(self, v: Value, done: dict) -> tuple[list[str], list[str], list[str]]:
+        """(lines before the loop, lines in it, lines after it) for reduction ``v``."""
+        kind, src = self._reduce_kind(v), v.attrs["src"]
+        i = v.args[0].name
+        ct = compute_type(src)
+        ident = _identity(kind, src)
+        n = v.name
+        acc = f"acc_{n}"
+        tile = "[XBLOCK, RBLOCK]"
+        masked = f"tl.where(rxmask, {i}, {ident})"
+        if kind == "welford":
+            key = f"wf_{i}"
+            part = "mean" if v.attrs["type"] == "welford.mean" else "m2"
+            result = (
+                f"tl.where({key}_n == 0, float('nan'), {key}_mean)"
+                if part == "mean"
+                else f"{key}_m2"
+            )
+            after = [f"{n} = ({result}).to({ct})"]
+            if key in done:
+                return [], [], after
+            done[key] = True
+            before = [f"{key}_{p} = tl.zeros({tile}, {ct})" for p in ("mean", "m2", "n")]
+            update = [
+                f"{key}_mean, {key}_m2, {key}_n = kt.welford_update("
+                f"{key}_mean, {key}_m2, {key}_n, {i}, rxmask)"
+            ]
+            final = [
+                f"{key}_mean, {key}_m2, {key}_n = tl.reduce(({key}_mean, {key}_m2, {key}_n), 1, "
+                "kt.welford_combine, keep_dims=True)"
+            ]
+            return before, update, final + after
+        if kind in ("argmax", "argmin"):
+            vt = "tl.int8" if src == torch.bool else ct
+            value = f"tl.where(rxmask, {i}.to({vt}), {ident})"
+            before = [
+                f"{acc} = tl.full({tile}, {ident}, {vt})",
+                f"{acc}_i = tl.zeros({tile}, tl.int64)",
+            ]
+            update = [
+                f"{acc}, {acc}_i = kt.{kind}_combine({acc}, {acc}_i, {value}, rindex.to(tl.int64))"
+            ]
+            after = [f"_, {n} = tl.reduce(({acc}, {acc}_i), 1, kt.{kind}_combine, keep_dims=True)"]
+            return before, update, after
+        if kind in ("any", "all"):
+            fn = "maximum" if kind == "any" else "minimum"
+            before = [f"{acc} = tl.full({tile}, {ident}, tl.int8)"]
+            flag = f"tl.where(rxmask, ({i} != 0).to(tl.int8), {ident})"
+            update = [f"{acc} = tl.{fn}({acc}, {flag})"]
+            red = "max" if kind == "any" else "min"
+            return before, update, [f"{n} = tl.{red}({acc}, 1, keep_dims=True) != 0"]
+        before = [f"{acc} = tl.full({tile}, {ident}, {ct})"]
+        if kind == "sum":
+            update = [f"{acc} = {acc} + {masked}"]
+            final = f"tl.sum({acc}, 1, keep_dims=True)"
+        elif kind == "prod":
+            update = [f"{acc} = {acc} * {masked}"]
+            final = f"tl.reduce({acc}, 1, kt.prod_combine, keep_dims=True)"
+        elif kind in ("max", "min"):
+            if src.is_floating_point:
+                update = [
+                    f"{acc} = kt.{'maximum' if kind == 'max' else 'minimum'}({acc}, {masked})"
+                ]
+                final = f"tl.reduce({acc}, 1, kt.{kind}_combine, keep_dims=True)"
+            else:
+                update = [
+                    f"{acc} = tl.{'maximum' if kind == 'max' else 'minimum'}({acc}, {masked})"
+                ]
+                final = f"tl.{kind}({acc}, 1, keep_dims=True)"
+        else:
+            raise TritonCodegenError(f"kiln-triton does not render reduction {kind!r} yet")
+        return before, update, [f"{n} = {final}"] + self._round(v)
+
+    # -- whole functions -----------------------------------------------------------------------
+    def _var_defs(self, index: str, ranges, variables) -> list[str]:
+        lines = []
+        n = len(ranges)
+        for d, v in enumerate(variables):
+            inner = math.prod(ranges[d + 1 :]) if d + 1 < n else 1
+            expr = index if inner == 1 else f"({index} // {texpr(sympy.expand(inner))})"
+            if d > 0:
+                expr = f"({expr} % {texpr(ranges[d])})"
+            lines.append(f"{v} = {expr}")
+        return lines
+
+    def _signature(self, name: str, numels: list[str], blocks: list[str]) -> str:
+        params = list(self.kernel.args) + [str(s) for s in self.kernel.size_args] + numels
+        params += [f"{b}: tl.constexpr" for b in blocks] + ["INDEX64: tl.constexpr"]
+        return f"@triton.jit\ndef {name}({', '.join(params)}):"
+
+    def _pid_lines(self) -> list[str]:
+        return [
+            "pid = tl.program_id(0)",
+            "if INDEX64:",
+            "    pid = pid.to(tl.int64)",
+        ]
+
+    def _straight_body(self, reduction_lines=None) -> list[str]:
+        """Every value and store in program order (pointwise and persistent kernels)."""
+        lines: list[str] = []
+        done: dict = {}
+        stores = sorted(self.rec.stores, key=lambda s: s.after)
+        si = 0
+        for idx, v in enumerate(self.rec.values):
+            while si < len(stores) and stores[si].after <= idx:
+                lines += self.store_lines(stores[si])
+                si += 1
+            if v.op == "reduction":
+                lines += reduction_lines(v, done)
+            else:
+                lines += self.value_lines(v)
+        for s in stores[si:]:
+            lines += self.store_lines(s)
+        return lines
+
+    def pointwise_function(self) -> list[str]:
+        t, xs = self.space.tiling, self.space.xvars
+        if t.kind == "pointwise":
+            head = [self._signature(self.kernel.name, ["xnumel"], ["XBLOCK"])]
+            body = self._pid_lines() + [
+                "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)",
+                "xmask = xindex < xnumel",
+            ]
+            body += self._var_defs("xindex", t.ranges, xs)
+        else:
+            head = [self._signature(self.kernel.name, ["ynumel", "xnumel"], ["YBLOCK", "XBLOCK"])]
+            body = self._pid_lines() + [
+                "xblocks = tl.cdiv(xnumel, XBLOCK)",
+                "yindex = (pid // xblocks) * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
+                "xindex = (pid % xblocks) * XBLOCK + tl.arange(0, XBLOCK)[None, :]",
+                "ymask = yindex < ynumel",
+                "xmask = xindex < xnumel",
+            ]
+            body += self._var_defs("yindex", t.ranges[: t.split], xs[: t.split])
+            body += self._var_defs("xindex", t.ranges[t.split :], xs[t.split :])
+        body += self._straight_body(self.single_point_reduction)
+        return head + ["    " + line for line in body]
+
+    def single_point_reduction(self, v: Value, done: dict) -> list[str]:
+        """A reduction over no ranges (a 0-d tensor's sum): over its one element."""
+        kind, i = self._reduce_kind(v), v.args[0].name
+        if kind in ("argmax", "argmin"):
+            return [f"{v.name} = tl.full([], 0, tl.int64)"]
+        if kind in ("any", "all"):
+            return [f"{v.name} = {i} != 0"]
+        if v.attrs["type"] == "welford.m2":
+            return [f"{v.name} = {i} * 0"]
+        return [f"{v.name} = {i}"]
+
+    def _reduction_head(self, suffix: str) -> list[str]:
+        t = self.space.tiling
+        head = [
+            self._signature(
+                f"{self.kernel.name}_{suffix}", ["xnumel", "rnumel"], ["XBLOCK", "RBLOCK"]
+            )
+        ]
+        body = self._pid_lines() + [
+            "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
+            "xmask = xindex < xnumel",
+            "rbase = tl.arange(0, RBLOCK)[None, :]",
+            "if INDEX64:",
+            "    rbase = rbase.to(tl.int64)",
+        ]
+        body += self._var_defs("xindex", t.ranges, self.space.xvars)
+        return head, body
+
+    def _rdefs(self) -> list[str]:
+        t = self.space.tiling
+        return ["rmask = rindex < rnumel", "rxmask = rmask & xmask"] + self._var_defs(
+            "rindex", t.reduction_ranges, self.space.rvars
+        )
+
+    def persistent_function(self) -> list[str]:
+        head, body = self._reduction_head("persistent")
+        body += ["rindex = rbase"] + self._rdefs()
+        body += self._straight_body(self.persistent_reduction)
+        return head + ["    " + line for line in body]
+
+    def looped_function(self) -> list[str]:
+        head, body = self._reduction_head("looped")
+        values, stores = self.rec.values, self.rec.stores
+        loop: dict[str, int] = {}  # inner value -> the loop it is first computable in
+        after: dict[str, int] = {}  # outer value -> the loops it waits for
+        position: dict[str, int] = {}  # 2k: segment after loop k, 2k-1: loop k
+
+        def need(a: Value) -> int:
+            return loop[a.name] if a.inner else after[a.name] + 1
+
+        for v in values:
+            if v.op == "reduction":
+                after[v.name] = need(v.args[0])
+                position[v.name] = 2 * after[v.name]
+            elif v.inner:
+                loop[v.name] = max([1] + [need(a) for a in v.args])
+                position[v.name] = 2 * loop[v.name] - 1
+            else:
+                after[v.name] = max([0] + [after[a.name] for a in v.args])
+                position[v.name] = 2 * after[v.name]
+        store_pos = []
+        for s in stores:
+            deps = [s.value, *s.deps]
+            if s.inner:
+                req = 2 * max(need(d) if not d.inner else loop[d.name] for d in deps) - 1
+                if not s.value.inner and not any(d.inner for d in s.deps):
+                    req = 2 * max(after[d.name] + 1 for d in deps) - 1
+            else:
+                req = 2 * max(after[d.name] for d in deps)
+            # never store before an access recorded earlier (in-place buffers)
+            running = max([0] + [position[v.name] for v in values[: s.after]])
+            pos = max(req, running)
+            if (pos % 2 == 1) != s.inner:
+                pos += 1
+            store_pos.append(pos)
+        nloops = max([0] + [(p + 1) // 2 for p in store_pos if p % 2] +
+                     [after[v.name] for v in values if v.op == "reduction"])  # fmt: skip
+        done: dict = {}
+        finals: dict[str, list[str]] = {}
+        for k in range(nloops + 1):
+            # segment k: outer values and stores that wait for loop k
+            items = [
+                (i, v) for i, v in enumerate(values) if not v.inner and position[v.name] == 2 * k
+            ]
+            pairs = zip(stores, store_pos, strict=True)
+            items += [(s.after - 0.5, s) for s, p in pairs if p == 2 * k]
+            for _, item in sorted(items, key=lambda it: it[0]):
+                if isinstance(item, Store):
+                    body += self.store_lines(item)
+                elif item.op == "reduction":
+                    body += finals.pop(item.name)
+                else:
+                    body += self.value_lines(item)
+            if k == nloops:
+                break
+            body += self._loop(k + 1, values, stores, store_pos, loop, need, done, finals)
+        return head + ["    " + line for line in body]
+
+    def _loop(self, k, values, stores, store_pos, loop, need, done, finals) -> list[str]:
+        reductions = [v for v in values if v.op == "reduction" and need(v.args[0]) == k]
+        loop_stores = [s for s, p in zip(stores, store_pos, strict=True) if p == 2 * k - 1]
+        wanted: set[str] = set()
+
+        def want(v: Value) -> None:
+            if not v.inner or v.name in wanted:
+                return
+            wanted.add(v.name)
+            for a in v.args:
+                want(a)
+
+        for r in reductions:
+            want(r.args[0])
+        for s in loop_stores:
+            want(s.value)
+            for d in s.deps:
+                want(d)
+        before, update = [], []
+        for r in reductions:
+            b, u, f = self.looped_reduction(r, done)
+            before += b
+            update += u
+            finals[r.name] = f
+        inner = ["rindex = roffset + rbase"] + self._rdefs()
+        items = [(i, v) for i, v in enumerate(values) if v.name in wanted]
+        items += [(s.after - 0.5, s) for s in loop_stores]
+        for _, item in sorted(items, key=lambda it: it[0]):
+            inner += self.store_lines(item) if isinstance(item, Store) else self.value_lines(item)
+        inner += update
+        return before + ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + x for x in inner]
+
+    # -- the module ----------------------------------------------------------------------------
+    def meta(self) -> dict:
+        t = self.space.tiling
+        numels: dict[str, str] = {}
+        if t.kind == "tiled":
+            numels["ynumel"] = py_expr(sympy.expand(math.prod(t.ranges[: t.split])))
+            numels["xnumel"] = py_expr(sympy.expand(math.prod(t.ranges[t.split :])))
+        else:
+            numels["xnumel"] = py_expr(sympy.expand(math.prod(t.ranges)))
+        if t.kind == "reduction":
+            numels["rnumel"] = py_expr(sympy.expand(math.prod(t.reduction_ranges)))
+        loads = [v.attrs["index"] for v in self.rec.values if v.op == "load"]
+        stored = [s.buffer for s in self.rec.stores]
+        return {
+            "name": self.kernel.name,
+            "kind": t.kind,
+            "args": list(self.kernel.args),
+            "sizes": [str(s) for s in self.kernel.size_args],
+            "stored": [a for a in self.kernel.args if a in stored],
+            "numels": numels,
+            "column_major": t.kind == "reduction"
+            and column_major(self.space.rvars, self.space.xvars, loads),
+        }
+
+    def source(self) -> str:
+        out = [f"# {self.kernel.header()}", HEADER]
+        if self.space.tiling.kind == "reduction":
+            out += self.persistent_function() + ["", ""] + self.looped_function()
+        else:
+            out += self.pointwise_function()
+        out += ["", "", f"META = {self.meta()!r}"]
+        return "\n".join(out) + "\n"
+
+
+def render_kernel(kernel: Kernel) -> str:
+    return KernelRenderer(kernel).source()
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:20]
