@@ -8,4 +8,17 @@ def test_version_is_pep440():
 
 
 def test_public_api_is_pinned():
-    assert sorted(kiln_triton.__all__) == ["__version__"]
+    assert sorted(kiln_triton.__all__) == [
+        "TritonCodegen",
+        "TritonCodegenError",
+        "TritonError",
+        "__version__",
+        "triton_codegen",
+    ]
+
+
+def test_entry_point_object_implements_the_codegen_protocol():
+    from kiln_loopir.codegen import Codegen
+
+    assert isinstance(kiln_triton.triton_codegen, Codegen)
+    assert kiln_triton.triton_codegen.device_types == ("cuda",)

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
 
 from kiln_loopir.kernel import Kernel
 from kiln_triton import autotune
+from kiln_triton.configs import candidates
+from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
-from kiln_triton.render import render_kernel, source_hash
+from kiln_triton.render import kernel_label, render_kernel, source_hash
+
+log = logging.getLogger("kiln.triton")
+_MODULES: dict[str, object] = {}  # source hash -> imported kernel module
 
 
 def load_module(source: str):
     """Import a kernel's source (Triton reads a ``@triton.jit`` function's source from its
-    file): written once to the cache under its hash."""
+    file): written once to the cache under its hash, imported once per process."""
     digest = source_hash(source)
+    if digest in _MODULES:
+        return _MODULES[digest], digest
     folder = autotune.cache_dir() / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"k{digest}.py"
@@ -26,15 +37,60 @@ def load_module(source: str):
     spec = importlib.util.spec_from_file_location(f"kiln_triton_kernel_{digest}", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    _MODULES[digest] = module
     return module, digest
+
+
+def precompile(kernels: Sequence[TritonKernel]) -> int:
+    """Compile the launch configurations of kernels with static sizes in parallel threads
+    (Triton compiles on first launch otherwise, one kernel after the other). Returns how
+    many were compiled; a failure here is left for the launch to report."""
+    if INTERPRET or not torch.cuda.is_available():
+        return 0
+    jobs: dict[tuple, tuple] = {}
+    for k in kernels:
+        if k.meta["sizes"]:
+            continue  # sizes known only at the first call
+        numels = k.numels(())
+        if any(n == 0 for n in numels.values()):
+            continue
+        configs = candidates(k.meta, numels)
+        points = 1
+        for n in numels.values():
+            points *= n
+        if not autotune.enabled() or points < autotune.MIN_POINTS:
+            configs = configs[:1]
+        for c in configs:
+            jobs.setdefault((k.source_hash, c, tuple(numels.values())), (k, c, numels))
+    if not jobs:
+        return 0
+
+    def build(job) -> bool:
+        kernel, config, numels = job
+        try:
+            kernel.warmup(config, numels)
+            return True
+        except Exception as exc:  # noqa: BLE001 - reported when the kernel launches
+            log.debug("precompiling %s %s failed: %s", kernel.name, config, exc)
+            return False
+
+    workers = int(os.environ.get("KILN_TRITON_COMPILE_THREADS", os.cpu_count() or 4))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return sum(pool.map(build, jobs.values()))
 
 
 class TritonCodegen:
     """Renders kernels as Triton (see :mod:`kiln_triton.render`) and returns launchers that
-    pick and cache launch configurations (:mod:`kiln_triton.launcher`)."""
+    pick and cache launch configurations (:mod:`kiln_triton.launcher`). ``compile``
+    compiles the kernels of a graph with static sizes in parallel (see :func:`precompile`).
+    """
 
     name = "triton"
     device_types = ("cuda",)
+
+    def __init__(self, parallel_compile: bool = True) -> None:
+        self.parallel_compile = parallel_compile
+        self.precompiled = 0
 
     def render(self, kernel: Kernel) -> str:
         return render_kernel(kernel)
@@ -43,7 +99,9 @@ class TritonCodegen:
         kernels = []
         for source in sources:
             module, digest = load_module(source)
-            kernels.append(TritonKernel(module, digest))
+            kernels.append(TritonKernel(module, digest, kernel_label(source)))
+        if self.parallel_compile:
+            self.precompiled += precompile(kernels)
         return kernels
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 if INTERPRET:
-    from kiln_triton.interpret_libdevice import libdevice
+    from kiln_triton.interpreter import libdevice
 else:
     from triton.language.extra import libdevice  # noqa: F401
 

@@ -41,10 +41,10 @@ def _floordiv(a, b):
 
 
 class TritonKernel:
-    def __init__(self, module: types.ModuleType, source_hash: str) -> None:
+    def __init__(self, module: types.ModuleType, source_hash: str, name: str) -> None:
         self.module = module
         self.meta: dict = module.META
-        self.name: str = self.meta["name"]
+        self.name = name
         self.source_hash = source_hash
         self._nargs = len(self.meta["args"])
         self._stored = [i for i, a in enumerate(self.meta["args"]) if a in self.meta["stored"]]
@@ -121,6 +121,12 @@ class TritonKernel:
             kwargs.update(num_warps=config.num_warps, num_stages=config.num_stages)
         fn = getattr(self.module, config.variant)
         return Launch(fn, grid, tuple(numels.values()), kwargs, config)
+
+    def warmup(self, config: Config, numels: dict[str, int]) -> None:
+        """Compile ``config`` for these (static) sizes without launching it."""
+        launch = self._launch(config, numels, False)
+        dtypes = [getattr(torch, d) for d in self.meta["dtypes"]]
+        launch.fn.warmup(*dtypes, *launch.numels, grid=launch.grid, **launch.kwargs)
 
     def _tune(self, configs, tensors, sizes, numels, index64) -> Config:
         device = torch.cuda.get_device_name(tensors[0].device) if tensors else "cuda"

@@ -27,6 +27,7 @@ from kiln_triton.printer import texpr
 from kiln_triton.tiling import Tiling, choose_tiling, column_major, merge_dims
 from kiln_triton.values import RecordingHandler, Store, Value, record
 
+KERNEL = "kernel"  # the name of the function in every kernel's source
 HEADER = """\
 import triton
 import triton.language as tl
@@ -84,6 +85,13 @@ class KernelRenderer:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self.rec: RecordingHandler = record(kernel)
+        # pointers get canonical names, so the same kernel in every layer of a model is one
+        # source (compiled once)
+        stored = set(kernel.stored_buffers())
+        self.pointer: dict[str, str] = {}
+        for a in kernel.args:
+            prefix = "out_ptr" if a in stored else "in_ptr"
+            self.pointer[a] = f"{prefix}{sum(p.startswith(prefix) for p in self.pointer.values())}"
         self.space = self._space()
         self.lines: list[str] = []
 
@@ -209,7 +217,8 @@ class KernelRenderer:
         return [f"{n} = {self._elementwise(v)}"]
 
     def _load(self, v: Value) -> str:
-        index, buffer, mask_v = v.attrs["index"], v.attrs["buffer"], v.attrs["mask"]
+        index, mask_v = v.attrs["index"], v.attrs["mask"]
+        buffer = self.pointer[v.attrs["buffer"]]
         have = self._index_groups(index)
         need = set(have) | (self._value_groups(mask_v) if mask_v is not None else set())
         mask = self._mask(have, mask_v)
@@ -237,7 +246,7 @@ class KernelRenderer:
     # -- stores --------------------------------------------------------------------------------
     def store_lines(self, s: Store) -> list[str]:
         full = self._level(s.inner)
-        ptr = self._pointer(s.buffer, s.index, self._index_groups(s.index), full)
+        ptr = self._pointer(self.pointer[s.buffer], s.index, self._index_groups(s.index), full)
         mask = self._mask(full)
         dtype = self.rec.buffer_dtype(s.buffer)
         value = self._cast(s.value, dtype) if dtype not in LOW_PRECISION else s.value.name
@@ -397,7 +406,8 @@ class KernelRenderer:
         return lines
 
     def _signature(self, name: str, numels: list[str], blocks: list[str]) -> str:
-        params = list(self.kernel.args) + [str(s) for s in self.kernel.size_args] + numels
+        params = [self.pointer[a] for a in self.kernel.args]
+        params += [str(s) for s in self.kernel.size_args] + numels
         params += [f"{b}: tl.constexpr" for b in blocks] + ["INDEX64: tl.constexpr"]
         return f"@triton.jit\ndef {name}({', '.join(params)}):"
 
@@ -429,14 +439,14 @@ class KernelRenderer:
     def pointwise_function(self) -> list[str]:
         t, xs = self.space.tiling, self.space.xvars
         if t.kind == "pointwise":
-            head = [self._signature(self.kernel.name, ["xnumel"], ["XBLOCK"])]
+            head = [self._signature(KERNEL, ["xnumel"], ["XBLOCK"])]
             body = self._pid_lines() + [
                 "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)",
                 "xmask = xindex < xnumel",
             ]
             body += self._var_defs("xindex", t.ranges, xs)
         else:
-            head = [self._signature(self.kernel.name, ["ynumel", "xnumel"], ["YBLOCK", "XBLOCK"])]
+            head = [self._signature(KERNEL, ["ynumel", "xnumel"], ["YBLOCK", "XBLOCK"])]
             body = self._pid_lines() + [
                 "xblocks = tl.cdiv(xnumel, XBLOCK)",
                 "yindex = (pid // xblocks) * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
@@ -462,11 +472,7 @@ class KernelRenderer:
 
     def _reduction_head(self, suffix: str) -> list[str]:
         t = self.space.tiling
-        head = [
-            self._signature(
-                f"{self.kernel.name}_{suffix}", ["xnumel", "rnumel"], ["XBLOCK", "RBLOCK"]
-            )
-        ]
+        head = [self._signature(f"{KERNEL}_{suffix}", ["xnumel", "rnumel"], ["XBLOCK", "RBLOCK"])]
         body = self._pid_lines() + [
             "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
             "xmask = xindex < xnumel",
@@ -593,7 +599,7 @@ class KernelRenderer:
         loads = [v.attrs["index"] for v in self.rec.values if v.op == "load"]
         stored = [s.buffer for s in self.rec.stores]
         return {
-            "name": self.kernel.name,
+            "name": KERNEL,
             "kind": t.kind,
             "args": list(self.kernel.args),
             "sizes": [str(s) for s in self.kernel.size_args],
@@ -618,4 +624,12 @@ def render_kernel(kernel: Kernel) -> str:
 
 
 def source_hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:20]
+    """The hash of a kernel's code: its first line (the IR kernel's name and header) left
+    out, so equal kernels of different graphs or layers share one compiled module."""
+    body = source.split("\n", 1)[1] if source.startswith("#") else source
+    return hashlib.sha256(body.encode()).hexdigest()[:20]
+
+
+def kernel_label(source: str) -> str:
+    """The IR kernel's name, from the source's first line (``# kernel3: ranges=...``)."""
+    return source[2:].split(":", 1)[0] if source.startswith("# ") else KERNEL

@@ -1,11 +1,17 @@
-"""``libdevice`` under ``TRITON_INTERPRET=1``: the interpreter cannot call CUDA's math
-library, so each function the kernels use is evaluated with torch on the host arrays."""
+"""What Triton's interpreter (``TRITON_INTERPRET=1``) lacks for our kernels.
+
+- ``libdevice``: the interpreter cannot call CUDA's math library, so each function the
+  kernels use is evaluated with torch on the host arrays.
+- ``range(0, rnumel, RBLOCK)`` over a runtime size: the interpreter converts the size with
+  ``int()`` of a one-element array, which NumPy 2 refuses; it is converted with ``.item()``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 import triton.language as tl
+from triton.runtime import interpreter as _interpreter
 from triton.runtime.interpreter import TensorHandle
 
 _UNARY = {
@@ -49,3 +55,14 @@ class _Libdevice:
 
 
 libdevice = _Libdevice()
+
+
+_patch_lang_tensor = _interpreter._patch_lang_tensor
+
+
+def _patch_index(tensor, scope) -> None:
+    _patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
+
+
+_interpreter._patch_lang_tensor = _patch_index

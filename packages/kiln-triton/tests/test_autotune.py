@@ -1,0 +1,58 @@
+"""Launch configurations: candidates by heuristics, winners remembered on disk."""
+
+import pytest
+import torch
+
+from kiln_loopir.testing import compile_fn
+from kiln_triton import TritonCodegen, autotune
+from kiln_triton.configs import Config, candidates
+
+
+def test_winner_round_trips_through_the_disk_cache(triton_cache):
+    config = Config("kernel0_looped", (("XBLOCK", 1), ("RBLOCK", 2048)), 8, 1)
+    key = autotune.cache_key("abc", {"xnumel": 4, "rnumel": 10000}, (), "H100")
+    assert autotune.load_winner(key) is None
+    autotune.save_winner(key, config, {"x": 1.0})
+    assert autotune.load_winner(key) == config
+    assert (triton_cache / "autotune" / f"{key}.json").exists()
+    other = autotune.cache_key("abc", {"xnumel": 8, "rnumel": 10000}, (), "H100")
+    assert other != key
+
+
+@pytest.mark.parametrize(
+    "meta, numels",
+    [
+        ({"kind": "pointwise", "name": "k"}, {"xnumel": 1 << 24}),
+        ({"kind": "tiled", "name": "k"}, {"ynumel": 4096, "xnumel": 4096}),
+        (
+            {"kind": "reduction", "name": "k", "column_major": False},
+            {"xnumel": 8192, "rnumel": 768},
+        ),
+        ({"kind": "reduction", "name": "k", "column_major": True}, {"xnumel": 8192, "rnumel": 768}),
+        (
+            {"kind": "reduction", "name": "k", "column_major": False},
+            {"xnumel": 16, "rnumel": 1 << 20},
+        ),
+    ],
+)
+def test_a_small_set_of_candidates(meta, numels):
+    configs = candidates(meta, numels)
+    assert 1 <= len(configs) <= 6
+    assert len(set(configs)) == len(configs)
+    for c in configs:
+        assert all(b & (b - 1) == 0 for _, b in c.blocks)  # powers of two
+        assert c.num_warps in (1, 2, 4, 8, 16)
+
+
+@pytest.mark.gpu
+def test_big_kernels_are_timed_once_then_read_from_disk():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    x = torch.randn(4096, 1024, device="cuda")
+    graph = compile_fn(lambda a: torch.softmax(a, -1), [x], codegen=TritonCodegen())
+    graph(x)
+    (kernel,) = [k.fn for k in graph.kernels]
+    assert kernel.configs_timed > 1
+    again = compile_fn(lambda a: torch.softmax(a, -1), [x], codegen=TritonCodegen())
+    torch.testing.assert_close(again(x)[0], torch.softmax(x, -1))
+    assert again.kernels[0].fn.configs_timed == 0  # the winner came from disk

@@ -1,0 +1,84 @@
+"""What the generated source looks like: tiling, merged dimensions, reduction variants."""
+
+import pytest
+import torch
+
+from kiln_loopir.testing import compile_fn
+from kiln_triton import TritonCodegen, TritonCodegenError
+from kiln_triton.configs import PERSISTENT_MAX, candidates
+
+
+def sources(fn, *inputs):
+    compiled = compile_fn(fn, list(inputs), codegen="reference")
+    codegen = TritonCodegen()
+    return [codegen.render(k) for k in compiled.schedule.kernels()]
+
+
+def meta_of(source: str) -> dict:
+    scope: dict = {}
+    exec(source.split("\nMETA = ", 1)[1].join(["META = ", ""]), scope)
+    return scope["META"]
+
+
+def test_contiguous_dimensions_merge_into_one_index():
+    (src,) = sources(lambda x: x * 2 + 1, torch.randn(2, 3, 4, 5))
+    assert meta_of(src)["kind"] == "pointwise"
+    assert meta_of(src)["numels"] == {"xnumel": "120"}
+    assert "//" not in src and "%" not in src  # no div/mod: the index is xindex
+
+
+def test_transpose_runs_on_2d_tiles():
+    (src,) = sources(lambda x, y: x.t() + y, torch.randn(32, 48), torch.randn(48, 32))
+    meta = meta_of(src)
+    assert meta["kind"] == "tiled"
+    assert meta["numels"] == {"ynumel": "32", "xnumel": "48"} or meta["numels"] == {
+        "ynumel": "48",
+        "xnumel": "32",
+    }
+    assert "YBLOCK" in src
+
+
+def test_reduction_has_persistent_and_looped_variants_chosen_by_size():
+    (src,) = sources(lambda x: torch.softmax(x, -1), torch.randn(4, 8))
+    meta = meta_of(src)
+    assert "_persistent(" in src and "_looped(" in src
+    small = candidates(meta, {"xnumel": 64, "rnumel": 512})
+    big = candidates(meta, {"xnumel": 64, "rnumel": PERSISTENT_MAX * 4})
+    assert all(c.variant.endswith("_persistent") for c in small)
+    assert all(c.variant.endswith("_looped") for c in big)
+
+
+def test_looped_softmax_reloads_its_input_in_each_loop():
+    (src,) = sources(lambda x: torch.softmax(x, -1), torch.randn(4, 8))
+    looped = src.split("_looped(", 1)[1].split("\nMETA", 1)[0]
+    assert looped.count("for roffset in range(0, rnumel, RBLOCK):") == 3  # max, sum, store
+    assert looped.count("tl.load(") == 3
+
+
+def test_layernorm_computes_one_welford_for_mean_and_variance():
+    import torch.nn.functional as F
+
+    (src,) = sources(lambda x: F.layer_norm(x, (16,)), torch.randn(4, 16))
+    looped = src.split("_looped(", 1)[1]
+    assert looped.count("kt.welford_update(") == 1
+    assert looped.count("for roffset") == 2
+
+
+def test_column_reduction_is_marked_for_wide_x_blocks():
+    (src,) = sources(lambda x: x.sum(0), torch.randn(64, 128))
+    meta = meta_of(src)
+    assert meta["column_major"]
+    (first, *_) = candidates(meta, {"xnumel": 128, "rnumel": 64})
+    assert dict(first.blocks)["XBLOCK"] >= 32
+
+
+def test_bf16_is_loaded_and_computed_in_fp32():
+    (src,) = sources(lambda x: x.exp() * 2, torch.randn(8, dtype=torch.bfloat16))
+    assert ".to(tl.float32)" in src
+
+
+def test_unsupported_dtype_is_named():
+    from kiln_triton.dtypes import tl_type
+
+    with pytest.raises(TritonCodegenError, match="complex64"):
+        tl_type(torch.complex64)
