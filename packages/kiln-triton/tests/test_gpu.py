@@ -1,0 +1,69 @@
+"""On a CUDA device: kiln-loopir's op table and whole models against eager (run through
+the GPU entry point, integration/gpu.py)."""
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+from kiln_loopir.testing import check_against_eager
+from kiln_triton import TritonCodegen
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _load(path: pathlib.Path, name: str):
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+OP_TABLE = _load(ROOT / "packages/kiln-loopir/tests/test_against_eager.py", "loopir_op_table")
+CASES = OP_TABLE.CASES if OP_TABLE else {}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loopir_op_table_on_gpu(name):
+    fn, inputs = CASES[name]
+    cuda = [x.cuda() if isinstance(x, torch.Tensor) else x for x in inputs]
+    with torch.device("cuda"):
+        check_against_eager(fn, cuda, codegen=TritonCodegen())
+
+
+MODELS = ["bert", "gpt2", "llama", "resnet50", "vit_base_patch16_224", "convnext_tiny"]
+
+
+def small_model(name: str):
+    bench = _load(ROOT / "integration/benchmarks/bench_triton.py", "bench_triton")
+    if name == "bert":
+        return bench.bert(batch=2, seq=64)
+    if name == "gpt2":
+        return bench.gpt2(batch=2, seq=64)
+    if name == "llama":
+        return bench.llama(batch=2, seq=64)
+    pytest.importorskip("timm")
+    return bench.timm_model(name, batch=2)()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bf16_inference_equals_eager(name):
+    pytest.importorskip("transformers")
+    pytest.importorskip("kiln_capture")
+    bench = _load(ROOT / "integration/benchmarks/bench_triton.py", "bench_triton")
+    model, inputs = bench.prepare_model(lambda: small_model(name))
+    import kiln_capture
+
+    stats: dict = {}
+    kiln = kiln_capture.capture(model, bench.kiln_backend(stats))
+    err_kiln, err_eager, scale = bench.check_model(model, inputs, kiln)
+    assert stats.get("graphs"), "the model ran eagerly: nothing was compiled"
+    # as close to the fp32 result as eager in bf16 is (both round to bf16 differently)
+    assert err_kiln <= max(2 * err_eager, 0.02 * scale), (err_kiln, err_eager, scale)
