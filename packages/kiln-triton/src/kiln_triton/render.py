@@ -329,7 +329,7 @@ class KernelRenderer:
         n = v.name
         acc = f"acc_{n}"
         tile = "[XBLOCK, RBLOCK]"
-        masked = f"tl.where(rxmask, {i}, {ident})"
+        masked = f"tl.where(rxmask, {i}, {ident}).to({ct})"
         if kind == "welford":
             key = f"wf_{i}"
             part = "mean" if v.attrs["type"] == "welford.mean" else "m2"
@@ -354,7 +354,7 @@ class KernelRenderer:
             return before, update, final + after
         if kind in ("argmax", "argmin"):
             vt = "tl.int8" if src == torch.bool else ct
-            value = f"tl.where(rxmask, {i}.to({vt}), {ident})"
+            value = f"tl.where(rxmask, {i}.to({vt}), {ident}).to({vt})"
             before = [
                 f"{acc} = tl.full({tile}, {ident}, {vt})",
                 f"{acc}_i = tl.zeros({tile}, tl.int64)",
@@ -367,7 +367,7 @@ class KernelRenderer:
         if kind in ("any", "all"):
             fn = "maximum" if kind == "any" else "minimum"
             before = [f"{acc} = tl.full({tile}, {ident}, tl.int8)"]
-            flag = f"tl.where(rxmask, ({i} != 0).to(tl.int8), {ident})"
+            flag = f"tl.where(rxmask, ({i} != 0).to(tl.int8), {ident}).to(tl.int8)"
             update = [f"{acc} = tl.{fn}({acc}, {flag})"]
             red = "max" if kind == "any" else "min"
             return before, update, [f"{n} = tl.{red}({acc}, 1, keep_dims=True) != 0"]
