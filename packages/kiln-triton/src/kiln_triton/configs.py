@@ -67,9 +67,10 @@ def tiled_configs(name: str, ynumel: int, xnumel: int) -> list[Config]:
 def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -> list[Config]:
     xcap, rfull = next_pow2(xnumel), next_pow2(rnumel)
     out = []
-    if column_major:  # loads run along x: wide x blocks keep them coalesced
-        for x, r, w in ((64, 8, 4), (128, 8, 8), (32, 32, 4), (64, 16, 8)):
-            xb, rb = min(x, xcap), min(r, rfull)
+    if column_major:  # loads run along x: x blocks of contiguous columns, many rows each
+        for xb, w in ((32, 4), (16, 4), (64, 8), (128, 8)):
+            xb = min(xb, xcap)
+            rb = min(max(8, 2048 // xb), rfull)
             variant = "persistent" if rb >= rfull else "looped"
             out.append(Config(f"{name}_{variant}", (("XBLOCK", xb), ("RBLOCK", rb)),
                               _warps(xb * rb, 1, w)))  # fmt: skip
