@@ -75,8 +75,17 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
             return False
 
     workers = int(os.environ.get("KILN_TRITON_COMPILE_THREADS", os.cpu_count() or 4))
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return sum(pool.map(build, jobs.values()))
+    if workers <= 1:
+        return sum(build(job) for job in jobs.values())
+    # Triton's asynchronous compile mode: each warmup hands its compilation to the pool,
+    # leaving the mode waits for all of them
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    with (
+        ThreadPoolExecutor(max_workers=workers) as pool,
+        AsyncCompileMode(pool, ignore_errors=True),
+    ):
+        return sum(build(job) for job in jobs.values())
 
 
 class TritonCodegen:
