@@ -68,7 +68,7 @@ def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -
     xcap, rfull = next_pow2(xnumel), next_pow2(rnumel)
     out = []
     if column_major:  # loads run along x: x blocks of contiguous columns, many rows each
-        for xb, w in ((32, 4), (16, 4), (64, 8), (128, 8)):
+        for xb, w in ((32, 4), (16, 4), (8, 4), (64, 8), (8, 8)):
             xb = min(xb, xcap)
             rb = min(max(8, 2048 // xb), rfull)
             variant = "persistent" if rb >= rfull else "looped"
@@ -83,7 +83,7 @@ def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -
                 out.append(Config(f"{name}_persistent", (("XBLOCK", xb), ("RBLOCK", rfull)),
                                   min(w, 16)))  # fmt: skip
         return _unique(out)[:6]
-    for xb, rb, w in ((1, 2048, 8), (1, 4096, 16), (2, 1024, 8), (1, 1024, 4)):
+    for xb, rb, w in ((1, 2048, 8), (1, 4096, 16), (2, 1024, 8), (1, 1024, 4), (1, 8192, 16)):
         xb = min(xb, xcap)
         out.append(Config(f"{name}_looped", (("XBLOCK", xb), ("RBLOCK", rb)), w))
     return _unique(out)
