@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import types
 import weakref
 from collections.abc import Callable, Mapping
 
@@ -71,10 +73,26 @@ def _compile(model, config: Config, disable: bool):
     return compiled
 
 
+def _capturable(model):
+    """What kiln-capture takes: a Python function, method, partial or module. Anything
+    else callable (a builtin such as ``torch.tanh``, an object with ``__call__``) is called
+    from a Python function, which is captured."""
+    if isinstance(
+        model, (types.FunctionType, types.MethodType, functools.partial, torch.nn.Module)
+    ):
+        return model
+
+    def call(*args, **kwargs):
+        return model(*args, **kwargs)
+
+    functools.update_wrapper(call, model, updated=())
+    return call
+
+
 def _capture(model, config: Config):
     session = Session(config)
     captured = kiln_capture.capture(
-        model,
+        _capturable(model),
         session.backend,
         fullgraph=config.fullgraph,
         dynamic=config.dynamic,

@@ -14,6 +14,7 @@ debug folder.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch.fx
@@ -34,6 +35,7 @@ class Session:
 
     def backend(self, gm: torch.fx.GraphModule, example_inputs: list[object]) -> Callable:
         frame = Frame(self.config.options.debug_dir)
+        frame.function = _captured_function_name(gm)
         gm.meta["kiln_frame"] = frame
         code = gm.print_readable(print_output=False)
         logs.logger("graph").info("%s captured graph:\n%s", frame.name, code)
@@ -77,6 +79,24 @@ class Session:
 
     def on_eager(self, captured, reason) -> None:
         logs.logger("graph_breaks").info("%s runs eagerly: %s", captured.fn.__qualname__, reason)
+
+
+def _captured_function_name(gm: torch.fx.GraphModule) -> str:
+    """The qualified name of the function whose frame ``gm`` was captured from.
+
+    kiln-capture calls the backend from ``convert_frame(fn, ...)``; the name is read from
+    that call's ``fn`` (``?`` if the call is not found), so that the messages of the
+    compile itself can name the function. Capture's observer confirms it afterwards.
+    """
+    if "kiln_function" in gm.meta:
+        return gm.meta["kiln_function"]
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "convert_frame" and "kiln_capture" in code.co_filename:
+            return getattr(frame.f_locals.get("fn"), "__qualname__", "?")
+        frame = frame.f_back
+    return "?"
 
 
 def _where(fn) -> str:

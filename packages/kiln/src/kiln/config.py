@@ -34,7 +34,8 @@ class Options:
     fusion: bool = True
     reuse_memory: bool = True
     # a graph whose code generation fails runs its aten graph eagerly, with a warning;
-    # False raises the error instead
+    # False raises the error instead (kiln-capture runs a frame whose backend raised
+    # eagerly, with its own warning, unless fullgraph=True)
     fallback: bool = True
     # captures of one function before it runs eagerly for new inputs
     recompile_limit: int = 8

@@ -113,10 +113,8 @@ class Frame:
         if self._running:
             outer = self._running[-1]
             self.times[outer[0]] += now - outer[1]
-        if now - self.started > PROGRESS_AFTER_S:
-            logs.logger("progress").info(
-                "%s (%s): %s%s", self.name, self.function, stage, f": {what}" if what else ""
-            )
+        if what and now - self.started > PROGRESS_AFTER_S:
+            logs.logger("progress").info("%s (%s): %s", self.name, self.function, what)
         self._running.append([stage, now])
         try:
             yield
