@@ -1,6 +1,7 @@
 """Logs (KILN_LOGS, kiln.set_logs), debug dumps (KILN_DEBUG), stage times and progress."""
 
 import logging
+
 import pytest
 import torch
 from helpers import Block
