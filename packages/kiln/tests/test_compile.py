@@ -1,5 +1,7 @@
 """kiln.compile on functions and modules, with each backend, against eager."""
 
+import warnings
+
 import pytest
 import torch
 from helpers import Block, assert_same_grads, copy_of
@@ -171,3 +173,18 @@ def test_bad_arguments_are_named(kwargs, error, words):
 def test_not_callable_is_refused():
     with pytest.raises(TypeError, match="takes a function or an nn.Module"):
         kiln.compile(42)
+
+
+def norm_plus_constant(x):
+    # a tensor constant (a get_attr node) in a graph kiln-loopir decomposes (layer norm)
+    return torch.nn.functional.layer_norm(x, (4,)) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+def test_graph_with_tensor_constants_runs_generated_code(tmp_path):
+    compiled = kiln.compile(norm_plus_constant, options={"debug_dir": str(tmp_path)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        for _ in range(2):
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(compiled(x), norm_plus_constant(x))
+    assert (tmp_path / "frame000" / "forward_kernels.cpp").exists()

@@ -29,6 +29,7 @@ import kiln_loopir
 from kiln import logs, runtime
 from kiln.cache import Entry, GraphCache, HostProgram, graph_key
 from kiln.config import Config, cache_root
+from kiln.constants import WithConstants, lift_constants
 from kiln.frames import Frame
 
 KERNEL_SUFFIX = {"cpp": ".cpp", "triton": ".py", "reference": ".py"}
@@ -87,6 +88,10 @@ def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
         RuntimeWarning,
         stacklevel=2,
     )
+
+
+def _bind(compiled: Callable, constants: Sequence[torch.Tensor]) -> Callable:
+    return WithConstants(compiled, constants) if constants else compiled
 
 
 def _kernels_text(kernels: Sequence[tuple[str, str]]) -> str:
@@ -154,16 +159,17 @@ class AtenCompiler:
         observed = ObservedCodegen(codegen, self.frame, self.kind)
         cache = GraphCache(cache_root(self.options)) if self.options.cache else None
         key = graph_key(gm, example_inputs, codegen, settings) if cache else None
+        lifted, lifted_inputs, constants = lift_constants(gm, example_inputs)
         if cache is not None:
             with self.frame.stage("cache_load", f"{self.kind}: loading from the cache"):
                 entry = cache.load(key)
                 if entry is not None:
                     fns = observed.compile(entry.kernel_sources)
-                    return HostProgram(entry, fns), entry
+                    return _bind(HostProgram(entry, fns), constants), entry
         with self.frame.stage("loopir", f"{self.kind}: lowering and scheduling"):
             compiled = kiln_loopir.compile_fx(
-                gm,
-                example_inputs,
+                lifted,
+                lifted_inputs,
                 codegen=observed,
                 fusion=self.options.fusion,
                 reuse_memory=self.options.reuse_memory,
@@ -179,7 +185,7 @@ class AtenCompiler:
         )
         if cache is not None:
             cache.store(key, entry)
-        return compiled, entry
+        return _bind(compiled, constants), entry
 
     def show_generated(self, entry: Entry, codegen: object) -> None:
         frame, kind = self.frame, self.kind
