@@ -97,3 +97,12 @@ def test_the_key_follows_inputs_and_options(tmp_path):
 def test_cache_off_writes_nothing(tmp_path):
     compile_and_check({"cache_dir": str(tmp_path), "cache": False})
     assert not (tmp_path / "graphs").exists()
+
+
+def test_graphs_with_zero_dim_constants_are_cached(tmp_path):
+    def f(x):
+        return torch.nn.functional.layer_norm(x, (4,)) * torch.tensor(3.0)
+
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(kiln.compile(f, options={"cache_dir": str(tmp_path)})(x), f(x))
+    assert len(entries(tmp_path)) == 1

@@ -92,7 +92,8 @@ def _constant_digest(gm: torch.fx.GraphModule) -> str:
             h.update(node.target.encode())
             if isinstance(value, torch.Tensor):
                 h.update(_describe_value(value).encode())
-                h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                data = value.detach().cpu().contiguous().reshape(-1)  # 0-d too
+                h.update(data.view(torch.uint8).numpy().tobytes())
             else:
                 h.update(repr(value).encode())
     return h.hexdigest()

@@ -18,6 +18,7 @@ and the reason: the result is the same, only slower.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -32,6 +33,7 @@ from kiln.config import Config, cache_root
 from kiln.constants import WithConstants, lift_constants
 from kiln.frames import Frame
 
+cache_log = logging.getLogger("kiln.cache")
 KERNEL_SUFFIX = {"cpp": ".cpp", "triton": ".py", "reference": ".py"}
 
 
@@ -88,6 +90,16 @@ def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
         RuntimeWarning,
         stacklevel=2,
     )
+
+
+def _cache_key(gm, example_inputs, codegen, settings) -> str | None:
+    try:
+        return graph_key(gm, example_inputs, codegen, settings)
+    except Exception:  # a graph the key cannot describe is compiled, just not cached
+        cache_log.warning(
+            "cannot compute the cache key of a graph; it is not cached", exc_info=True
+        )
+        return None
 
 
 def _bind(compiled: Callable, constants: Sequence[torch.Tensor]) -> Callable:
@@ -158,7 +170,9 @@ class AtenCompiler:
         }
         observed = ObservedCodegen(codegen, self.frame, self.kind)
         cache = GraphCache(cache_root(self.options)) if self.options.cache else None
-        key = graph_key(gm, example_inputs, codegen, settings) if cache else None
+        key = _cache_key(gm, example_inputs, codegen, settings) if cache else None
+        if key is None:
+            cache = None
         lifted, lifted_inputs, constants = lift_constants(gm, example_inputs)
         if cache is not None:
             with self.frame.stage("cache_load", f"{self.kind}: loading from the cache"):
