@@ -21,6 +21,29 @@ def tiny_bert() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return model, inputs
 
 
+def demo_bert(batch: int = 8, length: int = 64):
+    """BERT for masked language modelling, 2 layers, hidden 64, no dropout (so that a
+    training step can be compared with eager's), and a batch of token ids and labels."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = BertForMaskedLM(config)
+    inputs = {
+        "input_ids": torch.randint(0, config.vocab_size, (batch, length)),
+        "labels": torch.randint(0, config.vocab_size, (batch, length)),
+    }
+    return model, inputs
+
+
 # --- the integration suite's models: name -> builder of (model, make_inputs), each small
 # and randomly initialised. Dropout is off: Kiln's generated kernels draw random numbers
 # from their own generator, so a training step equals eager's only without dropout.

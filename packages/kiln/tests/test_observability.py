@@ -135,8 +135,19 @@ def test_stage_times_and_progress(records, monkeypatch):
     monkeypatch.setattr(frames, "PROGRESS_AFTER_S", 0.0)
     kiln.compile(Block(), options={"cache": False})(torch.randn(4, 16))
     times = kiln.compile_times()
-    assert {"autograd", "loopir", "render", "build"} <= set(times)
+    assert {"capture", "autograd", "loopir", "render", "build"} <= set(times)
     assert all(t >= 0 for t in times.values())
     progress = by_kind(records, "progress")
     assert any("lowering and scheduling" in m for m in progress)
     assert any("building" in m and "kernels with cpp" in m for m in progress)
+
+
+def test_nested_stages_are_counted_once(monkeypatch):
+    # the frame is made, outer opens, inner opens, inner ends, outer ends
+    clock = iter([0.0, 0.0, 1.0, 3.0, 6.0])
+    monkeypatch.setattr(frames.time, "perf_counter", lambda: next(clock))
+    frame = frames.Frame(debug_dir=None)
+    with frame.stage("outer"), frame.stage("inner"):
+        pass
+    assert dict(frame.times) == {"outer": 4.0, "inner": 2.0}
+    assert kiln.compile_times() == {"outer": 4.0, "inner": 2.0}

@@ -33,12 +33,38 @@ _FRAME_DIR = re.compile(r"frame\d{3,}")
 def compile_times() -> dict[str, float]:
     """Seconds spent in each compile stage in this process (since ``kiln.reset()``).
 
-    Stages: ``autograd`` (tracing the aten graphs and partitioning), ``loopir`` (lowering,
+    Stages: ``capture`` (bytecode capture, guards and the first run of a call that
+    compiled), ``autograd`` (tracing the aten graphs and partitioning), ``loopir`` (lowering,
     fusion, memory planning, host program), ``render`` and ``build`` (the code generator),
     ``cache_load`` (a graph found in the on-disk cache), ``runtime`` (mode plug-ins).
     """
     with _lock:
         return dict(_totals)
+
+
+_frames_made = 0  # frames made in this process, to tell a call that compiled
+_staged_seconds = 0.0  # seconds charged to the stages of frames, in all
+
+
+def call_timing_capture(fn, args, kwargs, label: str):
+    """``fn(*args, **kwargs)``; when the call captured something, the time it took beyond
+    the stages the frames timed is charged to ``capture`` (tracing the bytecode, building
+    guards and code, and the first run) and logged on the ``perf`` log."""
+    made, staged = _frames_made, _staged_seconds
+    started = time.perf_counter()
+    out = fn(*args, **kwargs)
+    if _frames_made != made:
+        elapsed = time.perf_counter() - started
+        capture = max(elapsed - (_staged_seconds - staged), 0.0)
+        with _lock:
+            _totals["capture"] += capture
+        logs.logger("perf").info(
+            "%s: first call %.3f s, of which capture (and the first run) %.3f s",
+            label,
+            elapsed,
+            capture,
+        )
+    return out
 
 
 def reset_frames() -> None:
@@ -65,7 +91,9 @@ class Frame:
 
     def __init__(self, debug_dir: str | None) -> None:
         root = Path(debug_dir).resolve() if debug_dir is not None else None
+        global _frames_made
         with _lock:
+            _frames_made += 1
             self.index = _next_index[root]
             _next_index[root] += 1
             if root is not None:
@@ -106,13 +134,20 @@ class Frame:
 
     # --- stage times and progress -------------------------------------------------
 
+    def _charge(self, stage: str, seconds: float) -> None:
+        global _staged_seconds
+        self.times[stage] += seconds
+        with _lock:
+            _totals[stage] += seconds
+            _staged_seconds += seconds
+
     @contextlib.contextmanager
     def stage(self, stage: str, what: str = ""):
         """Time ``stage``; time spent in a stage opened inside it counts for the inner one."""
         now = time.perf_counter()
-        if self._running:
+        if self._running:  # pause the enclosing stage
             outer = self._running[-1]
-            self.times[outer[0]] += now - outer[1]
+            self._charge(outer[0], now - outer[1])
         if what and now - self.started > PROGRESS_AFTER_S:
             logs.logger("progress").info("%s (%s): %s", self.name, self.function, what)
         self._running.append([stage, now])
@@ -121,10 +156,8 @@ class Frame:
         finally:
             name, started = self._running.pop()
             end = time.perf_counter()
-            self.times[name] += end - started
-            with _lock:
-                _totals[name] += end - started
-            if self._running:
+            self._charge(name, end - started)
+            if self._running:  # resume the enclosing stage
                 self._running[-1][1] = end
 
     def log_perf(self, what: str) -> None:

@@ -16,6 +16,8 @@ import types
 
 import torch
 
+from kiln.frames import call_timing_capture
+
 _state = threading.local()
 
 
@@ -55,7 +57,7 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if compilation_disabled():
             return self._orig_fn(*args, **kwargs)
-        return self._captured(*args, **kwargs)
+        return call_timing_capture(self._captured, args, kwargs, self.__qualname__)
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else types.MethodType(self, obj)
@@ -144,7 +146,8 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if compilation_disabled():
             return self._orig_mod(*args, **kwargs)
-        return self._captured(*args, **kwargs)
+        label = type(self._orig_mod).__qualname__
+        return call_timing_capture(self._captured, args, kwargs, label)
 
     @property
     def training(self) -> bool:
