@@ -1,8 +1,9 @@
 """The full stack for one captured graph: autograd → loop IR → code generator → runtime.
 
-:func:`kiln_backend` has ``torch.compile``'s backend contract. :class:`AtenCompiler` is
-what kiln-autograd calls for each forward, backward or inference aten graph; its
-``__call__`` is the pipeline for one graph, top to bottom:
+:func:`aot_backend` makes the backend (``torch.compile``'s contract) for one frame: it
+hands the captured graph to kiln-autograd with an :class:`AtenCompiler` for the forward
+(and inference) graphs and one for the backward graph. ``AtenCompiler.__call__`` is the
+pipeline for one aten graph, top to bottom:
 
 1. write the aten graph to the log and the debug folder;
 2. pick the code generator for the graph's device;
