@@ -117,3 +117,31 @@ def test_sequential_keeps_its_protocol():
     assert [type(m) for m in compiled] == [torch.nn.Linear, torch.nn.ReLU]
     x = torch.randn(2, 4)
     torch.testing.assert_close(compiled(x), model(x))
+
+
+class Parent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+        self.head = torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def test_a_compiled_submodule_is_the_model_for_its_parent():
+    torch.manual_seed(0)
+    parent = Parent()
+    keys = list(parent.state_dict())
+    inner = parent.block
+    parent.block = kiln.compile(parent.block, backend="aot_eager")
+    assert list(parent.state_dict()) == keys
+    assert len(list(parent.parameters())) == len(keys)
+    other = Parent()
+    parent.load_state_dict(other.state_dict())  # strict
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(parent(x), other(x))
+    parent.to(torch.float64)
+    assert inner.up.weight.dtype == torch.float64
+    parent.eval()
+    assert not inner.training and not inner.norm.training

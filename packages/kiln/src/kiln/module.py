@@ -86,12 +86,13 @@ DELEGATED = (
     "get_submodule",
     "get_parameter",
     "get_buffer",
-    "get_extra_state",
-    "set_extra_state",
+    "_save_to_state_dict",
+    "_load_from_state_dict",
     "zero_grad",
     "extra_repr",
 )
 RETURN_SELF = (
+    "_apply",
     "train",
     "eval",
     "requires_grad_",
@@ -142,6 +143,10 @@ class CompiledModule(torch.nn.Module):
         mode = module.training
         super().__init__()  # sets ``training``, which is the model's: keep the model's mode
         module.training = mode
+        # nn.Module's own recursion (a parent's state_dict, load_state_dict, to(), apply())
+        # walks these dicts: they are the model's, so a compiled submodule is the model
+        for registry in ("_parameters", "_buffers", "_modules"):
+            object.__setattr__(self, registry, getattr(module, registry))
 
     def forward(self, *args, **kwargs):
         if compilation_disabled():
