@@ -188,3 +188,19 @@ def test_graph_with_tensor_constants_runs_generated_code(tmp_path):
             x = torch.randn(3, 4)
             torch.testing.assert_close(compiled(x), norm_plus_constant(x))
     assert (tmp_path / "frame000" / "forward_kernels.cpp").exists()
+
+
+def matmul_softmax(x, w):
+    return torch.softmax(x @ w, -1).sum(0)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_dynamic_shapes_through_the_whole_stack(dynamic, tmp_path):
+    compiled = kiln.compile(matmul_softmax, dynamic=dynamic, options={"debug_dir": str(tmp_path)})
+    w = torch.randn(8, 8)
+    for n in (5, 9, 13):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(compiled(x, w), matmul_softmax(x, w))
+    # dynamic=True: one frame for every size; None: a second after the size changed
+    frames = sorted(p.name for p in tmp_path.iterdir())
+    assert frames == (["frame000"] if dynamic else ["frame000", "frame001"])
