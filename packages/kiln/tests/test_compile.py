@@ -204,3 +204,15 @@ def test_dynamic_shapes_through_the_whole_stack(dynamic, tmp_path):
     # dynamic=True: one frame for every size; None: a second after the size changed
     frames = sorted(p.name for p in tmp_path.iterdir())
     assert frames == (["frame000"] if dynamic else ["frame000", "frame001"])
+
+
+def test_explain_reports_graphs_and_breaks():
+    def with_break(x):
+        y = x.sin()
+        print("a graph break")  # noqa: T201
+        return y.cos()
+
+    report = kiln.explain(kiln.compile(with_break))(torch.randn(3))
+    assert report.graph_count == 2
+    assert len(report.graph_breaks) == 1
+    assert "def guard(" in str(report)
