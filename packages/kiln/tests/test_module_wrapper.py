@@ -145,3 +145,18 @@ def test_a_compiled_submodule_is_the_model_for_its_parent():
     assert inner.up.weight.dtype == torch.float64
     parent.eval()
     assert not inner.training and not inner.norm.training
+
+
+def test_copies_and_pickles_are_compiled_copies_of_the_model(model_and_compiled, tmp_path):
+    import copy
+
+    model, compiled = model_and_compiled
+    x = torch.randn(2, 16)
+    twin = copy.deepcopy(compiled)
+    assert isinstance(twin, kiln.CompiledModule) and twin._orig_mod is not model
+    torch.testing.assert_close(twin(x), model(x))
+    torch.save(compiled, tmp_path / "compiled.pt")
+    loaded = torch.load(tmp_path / "compiled.pt", weights_only=False)
+    assert isinstance(loaded, kiln.CompiledModule)
+    assert list(loaded.state_dict()) == list(model.state_dict())
+    torch.testing.assert_close(loaded(x), model(x))

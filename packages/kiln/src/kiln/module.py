@@ -10,6 +10,7 @@ and friends change the model and return the wrapper.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import types
@@ -163,8 +164,8 @@ class CompiledModule(torch.nn.Module):
         self._orig_mod.training = mode
 
     def __getattr__(self, name: str):
-        if name in _OWN:
-            return self.__dict__[name]
+        if name in _OWN:  # not set yet (copying, unpickling)
+            raise AttributeError(name)
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value) -> None:
@@ -184,6 +185,13 @@ class CompiledModule(torch.nn.Module):
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
 
+    # a copy (or an unpickled one) is the model's copy, compiled again with the same config
+    def __deepcopy__(self, memo):
+        return _compile_again(copy.deepcopy(self._orig_mod, memo), self._session.config)
+
+    def __reduce_ex__(self, protocol):
+        return _compile_again, (self._orig_mod, self._session.config)
+
     def __repr__(self) -> str:
         return f"CompiledModule({self._orig_mod!r})"
 
@@ -196,6 +204,12 @@ class CompiledModule(torch.nn.Module):
 
     def __iter__(self):
         return iter(self._orig_mod)
+
+
+def _compile_again(model: torch.nn.Module, config) -> CompiledModule:
+    from kiln.api import _compile
+
+    return _compile(model, config, disable=False)
 
 
 for _name in DELEGATED:
