@@ -1,81 +1,237 @@
-"""Kiln's demo: a Hugging Face model built from a small config, through Kiln.
+"""Kiln's demo: a Hugging Face BERT, built from a small config, compiled by Kiln on the CPU.
 
-Run it with ``python3 -m nox -s demo``. Today Kiln's bytecode capture is complete enough to
-take whole models; code generation comes next, so this demo captures the model and
-compares what capture costs against torch.compile's own capture, measured in this run.
+Run it with ``python3 -m nox -s demo`` (or ``python3 integration/demo.py`` where Kiln and
+transformers are installed). It
+
+1. builds BERT for masked language modelling (2 layers, hidden 64, random weights);
+2. compiles it with ``kiln.compile`` — capture, autograd, loop IR, C++ kernels — and
+   checks inference and one training step (loss, every gradient, the parameters after an
+   SGD step) against eager;
+3. measures the compile time with empty caches, then again in a second process that finds
+   Kiln's on-disk cache;
+4. measures time per call against eager and ``torch.compile`` (inductor), in this run;
+5. says where the debug dump (every stage of every compiled frame) went.
+
+Caches live in a fresh temporary folder, so every run starts cold.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
-import torch._dynamo
-from models import tiny_bert
+from models import demo_bert
 
 import kiln
-import kiln_capture
+
+SEED = 0
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+GRAD_TOL = {"rtol": 1e-3, "atol": 1e-5}
 
 
-def eager_backend(gm, example_inputs):
-    return gm.forward
+def build():
+    torch.manual_seed(SEED)
+    return demo_bert()
 
 
-def time_first_call(fn, inputs) -> float:
+def train_step(model, inputs, optimizer) -> torch.Tensor:
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def first_calls(compiled, inputs) -> dict[str, float]:
+    """Seconds of the first inference call and the first training step (compile included)."""
+    compiled.eval()
     start = time.perf_counter()
     with torch.no_grad():
-        fn(**inputs)
-    return time.perf_counter() - start
+        compiled(**inputs)
+    inference = time.perf_counter() - start
+    compiled.train()
+    optimizer = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    start = time.perf_counter()
+    train_step(compiled, inputs, optimizer)
+    return {"inference": inference, "training": time.perf_counter() - start}
 
 
-def per_call_us(fn, inputs, calls=200) -> float:
-    best = float("inf")
+def cached_compile_in_a_second_process(env: dict[str, str]) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--first-calls"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the second process failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def check_inference(compiled, reference, inputs) -> None:
+    compiled.eval()
+    reference.eval()
     with torch.no_grad():
-        for _ in range(5):
+        out, expected = compiled(**inputs), reference(**inputs)
+    torch.testing.assert_close(out.logits, expected.logits, **TOL)
+
+
+def check_training_step(compiled, model, reference, inputs) -> None:
+    compiled.train()
+    reference.train()
+    loss = train_step(compiled, inputs, torch.optim.SGD(compiled.parameters(), lr=0.1))
+    loss_ref = train_step(reference, inputs, torch.optim.SGD(reference.parameters(), lr=0.1))
+    torch.testing.assert_close(loss, loss_ref, **TOL)
+    params, params_ref = dict(model.named_parameters()), dict(reference.named_parameters())
+    with_grad = {n for n, p in params.items() if p.grad is not None}
+    assert with_grad == {n for n, p in params_ref.items() if p.grad is not None}
+    for name in with_grad:
+        torch.testing.assert_close(params[name].grad, params_ref[name].grad, **GRAD_TOL)
+        torch.testing.assert_close(params[name], params_ref[name], **GRAD_TOL)
+
+
+def time_per_call(fns: dict[str, object], run, rounds: int = 7, calls: int = 10):
+    """Best time per call of each function, in interleaved rounds."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
             start = time.perf_counter()
             for _ in range(calls):
-                fn(**inputs)
-            best = min(best, (time.perf_counter() - start) / calls * 1e6)
+                run(fn)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
     return best
 
 
 def main() -> None:
-    print(f"kiln {kiln.__version__}, torch {torch.__version__}")
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="kiln-demo-"))
+    caches = {
+        "KILN_CACHE_DIR": str(workdir / "kiln-cache"),
+        "KILN_CPP_CACHE_DIR": str(workdir / "kiln-cpp-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
+    }
+    os.environ.update(caches)
+    debug_dir = workdir / "debug"
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    print(f"kiln {kiln.__version__}, torch {torch.__version__}, {os.cpu_count()} CPU cores")
     for plugin in kiln.list_backends():
         print(f"  plug-in {plugin.describe()}")
-
-    torch.manual_seed(0)
-    model, inputs = tiny_bert()
-    report = kiln_capture.explain(model)(**inputs)
+    model, inputs = build()
+    reference = copy.deepcopy(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    batch, length = inputs["input_ids"].shape
     print(
-        f"\nBERT (2 layers, hidden 64) captured by kiln-capture: {report.graph_count} graph, "
-        f"{report.op_count} ops, {len(report.graph_breaks)} graph breaks, "
-        f"{len(report.guards[0].splitlines()) // 2 - 1} guards"
+        f"\nBERT for masked LM: 2 layers, hidden 64, {n_params / 1e3:.0f}k parameters, "
+        f"batch {batch} x {length} tokens"
     )
 
-    captured = kiln_capture.capture(model, eager_backend)
-    kiln_capture_s = time_first_call(captured, inputs)
-    torch._dynamo.reset()
-    dynamo = torch.compile(model, backend="eager")
-    dynamo_s = time_first_call(dynamo, inputs)
+    # 1. compile with empty caches; check inference and a training step against eager
+    compiled = kiln.compile(model, options={"debug_dir": str(debug_dir)})
+    cold = first_calls(compiled, inputs)
+    model.zero_grad(set_to_none=True)
+    reference.load_state_dict(model.state_dict())
+    check_inference(compiled, reference, inputs)
+    check_training_step(compiled, model, reference, inputs)
+    print("inference and a training step equal eager (logits, loss, every gradient): yes")
+    stages = kiln.compile_times()
 
+    # 2. the same compile in a second process, which finds the on-disk cache
+    cached = cached_compile_in_a_second_process({**os.environ, **caches})
+
+    # 3. torch.compile (inductor) in this process, from empty caches
+    inductor_model = copy.deepcopy(model)
+    inductor = torch.compile(inductor_model)
+    inductor_cold = first_calls(inductor, inputs)
+
+    # 4. time per call, interleaved
+    eager_model = copy.deepcopy(model)
+    for m in (compiled, eager_model, inductor):
+        m.eval()
     with torch.no_grad():
-        expected = model(**inputs).last_hidden_state
-        torch.testing.assert_close(captured(**inputs).last_hidden_state, expected)
-    eager_us = per_call_us(model, inputs)
-    kiln_us = per_call_us(captured, inputs)
-    dynamo_us = per_call_us(dynamo, inputs)
-    print("equal to eager: yes")
-    print(
-        f"capture time:     kiln-capture {kiln_capture_s * 1e3:7.1f} ms   "
-        f"torch.compile {dynamo_s * 1e3:7.1f} ms   ({dynamo_s / kiln_capture_s:.1f}x faster)"
+        infer = time_per_call(
+            {"eager": eager_model, "kiln": compiled, "torch.compile": inductor},
+            lambda m: m(**inputs),
+        )
+    for m in (compiled, eager_model, inductor):
+        m.train()
+    optimizers = {
+        m: torch.optim.SGD(m.parameters(), lr=1e-3) for m in (compiled, eager_model, inductor)
+    }
+    train = time_per_call(
+        {"eager": eager_model, "kiln": compiled, "torch.compile": inductor},
+        lambda m: train_step(m, inputs, optimizers[m]),
+        rounds=5,
+        calls=5,
     )
-    print(
-        f"time per call:    eager {eager_us:7.1f} µs   kiln-capture {kiln_us:7.1f} µs   "
-        f"torch.compile {dynamo_us:7.1f} µs   (both with an eager backend)"
-    )
-    print("Speedups over eager need Kiln's code generation, which is not in this release.")
+
+    print()
+    rows = [
+        ("", "eager", "kiln", "torch.compile"),
+        ("compile, empty caches", "", "", ""),
+        ("  inference", "-", f"{cold['inference']:.1f} s", f"{inductor_cold['inference']:.1f} s"),
+        ("  training step", "-", f"{cold['training']:.1f} s", f"{inductor_cold['training']:.1f} s"),
+        ("compile, 2nd process", "", "", ""),
+        ("  inference", "-", f"{cached['inference']:.1f} s", "not measured"),
+        ("  training step", "-", f"{cached['training']:.1f} s", "not measured"),
+        ("time per call", "", "", ""),
+        *(
+            (
+                f"  {what}",
+                f"{times['eager'] * 1e3:.2f} ms",
+                f"{times['kiln'] * 1e3:.2f} ms",
+                f"{times['torch.compile'] * 1e3:.2f} ms",
+            )
+            for what, times in (("inference", infer), ("training step", train))
+        ),
+        ("speedup over eager", "", "", ""),
+        *(
+            (
+                f"  {what}",
+                "1.00x",
+                f"{times['eager'] / times['kiln']:.2f}x",
+                f"{times['eager'] / times['torch.compile']:.2f}x",
+            )
+            for what, times in (("inference", infer), ("training step", train))
+        ),
+        ("kiln over torch.compile", "", "", ""),
+        *(
+            (f"  {what}", "", f"{times['torch.compile'] / times['kiln']:.2f}x", "")
+            for what, times in (("inference", infer), ("training step", train))
+        ),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
+
+    total = sum(stages.values())
+    where = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
+    print(f"\nkiln's compile stages in the first process ({total:.1f} s in all): {where}")
+    frames = sorted(p.name for p in debug_dir.iterdir())
+    files = sorted(p.name for p in (debug_dir / frames[0]).iterdir())
+    print(f"debug dump: {debug_dir}  ({len(frames)} frame(s); {frames[0]}: {', '.join(files)})")
+
+
+def first_calls_main() -> None:
+    """The second process: the same model and compile, its first calls timed."""
+    model, inputs = build()
+    print(json.dumps(first_calls(kiln.compile(model), inputs)))
 
 
 if __name__ == "__main__":
-    main()
+    if "--first-calls" in sys.argv:
+        first_calls_main()
+    else:
+        main()

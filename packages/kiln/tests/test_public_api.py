@@ -8,6 +8,19 @@ def test_version_is_pep440():
 
 
 def test_public_api_is_pinned():
-    assert sorted(kiln.__all__) == ["Plugin", "__version__", "list_backends"]
+    assert sorted(kiln.__all__) == [
+        "CompiledFunction",
+        "CompiledModule",
+        "Options",
+        "Plugin",
+        "__version__",
+        "compile",
+        "compile_times",
+        "disable",
+        "explain",
+        "list_backends",
+        "reset",
+        "set_logs",
+    ]
     for name in kiln.__all__:
         assert hasattr(kiln, name)

@@ -1,16 +1,40 @@
 """Kiln: a compiler for PyTorch programs.
 
-The umbrella package wires Kiln's packages together: bytecode capture (kiln-capture),
-autograd graph splitting (kiln-autograd), the loop IR and scheduler (kiln-loopir), code
-generation for each device (kiln-triton, kiln-cpp, found through the ``kiln.codegen``
-entry points) and the CUDA-graph runtime (kiln-cudagraphs, found through
-``kiln.runtime``).
+``kiln.compile(model)`` captures the Python program as graphs (kiln-capture), splits
+training graphs into forward and backward aten graphs (kiln-autograd), lowers them to a
+loop IR that is fused and scheduled (kiln-loopir), generates kernels for the device
+(kiln-cpp, kiln-triton: the ``kiln.codegen`` entry points) and runs them, optionally
+through a runtime plug-in (kiln-cudagraphs: ``kiln.runtime``).
 
-This release provides plug-in discovery (``list_backends``); ``kiln.compile`` arrives in
-0.1.
+    >>> compiled = kiln.compile(model)          # or @kiln.compile on a function
+    >>> kiln.explain(model)(x)                  # graphs, graph breaks, guards
+    >>> kiln.list_backends()                    # installed plug-ins, and why any failed
+    >>> kiln.set_logs("graph,perf")             # or KILN_LOGS=graph,perf; KILN_DEBUG=<dir>
+
+Kiln is also a ``torch.compile`` backend: ``torch.compile(model, backend="kiln")``.
 """
 
 from kiln.__about__ import __version__
 from kiln._plugins import Plugin, list_backends
+from kiln.api import compile, disable, explain, reset
+from kiln.config import Options
+from kiln.frames import compile_times
+from kiln.logs import configure_from_environment, set_logs
+from kiln.module import CompiledFunction, CompiledModule
 
-__all__ = ["Plugin", "__version__", "list_backends"]
+configure_from_environment()
+
+__all__ = [
+    "CompiledFunction",
+    "CompiledModule",
+    "Options",
+    "Plugin",
+    "__version__",
+    "compile",
+    "compile_times",
+    "disable",
+    "explain",
+    "list_backends",
+    "reset",
+    "set_logs",
+]

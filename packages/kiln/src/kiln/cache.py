@@ -1,0 +1,198 @@
+"""The on-disk cache of compiled graphs.
+
+An entry holds what kiln-loopir and the code generator made of one aten graph: the
+kernels' sources, the host program, the graph's constant tensors and the printed loop IR.
+Its key hashes the graph's code and constants, the inputs' metadata (dtype, device, size,
+stride), the options that change the code, the code generator, and the versions of
+Python, torch and every Kiln package. A second process that compiles the same graph loads
+the entry and hands the sources to the code generator, whose own cache holds the built
+kernels: nothing is lowered, scheduled or compiled again.
+
+Entries are written under a temporary name and renamed into place; each starts with the
+SHA-256 of the rest. An entry that does not load (corrupt, truncated, from another format)
+is ignored with a log line, compiled again and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import torch.fx
+
+from kiln_loopir import runtime as loopir_runtime
+
+log = logging.getLogger("kiln.cache")
+
+FORMAT = 1
+_DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
+
+
+@dataclass
+class Entry:
+    """What one compiled aten graph needs to run again, and how it printed."""
+
+    kernel_names: list[str]
+    kernel_sources: list[str]
+    host_source: str
+    constants: dict[str, torch.Tensor]
+    num_inputs: int
+    loop_ir: str
+    schedule: str
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, **self.__dict__}
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _codegen_version(codegen: object) -> str:
+    module = type(codegen).__module__.split(".")[0]
+    return f"{module} {_version(module.replace('_', '-'))}"
+
+
+def _describe_value(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+
+        def dims(xs) -> str:
+            out = []
+            for x in xs:
+                hint = getattr(getattr(x, "node", None), "hint", None)
+                out.append(f"{x}~{hint}" if isinstance(x, torch.SymInt) else str(x))
+            return ",".join(out)
+
+        return (
+            f"T({value.dtype},{value.device},[{dims(value.shape)}],[{dims(value.stride())}],"
+            f"{value.storage_offset()})"
+        )
+    if isinstance(value, torch.SymInt):
+        return f"SymInt({value}~{getattr(value.node, 'hint', None)})"
+    return f"{type(value).__name__}({value!r})"
+
+
+def _constant_digest(gm: torch.fx.GraphModule) -> str:
+    h = hashlib.sha256()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target)
+            h.update(node.target.encode())
+            if isinstance(value, torch.Tensor):
+                h.update(_describe_value(value).encode())
+                data = value.detach().cpu().contiguous().reshape(-1)  # 0-d too
+                h.update(data.view(torch.uint8).numpy().tobytes())
+            else:
+                h.update(repr(value).encode())
+    return h.hexdigest()
+
+
+def graph_key(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[object],
+    codegen: object,
+    settings: dict[str, object],
+) -> str:
+    """The cache key of compiling ``gm`` for inputs like ``example_inputs``."""
+    parts = [
+        f"format {FORMAT}",
+        gm.code,
+        _constant_digest(gm),
+        *(_describe_value(x) for x in example_inputs),
+        f"codegen {getattr(codegen, 'name', type(codegen).__name__)} {_codegen_version(codegen)}",
+        *(f"{k}={v!r}" for k, v in sorted(settings.items())),
+        f"python {platform.python_version()} torch {torch.__version__}",
+        *(f"{d} {_version(d)}" for d in _DISTRIBUTIONS),
+    ]
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class GraphCache:
+    """Entries under ``<root>/graphs/<key[:2]>/<key>.pt``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root) / "graphs"
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.pt"
+
+    def load(self, key: str) -> Entry | None:
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read cache entry %s (%s); compiling again", path, exc)
+            return None
+        try:
+            digest, _, payload = data.partition(b"\n")
+            if hashlib.sha256(payload).hexdigest().encode() != digest:
+                raise ValueError("its checksum does not match its contents")
+            fields = torch.load(io.BytesIO(payload), weights_only=True)
+            if fields.pop("format", None) != FORMAT:
+                raise ValueError("it was written in another format")
+            return Entry(**fields)
+        except Exception as exc:  # a damaged entry is never used: compile and rewrite it
+            log.warning("ignoring corrupt cache entry %s (%s); compiling again", path, exc)
+            return None
+
+    def store(self, key: str, entry: Entry) -> None:
+        path = self.path(key)
+        buffer = io.BytesIO()
+        torch.save(entry.to_dict(), buffer)
+        payload = buffer.getvalue()
+        data = hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:  # a read-only or full disk costs speed, not correctness
+            log.warning("cannot write cache entry %s (%s)", path, exc)
+
+
+class HostProgram:
+    """A graph loaded from the cache: the host program with its kernels and constants.
+
+    It runs as kiln-loopir's ``CompiledGraph`` does: ``program(*inputs) -> tuple``.
+    """
+
+    def __init__(self, entry: Entry, kernel_fns: Sequence[Callable]) -> None:
+        self.entry = entry
+        namespace: dict[str, object] = {
+            "torch": torch,
+            "aten": torch.ops.aten,
+            "empty_strided": loopir_runtime.empty_strided,
+            "reinterpret": loopir_runtime.reinterpret,
+            "assert_size_stride": loopir_runtime.assert_size_stride,
+            "make_seed": loopir_runtime.make_seed,
+        }
+        namespace.update(zip(entry.kernel_names, kernel_fns, strict=True))
+        namespace.update(entry.constants)
+        exec(compile(entry.host_source, "<kiln host program (cached)>", "exec"), namespace)
+        self._call = namespace["call"]
+
+    def __call__(self, *inputs: object) -> tuple:
+        if len(inputs) != self.entry.num_inputs:
+            raise TypeError(
+                f"the compiled graph takes {self.entry.num_inputs} inputs, got {len(inputs)}"
+            )
+        return self._call(list(inputs))

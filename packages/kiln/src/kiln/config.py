@@ -1,0 +1,138 @@
+"""What one ``kiln.compile`` call asked for: the backend, the mode and the options.
+
+Options are checked here, once, so a misspelt option or a bad value fails at the
+``kiln.compile`` call with a message naming it, not at the first compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+NAMED_BACKENDS = ("auto", "kiln", "aot_eager", "eager")
+MODES = (None, "default", "reduce-overhead", "max-autotune")
+PARTITIONERS = ("min_cut", "default")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The ``options=`` of ``kiln.compile``; every field can be given by name in the dict."""
+
+    # where every stage of every compiled frame is written (default: $KILN_DEBUG)
+    debug_dir: str | None = None
+    # the on-disk cache of compiled graphs (default: on, unless $KILN_CACHE=0)
+    cache: bool = True
+    # its folder (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)
+    cache_dir: str | None = None
+    # a code generator by name ("cpp", "triton", "reference"), or None for the device's
+    codegen: str | None = None
+    # kiln-autograd's partitioner: "min_cut" or "default"
+    partitioner: str = "min_cut"
+    # kiln-loopir: fuse kernels, reuse buffers
+    fusion: bool = True
+    reuse_memory: bool = True
+    # a graph whose code generation fails runs its aten graph eagerly, with a warning;
+    # False raises the error instead (kiln-capture runs a frame whose backend raised
+    # eagerly, with its own warning, unless fullgraph=True)
+    fallback: bool = True
+    # captures of one function before it runs eagerly for new inputs
+    recompile_limit: int = 8
+    # search wider when a code generator autotunes (set by mode="max-autotune")
+    max_autotune: bool = False
+    # replay graphs through the kiln.runtime plug-in (set by mode="reduce-overhead")
+    cudagraphs: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    backend: str | Callable
+    mode: str
+    dynamic: bool | None
+    fullgraph: bool
+    options: Options
+
+
+def _default_options() -> dict:
+    env = {}
+    if os.environ.get("KILN_DEBUG"):
+        env["debug_dir"] = os.environ["KILN_DEBUG"]
+    if os.environ.get("KILN_CACHE", "1").strip().lower() in ("0", "false", "off", "no"):
+        env["cache"] = False
+    return env
+
+
+def _check_option(name: str, value: object, default: object) -> None:
+    if name in ("debug_dir", "cache_dir", "codegen"):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"kiln.compile(options={{{name!r}: ...}}) takes a string or None")
+        return
+    if name == "partitioner":
+        if value not in PARTITIONERS:
+            raise ValueError(
+                f"kiln.compile(options={{'partitioner': {value!r}}}): use one of {PARTITIONERS}"
+            )
+        return
+    if type(value) is not type(default):
+        raise TypeError(
+            f"kiln.compile(options={{{name!r}: {value!r}}}) takes a {type(default).__name__}"
+        )
+
+
+def make_config(
+    backend: str | Callable,
+    mode: str | None,
+    dynamic: bool | None,
+    fullgraph: bool,
+    options: Mapping[str, object] | None,
+) -> Config:
+    """Check the arguments of ``kiln.compile`` and fill in the defaults."""
+    if isinstance(backend, str):
+        if backend not in NAMED_BACKENDS:
+            raise ValueError(
+                f"kiln.compile(backend={backend!r}) is not a Kiln backend: use one of "
+                f"{list(NAMED_BACKENDS)} or a callable backend(gm, example_inputs) -> callable"
+            )
+    elif not callable(backend):
+        raise TypeError(
+            f"kiln.compile(backend=...) takes a name or a callable "
+            f"backend(gm, example_inputs) -> callable, got {backend!r}"
+        )
+    if mode not in MODES:
+        raise ValueError(f"kiln.compile(mode={mode!r}) is not a mode: use one of {list(MODES)}")
+    if dynamic not in (None, True, False):
+        raise TypeError(f"kiln.compile(dynamic={dynamic!r}) takes True, False or None")
+    fields = {f.name: f.default for f in dataclasses.fields(Options)}
+    given = dict(options or {})
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"kiln.compile(options=...) got unknown option(s) {unknown}; known: {sorted(fields)}"
+        )
+    for name, value in given.items():
+        _check_option(name, value, fields[name])
+    values = {**_default_options(), **given}
+    if mode == "max-autotune":
+        values["max_autotune"] = True
+    if mode == "reduce-overhead":
+        values["cudagraphs"] = True
+    for key in ("debug_dir", "cache_dir"):
+        if values.get(key) is not None:
+            values[key] = str(Path(values[key]).expanduser())
+    return Config(
+        backend=backend,
+        mode=mode or "default",
+        dynamic=dynamic,
+        fullgraph=bool(fullgraph),
+        options=Options(**values),
+    )
+
+
+def cache_root(options: Options) -> Path:
+    if options.cache_dir:
+        return Path(options.cache_dir)
+    if os.environ.get("KILN_CACHE_DIR"):
+        return Path(os.environ["KILN_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kiln"

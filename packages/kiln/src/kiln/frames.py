@@ -1,0 +1,172 @@
+"""One captured graph (a compiled frame) on its way through the stack.
+
+A :class:`Frame` names the graph (``frame000``, ``frame001`` ... in the order graphs are
+captured in this process, so names are the same from run to run), writes each stage to
+the debug folder (``KILN_DEBUG``), times the stages for the ``perf`` log and
+:func:`kiln.compile_times`, and reports progress while a long compile runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from kiln import logs
+
+# A compile running longer than this reports each stage it starts on the progress log.
+PROGRESS_AFTER_S = 1.0
+
+_lock = threading.Lock()
+# the next frame number, per debug folder (None: frames that are not written anywhere)
+_next_index: dict[Path | None, int] = defaultdict(int)
+_cleaned_dirs: set[Path] = set()
+# stage name -> seconds spent in it since the last kiln.reset(), over every frame
+_totals: dict[str, float] = defaultdict(float)
+_FRAME_DIR = re.compile(r"frame\d{3,}")
+
+
+def compile_times() -> dict[str, float]:
+    """Seconds spent in each compile stage in this process (since ``kiln.reset()``).
+
+    Stages: ``capture`` (bytecode capture, guards and the first run of a call that
+    compiled), ``autograd`` (tracing the aten graphs and partitioning), ``loopir`` (lowering,
+    fusion, memory planning, host program), ``render`` and ``build`` (the code generator),
+    ``cache_load`` (a graph found in the on-disk cache), ``runtime`` (mode plug-ins).
+    """
+    with _lock:
+        return dict(_totals)
+
+
+_frames_made = 0  # frames made in this process, to tell a call that compiled
+_staged_seconds = 0.0  # seconds charged to the stages of frames, in all
+
+
+def call_timing_capture(fn, args, kwargs, label: str):
+    """``fn(*args, **kwargs)``; when the call captured something, the time it took beyond
+    the stages the frames timed is charged to ``capture`` (tracing the bytecode, building
+    guards and code, and the first run) and logged on the ``perf`` log."""
+    made, staged = _frames_made, _staged_seconds
+    started = time.perf_counter()
+    out = fn(*args, **kwargs)
+    if _frames_made != made:
+        elapsed = time.perf_counter() - started
+        capture = max(elapsed - (_staged_seconds - staged), 0.0)
+        with _lock:
+            _totals["capture"] += capture
+        logs.logger("perf").info(
+            "%s: first call %.3f s, of which capture (and the first run) %.3f s",
+            label,
+            elapsed,
+            capture,
+        )
+    return out
+
+
+def reset_frames() -> None:
+    with _lock:
+        _next_index.clear()
+        _totals.clear()
+        _cleaned_dirs.clear()
+
+
+def _clean_debug_dir(root: Path) -> None:
+    """The first frame a process writes under ``root`` removes the frame folders an earlier
+    run left there (only those: other files are the user's)."""
+    if root in _cleaned_dirs:
+        return
+    _cleaned_dirs.add(root)
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.is_dir() and _FRAME_DIR.fullmatch(child.name):
+                shutil.rmtree(child, ignore_errors=True)
+
+
+class Frame:
+    """A captured graph: its name, its debug folder, its stage times."""
+
+    def __init__(self, debug_dir: str | None) -> None:
+        root = Path(debug_dir).resolve() if debug_dir is not None else None
+        global _frames_made
+        with _lock:
+            _frames_made += 1
+            self.index = _next_index[root]
+            _next_index[root] += 1
+            if root is not None:
+                _clean_debug_dir(root)
+        self.name = f"frame{self.index:03d}"
+        self.function = "?"  # the captured function's qualified name, once capture says
+        self.folder: Path | None = None
+        if root is not None:
+            self.folder = root / self.name
+            self.folder.mkdir(parents=True, exist_ok=True)
+        self.started = time.perf_counter()
+        self.times: dict[str, float] = defaultdict(float)
+        self._running: list[list] = []  # [stage, started] of the stages now open, innermost last
+        self._files: set[str] = set()
+
+    # --- debug files ------------------------------------------------------------
+
+    def file_name(self, name: str) -> str:
+        """``name``, or ``name`` with ``_2``, ``_3`` ... before its suffix when this frame
+        already wrote it (a second signature of the same graph)."""
+        if name not in self._files:
+            self._files.add(name)
+            return name
+        stem, dot, suffix = name.partition(".")
+        n = 2
+        while f"{stem}_{n}{dot}{suffix}" in self._files:
+            n += 1
+        unique = f"{stem}_{n}{dot}{suffix}"
+        self._files.add(unique)
+        return unique
+
+    def dump(self, name: str, text: str) -> Path | None:
+        if self.folder is None:
+            return None
+        path = self.folder / name
+        path.write_text(text if text.endswith("\n") else text + "\n")
+        return path
+
+    # --- stage times and progress -------------------------------------------------
+
+    def _charge(self, stage: str, seconds: float) -> None:
+        global _staged_seconds
+        self.times[stage] += seconds
+        with _lock:
+            _totals[stage] += seconds
+            _staged_seconds += seconds
+
+    @contextlib.contextmanager
+    def stage(self, stage: str, what: str = ""):
+        """Time ``stage``; time spent in a stage opened inside it counts for the inner one."""
+        now = time.perf_counter()
+        if self._running:  # pause the enclosing stage
+            outer = self._running[-1]
+            self._charge(outer[0], now - outer[1])
+        if what and now - self.started > PROGRESS_AFTER_S:
+            logs.logger("progress").info("%s (%s): %s", self.name, self.function, what)
+        self._running.append([stage, now])
+        try:
+            yield
+        finally:
+            name, started = self._running.pop()
+            end = time.perf_counter()
+            self._charge(name, end - started)
+            if self._running:  # resume the enclosing stage
+                self._running[-1][1] = end
+
+    def log_perf(self, what: str) -> None:
+        """Log the stage times since the last call (then start counting afresh)."""
+        if logs.enabled("perf") and self.times:
+            parts = ", ".join(f"{k} {v:.3f} s" for k, v in self.times.items())
+            total = sum(self.times.values())
+            logs.logger("perf").info("%s %s: %.3f s (%s)", self.describe(), what, total, parts)
+        self.times.clear()
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.function})"

@@ -1,0 +1,249 @@
+"""The full stack for one captured graph: autograd → loop IR → code generator → runtime.
+
+:func:`aot_backend` makes the backend (``torch.compile``'s contract) for one frame: it
+hands the captured graph to kiln-autograd with an :class:`AtenCompiler` for the forward
+(and inference) graphs and one for the backward graph. ``AtenCompiler.__call__`` is the
+pipeline for one aten graph, top to bottom:
+
+1. write the aten graph to the log and the debug folder;
+2. pick the code generator for the graph's device;
+3. load the graph from the on-disk cache, or lower, schedule and generate it
+   (kiln-loopir's ``compile_fx`` with the code generator) and store it there;
+4. write the loop IR, the kernels and the host program to the log and the debug folder;
+5. wrap it for the mode (``reduce-overhead``: the ``kiln.runtime`` plug-in).
+
+A graph whose code generation fails (no compiler, a compile error, a kernel the
+generator cannot render) runs its aten graph eagerly, with a warning that names the graph
+and the reason: the result is the same, only slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx
+
+import kiln_autograd
+import kiln_loopir
+from kiln import logs, runtime
+from kiln.cache import Entry, GraphCache, HostProgram, graph_key
+from kiln.config import Config, cache_root
+from kiln.constants import WithConstants, lift_constants
+from kiln.frames import Frame
+
+cache_log = logging.getLogger("kiln.cache")
+KERNEL_SUFFIX = {"cpp": ".cpp", "triton": ".py", "reference": ".py"}
+
+
+class CodegenFailed(RuntimeError):
+    """The code generator could not make a graph's kernels; the graph runs eagerly."""
+
+
+class ObservedCodegen:
+    """A code generator seen through the frame: its stages are timed and reported, and
+    whatever it raises becomes :class:`CodegenFailed`."""
+
+    def __init__(self, inner: object, frame: Frame, kind: str) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.device_types = inner.device_types
+        self.frame = frame
+        self.kind = kind
+
+    def render(self, kernel) -> str:
+        with self.frame.stage("render"):
+            try:
+                return self.inner.render(kernel)
+            except Exception as exc:
+                raise CodegenFailed(
+                    f"{self.name} could not render {kernel.name}: {type(exc).__name__}: {exc}"
+                ) from exc
+
+    def compile(self, sources: Sequence[str]) -> list[Callable]:
+        what = f"{self.kind}: building {len(sources)} kernels with {self.name}"
+        with self.frame.stage("build", what):
+            try:
+                return self.inner.compile(sources)
+            except Exception as exc:
+                raise CodegenFailed(
+                    f"{self.name} could not build the kernels: {type(exc).__name__}: {exc}"
+                ) from exc
+
+
+def _graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
+def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
+    warnings.warn(
+        f"kiln: {frame.describe()} {kind} graph runs eagerly (ATen kernels, no generated "
+        f"code): {reason}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def _cache_key(gm, example_inputs, codegen, settings) -> str | None:
+    try:
+        return graph_key(gm, example_inputs, codegen, settings)
+    except Exception:  # a graph the key cannot describe is compiled, just not cached
+        cache_log.warning(
+            "cannot compute the cache key of a graph; it is not cached", exc_info=True
+        )
+        return None
+
+
+def _bind(compiled: Callable, constants: Sequence[torch.Tensor]) -> Callable:
+    return WithConstants(compiled, constants) if constants else compiled
+
+
+def _kernels_text(kernels: Sequence[tuple[str, str]]) -> str:
+    return "\n\n".join(source.rstrip() for _, source in kernels)
+
+
+class AtenCompiler:
+    """``compiler(gm, example_inputs)`` for kiln-autograd: one kind of aten graph of one
+    frame (``forward`` for forward and inference graphs, ``backward``)."""
+
+    def __init__(self, config: Config, frame: Frame, kind: str, generate: bool) -> None:
+        self.config = config
+        self.options = config.options
+        self.frame = frame
+        self.kind = kind
+        self.generate = generate  # False: aot_eager, the aten graph runs as it is
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]):
+        frame, kind = self.frame, self.kind
+        self.show_aten_graph(gm)  # 1
+        if not self.generate:
+            return gm.forward
+        device = _graph_device(gm, example_inputs)
+        codegen = self.pick_codegen(device)  # 2
+        if codegen is None:
+            return gm.forward
+        try:
+            compiled, entry = self.compile_or_load(gm, example_inputs, codegen)  # 3
+        except CodegenFailed as exc:
+            if not self.options.fallback:
+                raise
+            _warn_eager(frame, kind, str(exc))
+            return gm.forward
+        self.show_generated(entry, codegen)  # 4
+        with frame.stage("runtime"):
+            compiled = runtime.wrap_for_mode(compiled, example_inputs, self.options, device)  # 5
+        if kind == "backward":  # compiled at the first backward, after capture finished
+            frame.log_perf("backward compiled")
+        return compiled
+
+    # --- the steps ------------------------------------------------------------------
+
+    def show_aten_graph(self, gm: torch.fx.GraphModule) -> None:
+        code = gm.print_readable(print_output=False)
+        logs.logger("graph").info("%s %s aten graph:\n%s", self.frame.describe(), self.kind, code)
+        self.frame.dump(self.frame.file_name(f"{self.kind}_aten.py"), code)
+
+    def pick_codegen(self, device: torch.device) -> object | None:
+        """The code generator for ``device``; with ``backend="auto"`` and none installed,
+        None (the graph runs eagerly, with a warning)."""
+        try:
+            return kiln_loopir.resolve_codegen(self.options.codegen, device.type)
+        except (RuntimeError, ValueError) as exc:
+            if self.config.backend != "auto" or self.options.codegen is not None:
+                raise
+            _warn_eager(self.frame, self.kind, str(exc))
+            return None
+
+    def compile_or_load(self, gm, example_inputs, codegen) -> tuple[Callable, Entry]:
+        settings = {
+            "fusion": self.options.fusion,
+            "reuse_memory": self.options.reuse_memory,
+            "max_autotune": self.options.max_autotune,
+        }
+        observed = ObservedCodegen(codegen, self.frame, self.kind)
+        cache = GraphCache(cache_root(self.options)) if self.options.cache else None
+        key = _cache_key(gm, example_inputs, codegen, settings) if cache else None
+        if key is None:
+            cache = None
+        lifted, lifted_inputs, constants = lift_constants(gm, example_inputs)
+        if cache is not None:
+            with self.frame.stage("cache_load", f"{self.kind}: loading from the cache"):
+                entry = cache.load(key)
+                if entry is not None:
+                    fns = observed.compile(entry.kernel_sources)
+                    return _bind(HostProgram(entry, fns), constants), entry
+        with self.frame.stage("loopir", f"{self.kind}: lowering and scheduling"):
+            compiled = kiln_loopir.compile_fx(
+                lifted,
+                lifted_inputs,
+                codegen=observed,
+                fusion=self.options.fusion,
+                reuse_memory=self.options.reuse_memory,
+            )
+        entry = Entry(
+            kernel_names=[k.name for k in compiled.kernels],
+            kernel_sources=[k.source for k in compiled.kernels],
+            host_source=compiled.host_source,
+            constants={c.name: c.value for c in compiled.graph.constants},
+            num_inputs=len(compiled.graph.inputs),
+            loop_ir=str(compiled.graph),
+            schedule=str(compiled.schedule),
+        )
+        if cache is not None:
+            cache.store(key, entry)
+        return _bind(compiled, constants), entry
+
+    def show_generated(self, entry: Entry, codegen: object) -> None:
+        frame, kind = self.frame, self.kind
+        kernels = list(zip(entry.kernel_names, entry.kernel_sources, strict=True))
+        name = getattr(codegen, "name", "kernels")
+        suffix = KERNEL_SUFFIX.get(name, ".txt")
+        logs.logger("schedule").info(
+            "%s %s loop IR:\n%s\n%s %s after fusion:\n%s",
+            frame.describe(),
+            kind,
+            entry.loop_ir,
+            frame.describe(),
+            kind,
+            entry.schedule,
+        )
+        logs.logger("output_code").info(
+            "%s %s kernels (%s):\n%s\n%s %s host program:\n%s",
+            frame.describe(),
+            kind,
+            name,
+            _kernels_text(kernels),
+            frame.describe(),
+            kind,
+            entry.host_source,
+        )
+        frame.dump(frame.file_name(f"{kind}_loopir.txt"), entry.loop_ir)
+        frame.dump(frame.file_name(f"{kind}_loopir_fused.txt"), entry.schedule)
+        frame.dump(frame.file_name(f"{kind}_kernels{suffix}"), _kernels_text(kernels) or "")
+        frame.dump(frame.file_name(f"{kind}_host.py"), entry.host_source)
+
+
+def aot_backend(config: Config, frame: Frame, generate: bool):
+    """The backend for one captured graph: kiln-autograd with Kiln's aten compilers."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[object]):
+        with frame.stage("autograd"):
+            compiled = kiln_autograd.aot(
+                gm,
+                example_inputs,
+                fw_compiler=AtenCompiler(config, frame, "forward", generate),
+                bw_compiler=AtenCompiler(config, frame, "backward", generate),
+                partitioner=config.options.partitioner,
+            )
+        return compiled
+
+    return backend

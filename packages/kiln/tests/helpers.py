@@ -1,0 +1,34 @@
+"""Models and checks the tests share."""
+
+import torch
+
+
+class Block(torch.nn.Module):
+    """LayerNorm, an MLP with GELU, a residual and a softmax; one Linear left unused."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width)
+        self.unused = torch.nn.Linear(width, width)  # gets no gradient, eagerly or compiled
+
+    def forward(self, x):
+        h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        return (x + h).softmax(-1)
+
+
+def copy_of(model: torch.nn.Module) -> torch.nn.Module:
+    clone = type(model)()
+    clone.load_state_dict(model.state_dict())
+    return clone.train(model.training)
+
+
+def assert_same_grads(model, reference):
+    """Every parameter has a gradient exactly where eager gives one, and it is eager's."""
+    for (name, p), p_ref in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if p_ref.grad is None:
+            assert p.grad is None, f"{name} got a gradient eager does not give"
+        else:
+            assert p.grad is not None, f"{name} got no gradient, eager gives one"
+            torch.testing.assert_close(p.grad, p_ref.grad, msg=name)

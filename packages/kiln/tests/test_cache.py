@@ -1,0 +1,108 @@
+"""The on-disk cache: a second process recompiles nothing; a corrupt entry is rewritten."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import torch
+from helpers import Block
+
+import kiln
+
+TRAIN_STEP = """
+import json, sys, torch, kiln, kiln_cpp
+sys.path.insert(0, {helpers!r})
+from helpers import Block
+torch.manual_seed(0)
+model = Block()
+compiled = kiln.compile(model, options={{"cache_dir": {cache!r}}})
+x = torch.randn(4, 16)
+out = compiled(x)
+out.pow(2).sum().backward()
+grad = model.up.weight.grad.clone()
+model.zero_grad()
+model(x).pow(2).sum().backward()
+torch.testing.assert_close(grad, model.up.weight.grad)
+print(json.dumps({{"stages": sorted(kiln.compile_times()), "builds": kiln_cpp.cpp_codegen.builds}}))
+"""
+
+
+def run_train_step(tmp_path) -> dict:
+    script = TRAIN_STEP.format(
+        helpers=os.path.dirname(__file__), cache=str(tmp_path / "kiln-cache")
+    )
+    env = {
+        **os.environ,
+        "KILN_CPP_CACHE_DIR": str(tmp_path / "cpp-cache"),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_recompiles_nothing(tmp_path):
+    first = run_train_step(tmp_path)
+    assert {"loopir", "render", "build"} <= set(first["stages"])
+    assert first["builds"] == 2  # the forward and the backward graph
+    second = run_train_step(tmp_path)
+    assert "loopir" not in second["stages"] and "render" not in second["stages"]
+    assert "cache_load" in second["stages"]
+    assert second["builds"] == 0, "the kernels come from kiln-cpp's cache"
+
+
+def entries(root):
+    return sorted((root / "graphs").rglob("*.pt"))
+
+
+def compile_and_check(options):
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(kiln.compile(model, options=options)(x), model(x))
+
+
+def test_a_corrupt_entry_is_ignored_and_rewritten(tmp_path, caplog):
+    options = {"cache_dir": str(tmp_path)}
+    compile_and_check(options)
+    (entry,) = entries(tmp_path)
+    good = entry.read_bytes()
+    entry.write_bytes(good[: len(good) // 2])  # truncated
+    kiln.reset()
+    with caplog.at_level(logging.WARNING, logger="kiln.cache"):
+        compile_and_check(options)
+    assert any("ignoring corrupt cache entry" in r.getMessage() for r in caplog.records)
+    assert "loopir" in kiln.compile_times(), "the graph was compiled again"
+    assert entry.read_bytes() != good[: len(good) // 2], "the entry was rewritten"
+    kiln.reset()
+    compile_and_check(options)
+    assert "loopir" not in kiln.compile_times(), "the rewritten entry loads"
+
+
+def test_the_key_follows_inputs_and_options(tmp_path):
+    options = {"cache_dir": str(tmp_path)}
+    compile_and_check(options)
+    compile_and_check({**options, "fusion": False})
+    assert len(entries(tmp_path)) == 2
+    f = kiln.compile(lambda x: x.exp().sum(0), options=options)
+    f(torch.randn(3, 5))
+    f(torch.randn(4, 5, dtype=torch.float64))
+    assert len(entries(tmp_path)) == 4
+
+
+def test_cache_off_writes_nothing(tmp_path):
+    compile_and_check({"cache_dir": str(tmp_path), "cache": False})
+    assert not (tmp_path / "graphs").exists()
+
+
+def test_graphs_with_zero_dim_constants_are_cached(tmp_path):
+    def f(x):
+        return torch.nn.functional.layer_norm(x, (4,)) * torch.tensor(3.0)
+
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(kiln.compile(f, options={"cache_dir": str(tmp_path)})(x), f(x))
+    assert len(entries(tmp_path)) == 1

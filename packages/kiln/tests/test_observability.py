@@ -1,0 +1,153 @@
+"""Logs (KILN_LOGS, kiln.set_logs), debug dumps (KILN_DEBUG), stage times and progress."""
+
+import logging
+
+import pytest
+import torch
+from helpers import Block
+
+import kiln
+from kiln import frames, logs
+
+
+@pytest.fixture
+def records():
+    """Switch every log kind on and collect what they write."""
+    collected: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            collected.append(record)
+
+    handler = Collect()
+    kiln.set_logs("all")
+    for kind in logs.KINDS:
+        logs.logger(kind).addHandler(handler)
+    yield collected
+    for kind in logs.KINDS:
+        logs.logger(kind).removeHandler(handler)
+    logs.configure_from_environment()
+
+
+def by_kind(records, kind):
+    return [r.getMessage() for r in records if r.name == f"kiln.{kind}"]
+
+
+def with_break(x):
+    y = x.sin() * 2
+    print("graph break here")  # noqa: T201
+    return y.cos() + 1
+
+
+def test_set_logs_switches_kinds():
+    kiln.set_logs("graph,perf")
+    try:
+        assert logs.enabled("graph") and logs.enabled("perf")
+        assert not logs.enabled("guards") and not logs.enabled("progress")
+        kiln.set_logs(guards=True)
+        assert logs.enabled("guards") and not logs.enabled("graph")
+        with pytest.raises(ValueError, match=r"unknown Kiln log kind\(s\) \['grpah'\]"):
+            kiln.set_logs("grpah")
+    finally:
+        logs.configure_from_environment()
+
+
+def test_every_kind_logs_what_it_names(records):
+    model = Block()
+    compiled = kiln.compile(model, options={"cache": False})
+    compiled(torch.randn(4, 16)).sum().backward()
+    compiled(torch.randn(6, 16))  # another size: a recompile
+    graph = by_kind(records, "graph")
+    assert any("captured graph" in m for m in graph)
+    assert any("forward aten graph" in m and "torch.ops.aten" in m for m in graph)
+    assert any("backward aten graph" in m for m in graph)
+    assert any("def guard(" in m for m in by_kind(records, "guards"))
+    assert any("Block.forward" in m and "guard failed" in m for m in by_kind(records, "recompiles"))
+    assert any("after fusion" in m for m in by_kind(records, "schedule"))
+    output_code = by_kind(records, "output_code")
+    assert any('extern "C"' in m and "def call(args)" in m for m in output_code)
+    perf = by_kind(records, "perf")
+    assert any("frame000 (Block.forward) compiled" in m and "loopir" in m for m in perf)
+    assert any("backward compiled" in m and "build" in m for m in perf)
+
+
+def test_graph_breaks_are_logged(records, capsys):
+    kiln.compile(with_break, backend="eager")(torch.randn(3))
+    breaks = by_kind(records, "graph_breaks")
+    assert any("graph break" in m and "with_break" in m for m in breaks)
+
+
+def test_debug_dump_writes_every_stage_with_fixed_names(tmp_path):
+    model = Block()
+    compiled = kiln.compile(model, options={"debug_dir": str(tmp_path)})
+    compiled(torch.randn(4, 16)).sum().backward()
+    frame = tmp_path / "frame000"
+    expected = {
+        "function.txt",
+        "captured_graph.py",
+        "guards.py",
+        *(
+            f"{kind}_{stage}"
+            for kind in ("forward", "backward")
+            for stage in (
+                "aten.py",
+                "loopir.txt",
+                "loopir_fused.txt",
+                "kernels.cpp",
+                "host.py",
+            )
+        ),
+    }
+    assert {p.name for p in frame.iterdir()} == expected
+    assert (frame / "function.txt").read_text().startswith("Block.forward\n")
+    assert "def guard(" in (frame / "guards.py").read_text()
+    assert "torch.ops.aten" in (frame / "forward_aten.py").read_text()
+    assert "Reduction" in (frame / "forward_loopir.txt").read_text()
+    assert "kernel" in (frame / "forward_loopir_fused.txt").read_text()
+    assert "def call(args)" in (frame / "backward_host.py").read_text()
+
+
+def test_debug_dump_has_one_folder_per_frame_and_replaces_old_runs(tmp_path):
+    (tmp_path / "frame007").mkdir()  # left by an earlier run
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    kiln.compile(with_break, options={"debug_dir": str(tmp_path)})(torch.randn(3))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["frame000", "frame001", "notes.txt"]
+    assert (tmp_path / "frame000" / "graph_break.txt").exists()
+    assert (tmp_path / "frame001" / "function.txt").read_text().startswith("with_break_resume")
+
+
+def test_kiln_debug_and_kiln_logs_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_LOGS", "graph,perf")
+    logs.configure_from_environment()  # what importing kiln does
+    try:
+        assert logs.enabled("graph") and logs.enabled("perf") and logs.enabled("progress")
+        assert not logs.enabled("guards")
+    finally:
+        monkeypatch.delenv("KILN_LOGS")
+        logs.configure_from_environment()
+    monkeypatch.setenv("KILN_DEBUG", str(tmp_path / "dump"))
+    kiln.compile(lambda x: (x.sin() + 1).sum(-1))(torch.randn(4, 8))
+    assert (tmp_path / "dump" / "frame000" / "forward_kernels.cpp").exists()
+
+
+def test_stage_times_and_progress(records, monkeypatch):
+    monkeypatch.setattr(frames, "PROGRESS_AFTER_S", 0.0)
+    kiln.compile(Block(), options={"cache": False})(torch.randn(4, 16))
+    times = kiln.compile_times()
+    assert {"capture", "autograd", "loopir", "render", "build"} <= set(times)
+    assert all(t >= 0 for t in times.values())
+    progress = by_kind(records, "progress")
+    assert any("lowering and scheduling" in m for m in progress)
+    assert any("building" in m and "kernels with cpp" in m for m in progress)
+
+
+def test_nested_stages_are_counted_once(monkeypatch):
+    # the frame is made, outer opens, inner opens, inner ends, outer ends
+    clock = iter([0.0, 0.0, 1.0, 3.0, 6.0])
+    monkeypatch.setattr(frames.time, "perf_counter", lambda: next(clock))
+    frame = frames.Frame(debug_dir=None)
+    with frame.stage("outer"), frame.stage("inner"):
+        pass
+    assert dict(frame.times) == {"outer": 4.0, "inner": 2.0}
+    assert kiln.compile_times() == {"outer": 4.0, "inner": 2.0}
