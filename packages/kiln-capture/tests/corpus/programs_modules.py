@@ -331,6 +331,26 @@ def _mut(module):
     return {"reset": freeze_reset(module), "state": module_state(module)}
 
 
+def loss_module_built_inside(logits, labels):
+    loss_fct = torch.nn.CrossEntropyLoss(ignore_index=1)
+    act = torch.nn.GELU(approximate="tanh")
+    return loss_fct(act(logits).view(-1, 5), labels.view(-1))
+
+
+def loss_module_returned(x):
+    loss = torch.nn.MSELoss(reduction="sum")
+    return loss(x, x.flip(0)), loss
+
+
+def linear_built_inside(x):
+    return torch.nn.Linear(4, 4)(x).shape
+
+
+def broadcast_tensors_pair(x):
+    a, b = torch.broadcast_tensors(x, x[:1].flip(1))
+    return a * b
+
+
 CASES = [
     Case("mlp", MLP_M, randn((2, 4))),
     Case("parameter_buffer_attr", SCALED, randn((2, 4))),
@@ -365,6 +385,14 @@ CASES = [
     Case("module_children_count", module_children_count, lambda: (MLP(), torch.randn(2, 4))),
     Case("module_eval_flag", module_eval_flag, lambda: (Base().eval(), torch.randn(2, 4))),
     Case("module_apply_twice", module_apply_twice, lambda: (Base(), torch.randn(2, 4))),
+    Case(
+        "loss_module_built_inside",
+        loss_module_built_inside,
+        lambda: (torch.randn(3, 5), torch.randint(0, 5, (3,))),
+    ),
+    Case("broadcast_tensors_pair", broadcast_tensors_pair, randn((3, 4))),
+    Case("loss_module_returned", loss_module_returned, randn((3, 4))),
+    Case("module_with_parameters_built_inside", linear_built_inside, randn((2, 4))),
     Case(
         "module_arg_buffer_update",
         call_module_arg,

@@ -586,7 +586,31 @@ def call_constructor(tx, cls: type, args, kwargs):
         elif args or kwargs:
             raise UserError(TypeError(f"{cls.__name__}() takes no arguments"))
         return obj
+    if is_stateless_torch_module(cls, args, kwargs):
+        return build_stateless_module(tx, cls, args, kwargs)
     raise GraphBreak(f"constructing a {cls.__qualname__} object")
+
+
+def is_stateless_torch_module(cls: type, args, kwargs) -> bool:
+    """A module class of ``torch.nn`` (a loss, an activation, dropout) called with constant
+    arguments only: built at capture time, it holds no tensor the graph would need."""
+    return (
+        issubclass(cls, torch.nn.Module)
+        and cls.__module__.startswith("torch.nn.modules.")
+        and all(a.is_constant() for a in args)
+        and all(v.is_constant() for v in kwargs.values())
+    )
+
+
+def build_stateless_module(tx, cls: type, args, kwargs):
+    from kiln_capture.variables.objects import ModuleVariable
+
+    module = tx.run_user_code(
+        cls, *(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}
+    )
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        raise GraphBreak(f"constructing a {cls.__qualname__} object with parameters or buffers")
+    return ModuleVariable(module, None, owned=True)
 
 
 def build_dataclass(tx, cls, args, kwargs, variable_cls):

@@ -179,6 +179,8 @@ class ModuleVariable(ObjectVariable):
         for registry in ("_parameters", "_buffers", "_modules"):
             members = module.__dict__.get(registry)
             if members is not None and name in members:
+                if members[name] is None:
+                    return ConstantVariable(None)
                 source = ModuleMemberSource(self.source, registry, name) if self.source else None
                 if source is None:
                     raise GraphBreak(f"{registry[1:-1]} {name!r} of a module built during capture")

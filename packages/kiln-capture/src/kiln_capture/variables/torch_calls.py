@@ -8,6 +8,9 @@ variables whose enter and exit are recorded in the graph.
 
 from __future__ import annotations
 
+import functools
+import types
+
 import torch
 
 from kiln_capture.exc import GraphBreak
@@ -69,7 +72,34 @@ def call_torch_function(tx, fn, args, kwargs) -> Variable:
     constant_args = all(a.is_constant() for a in [*args, *kwargs.values()])
     if constant_args and (fn in (torch.finfo, torch.iinfo) or isinstance(fn, type)):
         return ConstantVariable(fn(*(a.as_constant() for a in args)))
-    return tx.output.call_graph("call_function", fn, list(args), kwargs)
+    return tx.output.call_graph("call_function", graph_target(fn), list(args), kwargs)
+
+
+def graph_target(fn):
+    """``fn`` as the graph records it. A builtin of ``torch._C._VariableFunctions`` prints
+    in graph code as ``torch.<name>``; where that name is a Python wrapper with another
+    signature (``torch.broadcast_tensors`` takes ``*tensors``, the builtin a list), the
+    graph calls the builtin through a function of its own instead."""
+    name = getattr(fn, "__name__", None)
+    if not isinstance(fn, types.BuiltinFunctionType) or not isinstance(name, str):
+        return fn
+    if (
+        getattr(torch._C._VariableFunctions, name, None) is fn
+        and getattr(torch, name, None) is not fn
+    ):
+        return _variable_function(name)
+    return fn
+
+
+@functools.cache
+def _variable_function(name: str):
+    builtin = getattr(torch._C._VariableFunctions, name)
+
+    def call(*args, **kwargs):
+        return builtin(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"variable_function_{name}"
+    return call
 
 
 class GradModeVariable(Variable):
