@@ -4,7 +4,8 @@ Memory-bound micro kernels (pointwise chains, a transpose, softmax, layernorm + 
 and column reductions) report their achieved bandwidth as a fraction of a measured
 device-to-device copy; every case, and Hugging Face / timm models in bfloat16 inference,
 report times and speedups over eager and over ``torch.compile`` (default mode);
-``KILN_BENCH_TRITON=micro`` or ``=models`` runs one half. Each time
+``KILN_BENCH_TRITON=micro`` or ``=models`` runs one half, ``KILN_BENCH_MODELS=bert,resnet50``
+some of the models. Each time
 is the median of ``triton.testing.do_bench`` (which clears the L2 cache between runs). The
 models' outputs are checked against eager: the table gives kiln's largest difference from
 an fp32 run of the same weights next to eager bf16's.
@@ -138,38 +139,35 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids).last_hidden_state
 
 
-LAYERS: dict = {}  # the full size; a smoke test may shrink it
-GPT2_LAYERS: dict = {}
-
-
-def bert(batch=16, seq=256):
+def bert(batch=16, seq=256, layers=12):
     from transformers import BertConfig, BertModel
 
-    model = LastHidden(BertModel(BertConfig(**LAYERS)))
+    model = LastHidden(BertModel(BertConfig(num_hidden_layers=layers)))
     return model, [torch.randint(0, 30522, (batch, seq))]
 
 
-def gpt2(batch=16, seq=256):
+def gpt2(batch=16, seq=256, layers=12):
     from transformers import GPT2Config, GPT2Model
 
-    model = LastHidden(GPT2Model(GPT2Config(use_cache=False, **GPT2_LAYERS)))
+    model = LastHidden(GPT2Model(GPT2Config(use_cache=False, n_layer=layers)))
     return model, [torch.randint(0, 50257, (batch, seq))]
 
 
-def llama(batch=8, seq=256):
+def llama(batch=8, seq=256, layers=8):
     from transformers import LlamaConfig, LlamaModel
 
-    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=layers,
                          num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
                          max_position_embeddings=1024, use_cache=False)  # fmt: skip
     return LastHidden(LlamaModel(config)), [torch.randint(0, 32000, (batch, seq))]
 
 
-def timm_model(name: str, batch=32):
+def timm_model(name: str, batch=32, **kwargs):
     def build():
         import timm
 
-        return timm.create_model(name, pretrained=False), [torch.randn(batch, 3, 224, 224)]
+        model = timm.create_model(name, pretrained=False, **kwargs)
+        return model, [torch.randn(batch, 3, 224, 224)]
 
     return build
 
@@ -260,7 +258,10 @@ def measure_model(name, build) -> list[str]:
 
 def run_models() -> list[list[str]]:
     rows = []
+    chosen = os.environ.get("KILN_BENCH_MODELS", "")  # a comma-separated subset of MODELS
     for name, build in MODELS.items():
+        if chosen and not any(c and name.startswith(c) for c in chosen.split(",")):
+            continue
         try:
             rows.append(measure_model(name, build))
         except Exception as exc:  # a failing model is a row, the others still run

@@ -42,15 +42,14 @@ MODELS = ["bert", "gpt2", "llama", "resnet50", "vit_base_patch16_224", "convnext
 
 
 def small_model(name: str):
+    """The model at a small batch, transformers with two layers (kiln-loopir's scheduler
+    takes minutes on a full-depth graph; the layers repeat one another)."""
     bench = _load(ROOT / "integration/benchmarks/bench_triton.py", "bench_triton")
-    if name == "bert":
-        return bench.bert(batch=2, seq=64)
-    if name == "gpt2":
-        return bench.gpt2(batch=2, seq=64)
-    if name == "llama":
-        return bench.llama(batch=2, seq=64)
+    if name in ("bert", "gpt2", "llama"):
+        return getattr(bench, name)(batch=2, seq=64, layers=2)
     pytest.importorskip("timm")
-    return bench.timm_model(name, batch=2)()
+    depth = {"vit_base_patch16_224": {"depth": 2}, "convnext_tiny": {"depths": (1, 1, 1, 1)}}
+    return bench.timm_model(name, batch=2, **depth.get(name, {}))()
 
 
 @pytest.mark.parametrize("name", MODELS)
