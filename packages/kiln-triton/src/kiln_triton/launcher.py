@@ -8,6 +8,7 @@ sizes go straight to the launch.
 
 from __future__ import annotations
 
+import os
 import types
 from dataclasses import dataclass
 
@@ -18,6 +19,9 @@ from kiln_triton.configs import Config, candidates
 from kiln_triton.device import INTERPRET
 
 INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block past the end
+# launching repeated calls through the compiled kernel's own launcher (skipping Triton's
+# per-call argument specialization) is opt-in until it has run on a GPU
+DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "0") == "1"
 
 
 @dataclass
@@ -77,7 +81,7 @@ class TritonKernel:
             launch.runner(*args, *launch.tail)
             return
         launch.fn[launch.grid](*args, *launch.numels, **launch.kwargs)
-        if launch.runner is None and not INTERPRET:
+        if launch.runner is None and DIRECT_LAUNCH and not INTERPRET:
             self._direct(launch, args)
 
     def _direct(self, launch: Launch, args: tuple) -> None:
@@ -91,7 +95,7 @@ class TritonKernel:
             kernel = kernel.result()
         names = launch.fn.arg_names[len(args) + len(launch.numels) :]
         launch.tail = (*launch.numels, *(launch.kwargs[n] for n in names))
-        launch.runner = kernel[launch.grid]
+        launch.runner = kernel[(*launch.grid, 1, 1)[:3]]  # its launcher reads three grid sizes
 
     # -- planning -------------------------------------------------------------------------------
     def numels(self, sizes: tuple[int, ...]) -> dict[str, int]:
