@@ -87,13 +87,17 @@ class Kernel:
     # inner nodes whose loops run reordered: node name -> kernel dimension of each loop
     orders: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _reads: tuple | None = field(default=None, repr=False)
+    _writes: tuple | None = field(default=None, repr=False)
 
     @property
     def device(self) -> torch.device:
         return self.nodes[0].buffer.device
 
-    def writes(self) -> set[str]:
-        return {n.name for n in self.nodes}
+    def writes(self) -> frozenset[str]:
+        key = tuple(id(n) for n in self.nodes)
+        if self._writes is None or self._writes[0] != key:
+            self._writes = (key, frozenset(n.name for n in self.nodes))
+        return self._writes[1]
 
     def stored_buffers(self) -> list[str]:
         """Buffers the kernel writes to memory, in node order."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
 from kiln_loopir.ir import ComputedNode, LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
@@ -83,6 +85,7 @@ def fuse(schedule: Schedule) -> Schedule:
     outputs = output_buffers(graph)
     count = len(schedule.kernels())
     nbytes = {name: graph.hint(buf.nbytes()) for name, buf in graph.buffers().items()}
+    refused: set[tuple[Kernel, Kernel]] = set()  # pairs try_fuse said no to
     while True:
         reads = {id(s): step_reads(s) for s in steps}
         readers: dict[str, int] = {}
@@ -91,22 +94,20 @@ def fuse(schedule: Schedule) -> Schedule:
                 readers[name] = readers.get(name, 0) + 1
         deps = dependencies(steps)
         candidates = []
-        for i, a in enumerate(steps):
-            if not isinstance(a, Kernel):
+        for i, j in sharing_pairs(steps, reads):
+            a, b = steps[i], steps[j]
+            if (a, b) in refused:
                 continue
-            for j in range(i + 1, len(steps)):
-                b = steps[j]
-                if not isinstance(b, Kernel):
-                    continue
-                saved = score(a, b, reads, readers, graph, outputs, nbytes)
-                if saved > 0:
-                    candidates.append((-saved, i, j))
+            saved = score(a, b, reads, readers, graph, outputs, nbytes)
+            if saved > 0:
+                candidates.append((-saved, i, j))
         merged = False
         for _, i, j in sorted(candidates):
             if reachable(deps, i, j, skip=[i]):
                 continue
             fused = try_fuse(steps[i], steps[j], f"kernel{count}")
             if fused is None:
+                refused.add((steps[i], steps[j]))
                 continue
             count += 1
             # The fused kernel takes the earlier slot; a stable topological sort then moves
@@ -123,15 +124,41 @@ def fuse(schedule: Schedule) -> Schedule:
     return fused_schedule
 
 
+def sharing_pairs(steps: list[Step], reads: dict[int, set[str]]) -> set[tuple[int, int]]:
+    """Index pairs ``(i, j)``, ``i < j``, of kernels where one reads what the other writes or
+    both read one buffer: the only pairs whose merge can save memory traffic."""
+    users: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, Kernel):
+            for name in reads[id(step)] | step.writes():
+                users.setdefault(name, []).append(i)
+    pairs: set[tuple[int, int]] = set()
+    for indices in users.values():
+        for k, i in enumerate(indices):
+            pairs.update((i, j) for j in indices[k + 1 :])
+    return pairs
+
+
 def stable_topological_sort(steps: list[Step]) -> list[Step]:
     """``steps`` in dependency order, each as early in the given order as it can be."""
     deps = dependencies_by_data(steps)
-    done: set[int] = set()
+    waiting = {i: len(d) for i, d in deps.items()}
+    followers: dict[int, list[int]] = {i: [] for i in deps}
+    for i, d in deps.items():
+        for j in d:
+            followers[j].append(i)
+    ready = [i for i, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
     result: list[Step] = []
-    while len(result) < len(steps):
-        best = min(i for i in range(len(steps)) if i not in done and deps[i] <= done)
-        done.add(best)
+    while ready:
+        best = heapq.heappop(ready)
         result.append(steps[best])
+        for f in followers[best]:
+            waiting[f] -= 1
+            if waiting[f] == 0:
+                heapq.heappush(ready, f)
+    if len(result) != len(steps):
+        raise RuntimeError("the steps' dependencies form a cycle")
     return result
 
 
