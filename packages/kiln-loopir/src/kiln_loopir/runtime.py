@@ -18,8 +18,10 @@ def reinterpret(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
     return torch.as_strided(t, tuple(size), tuple(stride), t.storage_offset() + offset)
 
 
-def assert_size_stride(t: torch.Tensor, size, stride, what: str) -> None:
+def assert_size_stride(t: torch.Tensor, size: tuple, stride: tuple, what: str) -> None:
     """Fail clearly when a tensor's layout differs from the one the graph was compiled for."""
+    if t.shape == size and t.stride() == stride:  # the common case, checked first: cheap
+        return
     if tuple(t.shape) != tuple(size):
         raise ValueError(
             f"{what} has size {tuple(t.shape)} but the graph was compiled for {tuple(size)}: "
