@@ -9,7 +9,6 @@ values differ there is compiled again alone before it fails.
 import functools
 
 import pytest
-import torch
 
 from kiln_cpp import CppCodegen
 from kiln_loopir.testing import Sample, check_samples

@@ -145,8 +145,8 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
             for b in step.outputs:
                 if b is not None and step.target is not make_seed:
                     body.append(
-                        f"assert_size_stride({b.name}, {_tuple(b.size)}, {_tuple(b.stride)}, "
-                        f"{f'{step.target_name()} output {b.name}'!r})"
+                        f"{b.name} = match_layout({b.name}, {_tuple(b.size)}, "
+                        f"{_tuple(b.stride)}, {f'{step.target_name()} output {b.name}'!r})"
                     )
         freed = [n for n in sp.free if n not in reused] + list(sp.in_place.values())
         if freed:
