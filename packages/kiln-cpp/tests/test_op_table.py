@@ -7,11 +7,13 @@ values differ there is compiled again alone before it fails.
 """
 
 import functools
+import re
 
 import pytest
+import torch
 
 from kiln_cpp import CppCodegen
-from kiln_loopir.testing import Sample, check_samples
+from kiln_loopir.testing import Sample, check_against_eager, check_samples
 from kiln_loopir.testing.cases import CASES
 from kiln_loopir.testing.opinfo import non_contiguous
 
@@ -45,3 +47,18 @@ def test_op_table_matches_eager(name, dtype):
             pytest.fail(f"eager refuses {name} in {dtype}: {result.eager_error}")
         if result.error is not None:
             raise AssertionError(f"{name} ({layout} inputs, {dtype})") from result.error
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_types_compute_in_float(dtype):
+    """Values of half types are held and computed as float; memory keeps the half type."""
+    x = torch.randn(7, 13).to(getattr(torch, dtype))
+    compiled = check_against_eager(
+        lambda a: (torch.softmax(a * 3, -1) + a.sum(-1, keepdim=True)).sigmoid(),
+        [x],
+        codegen=CppCodegen(),
+    )
+    source = "\n".join(k.source for k in compiled.kernels)
+    value_types = set(re.findall(r"const (\w+) tmp\d+ =", source))
+    assert value_types <= {"float", "bool", "int64_t"}, value_types
+    assert ("uint16_t*" if dtype == "bfloat16" else "_Float16*") in source
