@@ -499,7 +499,7 @@ def call(args):
     assert_size_stride(arg1_1, (8, 8), (8, 1), 'input 1 (arg1_1)')
     assert_size_stride(arg2_1, (8,), (1,), 'input 2 (arg2_1)')
     buf0 = aten.mm.default(arg0_1, arg1_1)
-    assert_size_stride(buf0, (4, 8), (8, 1), 'aten.mm.default output buf0')
+    buf0 = match_layout(buf0, (4, 8), (8, 1), 'aten.mm.default output buf0')
     buf2 = buf0  # in place
     kernel0(arg2_1, buf0, buf2)
     del buf0

@@ -7,6 +7,7 @@ import torch
 from kiln_loopir import (
     Buffer,
     ComputedNode,
+    ExternNode,
     IRError,
     LoopGraph,
     Pointwise,
@@ -137,3 +138,55 @@ def test_mutating_graph_is_refused_with_advice():
     gm = make_fx(lambda x: x.clone().add_(1), tracing_mode="fake")(x)
     with pytest.raises(ValueError, match="functionalize"):
         lower(gm, [x])
+
+
+def test_extern_result_takes_the_compiled_layout():
+    """An ATen kernel may choose other strides than its meta function: the host program
+    copies the result to the layout the kernels were compiled for."""
+    from kiln_loopir.runtime import match_layout
+
+    t = torch.randn(5, 3)
+    assert match_layout(t, (5, 3), (3, 1), "out") is t
+    other = torch.randn(3, 5).t()  # same values' size, column-major
+    fixed = match_layout(other, (5, 3), (3, 1), "out")
+    assert fixed.stride() == (3, 1) and torch.equal(fixed, other)
+    with pytest.raises(ValueError, match="size"):
+        match_layout(t, (4, 3), (3, 1), "out")
+
+
+def test_factory_on_another_device_runs_through_aten():
+    """A tensor made with another device= than the graph's cannot be a kernel of the
+    graph's codegen: it becomes an extern op."""
+    gm = trace_aten(lambda x: (x + 1, torch.ones(3, device="meta")), [torch.randn(3)])
+    graph = lower(gm, [torch.randn(3)])
+    externs = [n for n in graph.nodes if isinstance(n, ExternNode)]
+    assert [n.outputs[0].device.type for n in externs] == ["meta"]
+    assert any(isinstance(n, ComputedNode) for n in graph.nodes)
+
+
+def test_scatter_shares_the_point_loop_but_is_no_pointwise():
+    from kiln_loopir.ir import PointLoop, Scatter
+
+    scatter = Scatter((S(4), S(1)), lambda ops, i: ops.constant(1.0, torch.float32),
+                      lambda ops, i: i[0], accumulate=True)  # fmt: skip
+    assert isinstance(scatter, PointLoop) and not isinstance(scatter, Pointwise)
+    assert scatter.loop_ranges() == ([S(4)], [])
+    handler = TraceHandler()
+    assert scatter.call_index(handler, [sympy.Symbol("x0")]) == sympy.Symbol("x0")
+
+
+@pytest.mark.parametrize(
+    "fn, inputs",
+    [
+        (lambda x, n: x * n.item(), [torch.randn(8), torch.tensor(3.0)]),
+        (lambda x, n: x * n.item(), [torch.randn(8), torch.tensor(3)]),
+        (lambda x, n: x.narrow(0, 0, n.item()) * 2, [torch.randn(8), torch.tensor(5)]),
+    ],
+    ids=["float", "int", "size"],
+)
+def test_numbers_read_from_tensor_data_are_refused_clearly(fn, inputs):
+    """``.item()`` gives a number no size binds: lowering says so up front (no kernel that
+    fails to build or a host program that fails by name later)."""
+    gm = trace_aten(fn, inputs)
+    with pytest.raises(NotImplementedError, match=r"reads a number from tensor data \(\.item"):
+        lower(gm, inputs)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from kiln_loopir import runtime
+from kiln_loopir import runtime, symbols
 from kiln_loopir.codegen import Codegen, resolve_codegen
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
@@ -59,7 +59,11 @@ class CompiledGraph:
             "empty_strided": runtime.empty_strided,
             "reinterpret": runtime.reinterpret,
             "assert_size_stride": runtime.assert_size_stride,
+            "match_layout": runtime.match_layout,
             "make_seed": runtime.make_seed,
+            # sizes such as Max(s0, 1) print as maximum(s0, 1)
+            "minimum": symbols.minimum,
+            "maximum": symbols.maximum,
         }
         namespace.update({k.name: k.fn for k in kernels})
         namespace.update({c.name: c.value for c in graph.constants})

@@ -122,19 +122,26 @@ def _expand_loop_index(
 
 
 @dataclass(eq=False)
-class Pointwise:
-    """``buffer[index] = inner_fn(ops, index)`` for every ``index`` in ``ranges``."""
+class PointLoop:
+    """What Pointwise and Scatter share: ``inner_fn(ops, index)`` at every point of
+    ``ranges``, no reduction loop. Not a node kind of its own (nodes are one of the
+    subclasses), so ``isinstance(body, Pointwise)`` never matches a Scatter."""
 
     ranges: tuple[sympy.Expr, ...]
     inner_fn: Callable
-
-    kind = "Pointwise"
 
     def loop_ranges(self) -> tuple[list[sympy.Expr], list[sympy.Expr]]:
         return _drop_ones(self.ranges), []
 
     def call(self, ops, loop_index, loop_rindex=()):
         return self.inner_fn(ops, _expand_loop_index(self.ranges, loop_index))
+
+
+@dataclass(eq=False)
+class Pointwise(PointLoop):
+    """``buffer[index] = inner_fn(ops, index)`` for every ``index`` in ``ranges``."""
+
+    kind = "Pointwise"
 
     def header(self) -> str:
         return f"Pointwise(ranges={_dims(self.ranges)})"
@@ -177,25 +184,17 @@ class Reduction:
 
 
 @dataclass(eq=False)
-class Scatter:
+class Scatter(PointLoop):
     """``buffer[index_fn(ops, index)] (=|+=) inner_fn(ops, index)`` over ``ranges``.
 
     Writes into a buffer an earlier node filled (the copy of the scattered-into tensor);
     ``index_fn`` returns a storage offset that may use indirect-index symbols.
     """
 
-    ranges: tuple[sympy.Expr, ...]
-    inner_fn: Callable
     index_fn: Callable
     accumulate: bool
 
     kind = "Scatter"
-
-    def loop_ranges(self) -> tuple[list[sympy.Expr], list[sympy.Expr]]:
-        return _drop_ones(self.ranges), []
-
-    def call(self, ops, loop_index, loop_rindex=()):
-        return self.inner_fn(ops, _expand_loop_index(self.ranges, loop_index))
 
     def call_index(self, ops, loop_index) -> sympy.Expr:
         return self.index_fn(ops, _expand_loop_index(self.ranges, loop_index))

@@ -39,3 +39,17 @@ def assert_size_stride(t: torch.Tensor, size: tuple, stride: tuple, what: str) -
 def make_seed(device: str) -> torch.Tensor:
     """One int64 seed for this call's random ops, from torch's default generator."""
     return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64).to(device)
+
+
+def match_layout(t: torch.Tensor, size, stride, what: str) -> torch.Tensor:
+    """An extern op's result in the layout the graph was compiled for: ``t`` itself, or a
+    copy where the op's kernel chose other strides than its meta function said (the values
+    are the same, the kernels that read it expect the compiled strides)."""
+    if tuple(t.shape) == tuple(size) and all(
+        n <= 1 or got == want for n, got, want in zip(t.shape, t.stride(), stride, strict=True)
+    ):
+        return t
+    if tuple(t.shape) != tuple(size):
+        assert_size_stride(t, size, stride, what)  # raises, naming the size
+    out = torch.empty_strided(tuple(size), tuple(stride), dtype=t.dtype, device=t.device)
+    return out.copy_(t)

@@ -123,14 +123,16 @@ def py_expr(expr: sympy.Expr | int) -> str:
     return _PRINTER.doprint(sympy.sympify(expr))
 
 
-def _minimum(*args):
+def minimum(*args):
+    """``Min`` as printed by ``py_expr``: of ints, or elementwise of tensors."""
     out = args[0]
     for a in args[1:]:
         out = torch.minimum(out, a) if isinstance(out, torch.Tensor) else min(out, a)
     return out
 
 
-def _maximum(*args):
+def maximum(*args):
+    """``Max`` as printed by ``py_expr``: of ints, or elementwise of tensors."""
     out = args[0]
     for a in args[1:]:
         out = torch.maximum(out, a) if isinstance(out, torch.Tensor) else max(out, a)
@@ -139,7 +141,7 @@ def _maximum(*args):
 
 def evaluate(expr: sympy.Expr, env: dict[str, object]) -> object:
     """Evaluate ``expr`` with symbols bound by name in ``env`` (ints or int64 tensors)."""
-    scope = {"minimum": _minimum, "maximum": _maximum, **env}
+    scope = {"minimum": minimum, "maximum": maximum, **env}
     return eval(py_expr(expr), {"__builtins__": {}}, scope)  # noqa: S307 - our own printer
 
 

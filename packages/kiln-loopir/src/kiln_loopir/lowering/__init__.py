@@ -100,6 +100,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
             env[node] = val
     graph = LoopGraph(inputs, size_hints=_size_hints(inputs, vals, example_inputs))
     ctx = LoweringContext(graph)
+    ctx.graph_device = _graph_device(gm, vals)
     live = _live_nodes(gm)
     for node in gm.graph.nodes:
         if node.op == "get_attr" and node in live:
@@ -111,6 +112,19 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
     results = torch.fx.node.map_arg(out_node.args[0], lambda n: env[n])
     graph.outputs = _flatten(results)
     return graph
+
+
+def _graph_device(gm: torch.fx.GraphModule, vals: list[object]) -> torch.device:
+    """The device the kernels run on: the inputs' (else the first tensor's); as
+    ``compile_fx`` picks its codegen."""
+    for val in [*vals, *(_meta(n) for n in gm.graph.nodes)]:
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
+def _on_other_device(val: object, device: torch.device) -> bool:
+    return any(t.device != device for t in _tensors(val))
 
 
 def _constant(graph: LoopGraph, gm: torch.fx.GraphModule, node: torch.fx.Node) -> object:
@@ -161,10 +175,27 @@ def _flatten(value: object) -> list[object]:
     return [value]
 
 
+# ops whose result is a number read from tensor data (a SymInt/SymFloat with no hint)
+_READS_TENSOR_DATA = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+
+
+def _reads_tensor_data(node: torch.fx.Node) -> str:
+    log.info("%s = %s reads a number from tensor data: the graph is refused", node.name,
+             node.target)  # fmt: skip
+    return (
+        f"{node.name} = {node.target}(...) reads a number from tensor data (.item(), or a "
+        "size or slice bound taken from a tensor): kiln-loopir cannot pass such a number "
+        "to its kernels yet; run this graph eagerly, or break the graph before the read "
+        "(kiln-capture does unless told to capture scalar outputs)"
+    )
+
+
 def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     val = _meta(node)
     if node.target is operator.getitem:
         return env[node.args[0]][node.args[1]]
+    if node.target in _READS_TENSOR_DATA:
+        raise NotImplementedError(_reads_tensor_data(node))
     if isinstance(val, torch.SymInt):
         return to_expr(val)
     if isinstance(val, (torch.SymBool, torch.SymFloat)):
@@ -196,6 +227,11 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
         fn = views.lower_view_copy
     if fn is not None and not _lowerable_dtypes(val, ctx.arg_vals):
         fn = None  # complex numbers and dtype-changing views run through ATen
+    if fn is not None and _on_other_device(val, ctx.graph_device):
+        # a factory with another device= than the graph's: the graph's codegen cannot
+        # run it
+        log.info("%s makes a tensor off %s: it runs through ATen", node.target, ctx.graph_device)
+        fn = None
     if fn is not None and fn is not views.lower_view and _is_empty(val):
         # nothing to compute: an empty buffer with the result's layout
         return ctx.pointwise(lambda ops, index: ops.constant(0, val.dtype))

@@ -36,6 +36,7 @@ class LoweringContext:
 
     def __init__(self, graph: LoopGraph) -> None:
         self.graph = graph
+        self.graph_device = torch.device("cpu")  # where the graph's kernels run
         self.val: object = None
         self.arg_vals: tuple = ()
         self._count = 0

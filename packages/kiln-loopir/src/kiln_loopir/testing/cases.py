@@ -1,0 +1,211 @@
+"""The op table: functions over the ops kiln-loopir lowers, with fresh random inputs in
+each dtype they take.
+
+Every code generator runs it against eager: kiln-loopir with its reference codegen,
+kiln-cpp in float32, bfloat16 and int64, as given and with non-contiguous inputs. The
+sizes are odd on purpose, and several cases broadcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Case", "CASES", "FLOAT", "ALL", "r"]
+
+FLOAT = (torch.float32, torch.bfloat16)
+ALL = (torch.float32, torch.bfloat16, torch.int64)
+
+
+def r(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Fresh random values of ``dtype``: normal floats, integers in [-20, 20), random bools."""
+    if dtype.is_floating_point:
+        return torch.randn(size).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(*size) > 0.5
+    return torch.randint(-20, 20, size, dtype=dtype)
+
+
+def idx(high: int, *size: int, low: int = 0) -> torch.Tensor:
+    return torch.randint(low, high, size)
+
+
+@dataclass(frozen=True)
+class Case:
+    """``fn`` and ``inputs(dtype)`` making its inputs; ``dtypes`` are those it takes (the
+    first is the one a single-dtype run uses)."""
+
+    fn: Callable
+    inputs: Callable[[torch.dtype], list]
+    dtypes: tuple[torch.dtype, ...] = FLOAT
+
+
+def _activations(x):
+    return (
+        F.gelu(x) + F.silu(x) + F.relu(x) + F.gelu(x, approximate="tanh") + F.leaky_relu(x)
+        + F.elu(x) + F.hardswish(x) + F.softplus(x) + F.hardsigmoid(x)
+    )  # fmt: skip
+
+
+CASES: dict[str, Case] = {
+    "pointwise_chain": Case(
+        lambda x: (x.sin() + 1).relu() * 2 - x.exp(), lambda d: [r(4, 9, dtype=d)], ALL
+    ),
+    "broadcast_binary": Case(
+        lambda x, y: x * y + y, lambda d: [r(3, 1, 5, dtype=d), r(4, 1, dtype=d)], ALL
+    ),
+    "scalar_ops": Case(lambda x: (x + 2.5) / 3 - 1**x, lambda d: [r(7, 3, dtype=d)], ALL),
+    "comparison_where": Case(
+        lambda x, y: torch.where(x > y, x, y * 2), lambda d: [r(5, 6, dtype=d), r(6, dtype=d)], ALL
+    ),
+    "logical": Case(
+        lambda a, b: (a & b) | ~a ^ (a != b),
+        lambda d: [r(9, dtype=d), r(9, dtype=d)],
+        (torch.bool, torch.int64),
+    ),
+    "clamp": Case(lambda x: x.clamp(-0.5, 0.7) + x.clamp(min=0.1), lambda d: [r(10, dtype=d)]),
+    "casts": Case(
+        lambda x: x.to(torch.float16).to(torch.float32) + x.to(torch.int32),
+        lambda d: [r(6, 5, dtype=d)],
+        ALL,
+    ),
+    "int_math": Case(
+        lambda a, b: a * 3 + b // 2 - a % 5,
+        lambda d: [r(8, dtype=d), r(8, dtype=d)],
+        (torch.int64, torch.int32),
+    ),
+    "int_div_to_float": Case(
+        lambda a: a / 3, lambda d: [r(11, dtype=d)], (torch.int32, torch.int64)
+    ),
+    "half": Case(
+        lambda x: (x * x).sum(-1) + x.mean(-1),
+        lambda d: [r(4, 33, dtype=d)],
+        (torch.float16, torch.bfloat16, torch.float32),
+    ),
+    "activations": Case(_activations, lambda d: [r(3, 17, dtype=d)]),
+    "sum_dims": Case(
+        lambda x: (x.sum(), x.sum(0), x.sum((0, 2), keepdim=True)),
+        lambda d: [r(3, 4, 5, dtype=d)],
+        ALL,
+    ),
+    "prod_mean": Case(
+        lambda x: (x.prod(1), x.mean(), x.mean(-1, keepdim=True)), lambda d: [r(3, 5, dtype=d)]
+    ),
+    "max_min": Case(
+        lambda x: (x.amax(1), x.amin(0), x.max(), x.min(1)), lambda d: [r(4, 6, dtype=d)], ALL
+    ),
+    "argmax": Case(
+        lambda x: (x.argmax(1), x.argmin(0), x.argmax()), lambda d: [r(5, 7, dtype=d)], ALL
+    ),
+    "any_all": Case(
+        lambda x: (x.any(1), x.all(), (x > 0).any()),
+        lambda d: [r(5, 3, dtype=d)],
+        (torch.bool, torch.int64, torch.float32),
+    ),
+    "var_mean": Case(lambda x: torch.var_mean(x, 1), lambda d: [r(6, 13, dtype=d)]),
+    "var_std": Case(
+        lambda x: (x.var(0, correction=0), x.std(), x.var(1, keepdim=True)),
+        lambda d: [r(5, 9, dtype=d)],
+    ),
+    "softmax": Case(lambda x: torch.softmax(x, -1), lambda d: [r(4, 10, dtype=d)]),
+    "softmax_dim0": Case(lambda x: torch.softmax(x, 0), lambda d: [r(4, 10, dtype=d)]),
+    "log_softmax": Case(lambda x: torch.log_softmax(x, 1), lambda d: [r(3, 7, 2, dtype=d)]),
+    "logsumexp": Case(lambda x: torch.logsumexp(x, 1), lambda d: [r(3, 7, dtype=d)]),
+    "layer_norm_gelu": Case(
+        lambda x, w, b: F.gelu(F.layer_norm(x, (8,), w, b)),
+        lambda d: [r(5, 8, dtype=d), r(8, dtype=d), r(8, dtype=d)],
+    ),
+    "group_norm": Case(
+        lambda x, w, b: F.group_norm(x, 2, w, b),
+        lambda d: [r(2, 4, 3, 3, dtype=d), r(4, dtype=d), r(4, dtype=d)],
+    ),
+    "batch_norm_eval": Case(
+        lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, training=False),
+        lambda d: [
+            r(3, 4, 5, dtype=d),
+            r(4, dtype=d),
+            (r(4).abs() + 0.5).to(d),
+            r(4, dtype=d),
+            r(4, dtype=d),
+        ],
+    ),
+    "views": Case(
+        lambda x: x.view(8, 4).permute(1, 0)[1:3].reshape(-1).unsqueeze(0).expand(3, 16) + 1,
+        lambda d: [r(4, 8, dtype=d)],
+        ALL,
+    ),
+    "transpose_add": Case(
+        lambda x, y: x.t() + y, lambda d: [r(5, 7, dtype=d), r(7, 5, dtype=d)], ALL
+    ),
+    "select_squeeze": Case(
+        lambda x: x[:, 2].unsqueeze(-1).squeeze(1) * x[1], lambda d: [r(4, 4, dtype=d)], ALL
+    ),
+    "as_strided": Case(
+        lambda x: torch.as_strided(x, (3, 3), (1, 3), 1) * 2, lambda d: [r(20, dtype=d)], ALL
+    ),
+    "cat": Case(
+        lambda x, y: torch.cat([x + 1, y * 2, x], 1),
+        lambda d: [r(3, 4, dtype=d), r(3, 2, dtype=d)],
+        ALL,
+    ),
+    "stack": Case(
+        lambda x, y: torch.stack([x, y], 1).sum(0),
+        lambda d: [r(3, 4, dtype=d), r(3, 4, dtype=d)],
+        ALL,
+    ),
+    "pad": Case(lambda x: F.pad(x, (1, 2, 0, 1), value=3.0), lambda d: [r(3, 4, dtype=d)], ALL),
+    "gather": Case(
+        lambda x, i: torch.gather(x, 1, i), lambda d: [r(4, 8, dtype=d), idx(8, 4, 3)], ALL
+    ),
+    "embedding": Case(
+        lambda w, i: F.embedding(i, w), lambda d: [r(10, 3, dtype=d), idx(10, 2, 5)], ALL
+    ),
+    "index": Case(
+        lambda x, i: x[i] + x[:, i].sum(), lambda d: [r(6, 6, dtype=d), idx(6, 4, low=-6)], ALL
+    ),
+    "index_two": Case(
+        lambda x, i, j: x[i, :, j], lambda d: [r(5, 3, 7, dtype=d), idx(5, 4, 1), idx(7, 2)], ALL
+    ),
+    "index_select": Case(
+        lambda x, i: x.index_select(1, i),
+        lambda d: [r(3, 5, dtype=d), torch.tensor([4, 0, 0, 2])],
+        ALL,
+    ),
+    "scatter_add": Case(
+        lambda x, i, s: x.scatter_add(0, i, s),
+        lambda d: [r(5, 3, dtype=d), idx(5, 4, 3), r(4, 3, dtype=d)],
+        ALL,
+    ),
+    "index_put": Case(
+        lambda x, i, v: x.index_put((i,), v, accumulate=True),
+        lambda d: [r(6, 2, dtype=d), torch.tensor([0, 2, 2, 5]), r(4, 2, dtype=d)],
+        ALL,
+    ),
+    "slice_scatter": Case(
+        lambda x, s: torch.slice_scatter(x, s, 1, 1, 7, 2),
+        lambda d: [r(3, 8, dtype=d), r(3, 3, dtype=d)],
+        ALL,
+    ),
+    "full_arange": Case(
+        lambda x: x + torch.arange(5) + torch.full((5,), 2.0), lambda d: [r(5, dtype=d)], ALL
+    ),
+    "matmul_bias_gelu": Case(
+        lambda x, w, b: F.gelu(x @ w + b),
+        lambda d: [r(4, 6, dtype=d), r(6, 3, dtype=d), r(3, dtype=d)],
+    ),
+    "bmm_softmax": Case(
+        lambda q, k: torch.softmax(q @ k.transpose(-1, -2) / 2, -1),
+        lambda d: [r(2, 3, 4, dtype=d), r(2, 5, 4, dtype=d)],
+    ),
+    "conv_relu": Case(
+        lambda x, w: F.relu(F.conv2d(x, w, padding=1)),
+        lambda d: [r(1, 2, 5, 5, dtype=d), r(3, 2, 3, 3, dtype=d)],
+    ),
+    "cumsum_fallback": Case(lambda x: x.cumsum(0) * 2, lambda d: [r(6, 2, dtype=d)], ALL),
+    "odd_sizes": Case(lambda x: torch.softmax(x * 3, -1).sum(0), lambda d: [r(1, 1, 13, dtype=d)]),
+    "zero_dim": Case(lambda x, y: x * y + x.sum(), lambda d: [r(dtype=d), r(3, dtype=d)], ALL),
+    "empty": Case(lambda x: (x + 1, x.sum(0)), lambda d: [r(0, 4, dtype=d)], ALL),
+}
