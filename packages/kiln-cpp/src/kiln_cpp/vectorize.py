@@ -1,0 +1,223 @@
+"""Vectorising the innermost loop of a kernel with ``#pragma omp simd``.
+
+The handler renders every op as scalar C++; this module turns the loops around that body
+into loops the compiler vectorises (``-O3 -fopenmp`` with ``-fno-trapping-math`` lets it
+if-convert the selects that NaN-propagating ops need):
+
+- a pointwise kernel's last outer loop, and every loop over the innermost reduction range,
+  get ``#pragma omp simd``: the lanes run consecutive points of the contiguous dimension,
+  the tail is masked by the compiler;
+- reductions go across the lanes with ``reduction(...)`` clauses (each lane keeps its own
+  accumulator, combined after the loop). ``max``/``min`` of floats also OR a per-lane NaN
+  flag, since the clause's combine drops NaNs that ``kiln::max_float`` propagates;
+- Welford accumulators have no clause: their loop is strip-mined into blocks of
+  :data:`LANES` points whose lanes update a ``kiln::WelfordLanes`` (one mean and m2 per
+  lane, one count for all), with a scalar tail; the lanes are merged into the scalar
+  accumulator after the loop (Chan's formula);
+- a reduction along a strided dimension whose last outer dimension is contiguous (a column
+  sum) runs the lanes over outer points instead: blocks of :data:`COLUMN_LANES` points,
+  each with its accumulators in an array;
+- ``argmax``/``argmin``, and bodies that write through an indirect index (the
+  out-of-range flag) or scatter, stay scalar.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from kiln_loopir.symbols import index_vars, reduction_vars
+
+# lanes of a strip-mined Welford loop: two AVX2 vectors of doubles, one of floats
+LANES = 8
+
+_CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
+_BOOL_CLAUSE = {"sum": "||", "prod": "&&", "max": "||", "min": "&&", "any": "||", "all": "&&"}
+
+
+@dataclass
+class Accumulation:
+    """One reduction of a :class:`~kiln_cpp.handler.ReductionLoop`: its accumulator
+    ``acc``, the value it reduces and the scalar ``update`` lines the handler put in the
+    loop body."""
+
+    kind: str
+    acc: str
+    value: str
+    dtype: torch.dtype
+    update: list[str]
+
+
+def simd_safe(body: list[str]) -> bool:
+    # the out-of-range flag is an atomic store, which a simd loop may not hold
+    return not any("kiln_oob" in line for line in body)
+
+
+def simd_pragma(accs: list[Accumulation]) -> tuple[str, list[str], list[str]] | None:
+    """``(pragma, extra body lines, epilogue lines)`` for a loop holding ``accs``, or
+    None when one of them cannot be reduced across lanes by a clause."""
+    clauses, extra, epilogue = [], [], []
+    for a in accs:
+        if a.kind.startswith("welford"):
+            continue  # strip-mined, see ``reduction_loop``
+        table = _BOOL_CLAUSE if a.dtype == torch.bool else _CLAUSE
+        op = table.get(a.kind)
+        if op is None:
+            return None
+        clauses.append(f"reduction({op}:{a.acc})")
+        if a.kind in ("max", "min") and a.dtype.is_floating_point:
+            clauses.append(f"reduction(|:{a.acc}_nan)")  # an int: a bool flag is slower
+            extra.append(f"{a.acc}_nan |= ({a.value} != {a.value});")
+            epilogue.append(f"if ({a.acc}_nan) {a.acc} = NAN;")
+    pragma = " ".join(["#pragma omp simd", *clauses])
+    return pragma, extra, epilogue
+
+
+def nan_flags(accs: list[Accumulation]) -> list[str]:
+    return [
+        f"int {a.acc}_nan = 0;"
+        for a in accs
+        if a.kind in ("max", "min") and a.dtype.is_floating_point
+    ]
+
+
+def reduction_loop(
+    loops: list[str],
+    last_var: str,
+    last_range: str,
+    prologue: list[str],
+    body: list[str],
+    accs: list[Accumulation],
+    ind: str,
+) -> list[str]:
+    """The lines of one loop over the reduction ranges: ``loops`` are the ``for`` headers
+    (the last one over ``last_var`` < ``last_range``), ``body`` the handler's scalar body."""
+    plan = simd_pragma(accs) if loops and simd_safe(body) else None
+    if plan is None:
+        return [*prologue, *loops, "{", *[ind + line for line in body], "}"]
+    pragma, extra, epilogue = plan
+    welfords = [a for a in accs if a.kind.startswith("welford")]
+    head = [*prologue, *nan_flags(accs)]
+    if not welfords:
+        lines = [*loops[:-1], pragma, loops[-1], "{"]
+        lines += [ind + line for line in body + extra]
+        return [*head, *lines, "}", *epilogue]
+    # strip-mined: blocks of LANES points update the lanes, a scalar tail the accumulator
+    lanes = {a.acc: f"{a.acc}_lanes" for a in welfords}
+    head += [f"kiln::WelfordLanes<{LANES}> {name};" for name in dict.fromkeys(lanes.values())]
+    updates = {line: a for a in welfords for line in a.update}
+    lane_body = [
+        f"{lanes[updates[line].acc]}.update({last_var} - {last_var}_block, {updates[line].value});"
+        if line in updates
+        else line
+        for line in body
+    ]
+    main_end = f"{last_var}_main"
+    outer = loops[:-1]
+    lines = [*outer, "{"] if outer else ["{"]
+    lines += [
+        f"{ind}const int64_t {main_end} = ({last_range}) / {LANES} * {LANES};",
+        f"{ind}for (int64_t {last_var}_block = 0; {last_var}_block < {main_end}; "
+        f"{last_var}_block += {LANES})",
+        f"{ind}{{",
+        *[f"{ind * 2}{name}.next_block();" for name in dict.fromkeys(lanes.values())],
+        f"{ind * 2}{pragma}",
+        f"{ind * 2}for (int64_t {last_var} = {last_var}_block; {last_var} < "
+        f"{last_var}_block + {LANES}; ++{last_var})",
+        f"{ind * 2}{{",
+        *[ind * 3 + line for line in lane_body + extra],
+        f"{ind * 2}}}",
+        f"{ind}}}",
+        f"{ind}for (int64_t {last_var} = {main_end}; {last_var} < {last_range}; ++{last_var})",
+        f"{ind}{{",
+        *[ind * 2 + line for line in body],
+        f"{ind}}}",
+        "}",
+    ]
+    merge = [f"{a.acc}.merge({lanes[a.acc]});" for a in welfords]
+    return [*head, *lines, *merge, *epilogue]
+
+
+# outer points per block of a column reduction: two AVX2 vectors of floats
+COLUMN_LANES = 16
+_ACCUMULATOR = re.compile(r"^(?P<type>[\w:<>]+) (?P<acc>acc\d+) = (?P<init>.+);$")
+
+
+def _coefficient(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
+    return sympy.expand(index).coeff(var)
+
+
+def column_reduction(kernel, items: list) -> bool:
+    """Whether the kernel reduces along a strided dimension while its last outer dimension
+    is contiguous (``x.sum(0)``): then the lanes run over outer points instead (see
+    :func:`column_reduction_lines`). Only for one reduction loop, first in the body, of
+    clause-free accumulators (each lane keeps its own), with no indirect index."""
+    from kiln_cpp.handler import ReductionLoop  # the handler imports this module
+
+    if not kernel.ranges or not kernel.reduction_ranges or not items:
+        return False
+    loop, rest = items[0], items[1:]
+    if not isinstance(loop, ReductionLoop) or any(not isinstance(i, str) for i in rest):
+        return False
+    if any(a.kind not in ("sum", "prod", "max", "min") for a in loop.reductions):
+        return False
+    if not all(_ACCUMULATOR.match(line) for line in loop.prologue):
+        return False
+    if not simd_safe(loop.body + rest) or any("_spill" in line for line in loop.body):
+        return False
+    x_last = index_vars(len(kernel.ranges))[-1]
+    r_last = reduction_vars(len(kernel.reduction_ranges))[-1]
+    loads = kernel.trace().loads
+    strided = any(_coefficient(ld.index, r_last) != 1 for ld in loads if ld.index.has(r_last))
+    contiguous = any(_coefficient(ld.index, x_last) == 1 for ld in loads)
+    return strided and contiguous
+
+
+def column_reduction_lines(
+    outer_loops: list[str],
+    outer_ranges: list[str],
+    when: str,
+    reduction_loops: list[str],
+    loop,
+    after: list[str],
+    ind: str,
+) -> list[str]:
+    """A column reduction: the last outer loop runs in blocks of :data:`COLUMN_LANES`
+    points; each point of a block keeps its accumulators in an array, the reduction loops
+    run outside and a ``omp simd`` loop over the block's points inside them."""
+    n = len(outer_loops)
+    x = f"x{n - 1}"
+    size = outer_ranges[-1]
+    lanes = COLUMN_LANES
+    accs = [_ACCUMULATOR.match(line) for line in loop.prologue]
+    bind = [f"{m['type']}& {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
+    read = [f"const {m['type']} {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
+    points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
+    lines = [f"#pragma omp parallel for collapse({n}) if({when})", *outer_loops[:-1]]
+    lines += [
+        f"for (int64_t {x}_block = 0; {x}_block < {size}; {x}_block += {lanes})",
+        "{",
+        f"{ind}const int64_t {x}_end = std::min<int64_t>({x}_block + {lanes}, {size});",
+        *[f"{ind}{m['type']} {m['acc']}_lanes[{lanes}];" for m in accs],
+        f"{ind}{points}",
+        f"{ind}{{",
+        *[f"{ind * 2}{m['acc']}_lanes[{x} - {x}_block] = {m['init']};" for m in accs],
+        f"{ind}}}",
+        *[ind + line for line in reduction_loops],
+        f"{ind}{{",
+        f"{ind * 2}#pragma omp simd",
+        f"{ind * 2}{points}",
+        f"{ind * 2}{{",
+        *[ind * 3 + line for line in bind + loop.body],
+        f"{ind * 2}}}",
+        f"{ind}}}",
+        f"{ind}{points}",
+        f"{ind}{{",
+        *[ind * 2 + line for line in read + after],
+        f"{ind}}}",
+        "}",
+    ]
+    return lines
