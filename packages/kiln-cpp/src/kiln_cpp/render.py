@@ -16,6 +16,8 @@ from kiln_cpp.vectorize import (
     column_reduction_lines,
     reduction_loop,
     simd_safe,
+    tiled_loops,
+    transposing,
 )
 from kiln_loopir.kernel import Kernel
 
@@ -57,6 +59,21 @@ def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler) -> list[str | None]:
     return pragmas
 
 
+def _outer_loops(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list[str]:
+    lines = [i for i in handler.items if isinstance(i, str)]
+    inner = None if handler.has_scatter or not simd_safe(lines) else transposing(kernel)
+    if inner is not None:
+        ranges = [cexpr(r) for r in kernel.ranges]
+        return [ind + line for line in tiled_loops(ranges, _parallel_when(kernel), inner)]
+    out = []
+    for pragma, loop in zip(
+        _outer_pragmas(kernel, handler), _loops("x", kernel.ranges, ind), strict=True
+    ):
+        out += [ind + pragma] if pragma else []
+        out.append(loop)
+    return out
+
+
 def render_kernel(kernel: Kernel) -> str:
     handler = CppOpsHandler(kernel)
     kernel.body(handler)
@@ -78,11 +95,7 @@ def render_kernel(kernel: Kernel) -> str:
         lines += [ind + line for line in body]
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"
-    for pragma, loop in zip(
-        _outer_pragmas(kernel, handler), _loops("x", kernel.ranges, ind), strict=True
-    ):
-        lines += [ind + pragma] if pragma else []
-        lines.append(loop)
+    lines += _outer_loops(kernel, handler, ind)
     lines.append(ind + "{")
     body_ind = ind * 2
     reduction_loops = _loops("r", kernel.reduction_ranges, "")
