@@ -166,19 +166,20 @@ inline float randn(int64_t seed, int64_t offset) {
   return std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * static_cast<float>(M_PI) * u2);
 }
 
-// Welford accumulators per lane of a strip-mined simd loop: every lane sees one value per
-// block, so all lanes share one count.
-template <int L> struct WelfordLanes {
-  double mean[L] = {}, m2[L] = {};
-  double n = 0, inv_n = 0;
+// Welford accumulators per lane of a strip-mined simd loop, in the value type (as ATen's
+// CPU layer_norm and torch.compile's vectorised Welford): every lane sees one value per
+// block, so all lanes share one count. They are merged into a double Welford after.
+template <int L, typename T> struct WelfordLanes {
+  T mean[L] = {}, m2[L] = {};
+  T n = 0, inv_n = 0;
   inline void next_block() {
     n += 1;
-    inv_n = 1.0 / n;
+    inv_n = T(1) / n;
   }
-  template <typename T> inline void update(int64_t lane, T x) {
-    double delta = static_cast<double>(x) - mean[lane];
+  inline void update(int64_t lane, T x) {
+    T delta = x - mean[lane];
     mean[lane] += delta * inv_n;
-    m2[lane] += delta * (static_cast<double>(x) - mean[lane]);
+    m2[lane] += delta * (x - mean[lane]);
   }
 };
 
@@ -204,7 +205,7 @@ template <typename T> struct Welford {
     m2 += other_m2 + delta * delta * (static_cast<double>(n) * other_n / total);
     n += other_n;
   }
-  template <int L> inline void merge(const WelfordLanes<L>& lanes) {
+  template <int L, typename U> inline void merge(const WelfordLanes<L, U>& lanes) {
     for (int l = 0; l < L; ++l) combine(lanes.mean[l], lanes.m2[l], static_cast<int64_t>(lanes.n));
   }
 };

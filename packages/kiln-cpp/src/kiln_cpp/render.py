@@ -14,6 +14,7 @@ from kiln_cpp.printer import cexpr
 from kiln_cpp.vectorize import (
     column_reduction,
     column_reduction_lines,
+    merge_independent_loops,
     reduction_loop,
     simd_safe,
     tiled_loops,
@@ -99,7 +100,7 @@ def render_kernel(kernel: Kernel) -> str:
     lines.append(ind + "{")
     body_ind = ind * 2
     reduction_loops = _loops("r", kernel.reduction_ranges, "")
-    for item in handler.items:
+    for item in merge_independent_loops(handler.items):
         if isinstance(item, ReductionLoop):
             rendered = reduction_loop(
                 reduction_loops,
