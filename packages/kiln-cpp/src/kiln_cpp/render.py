@@ -83,14 +83,15 @@ def render_kernel(kernel: Kernel) -> str:
     lines = [f"// {kernel.header()}", f'extern "C" int {kernel.name}({", ".join(params)}) {{']
     lines.append("  int kiln_oob = 0;  // set when an indirect index is out of range")
     ind = "  "
-    if not handler.has_scatter and column_reduction(kernel, handler.items):
+    items = merge_independent_loops(handler.items)
+    if not handler.has_scatter and column_reduction(kernel, items):
         body = column_reduction_lines(
             _loops("x", kernel.ranges, ""),
             [cexpr(r) for r in kernel.ranges],
             _parallel_when(kernel),
             _loops("r", kernel.reduction_ranges, ""),
-            handler.items[0],
-            handler.items[1:],
+            items[0],
+            items[1:],
             ind,
         )
         lines += [ind + line for line in body]
@@ -100,7 +101,7 @@ def render_kernel(kernel: Kernel) -> str:
     lines.append(ind + "{")
     body_ind = ind * 2
     reduction_loops = _loops("r", kernel.reduction_ranges, "")
-    for item in merge_independent_loops(handler.items):
+    for item in items:
         if isinstance(item, ReductionLoop):
             rendered = reduction_loop(
                 reduction_loops,
