@@ -116,3 +116,29 @@ def test_large_kernels_under_openmp():
         [x],
         codegen=CppCodegen(),
     )
+
+
+def test_indirect_indices_under_simd_still_raise():
+    weight, ids = torch.randn(50, 64), torch.randint(-50, 50, (4, 9))
+    index = torch.randint(-64, 64, (8, 40))
+
+    def embed_norm(w, i):
+        return torch.nn.functional.layer_norm(torch.nn.functional.embedding(i % 50, w), (64,))
+
+    def gather(w, i):
+        return torch.gather(w, 1, i % 64) * 2
+
+    for fn, inputs in ((embed_norm, [weight, ids]), (gather, [weight, index])):
+        compiled = check_against_eager(fn, inputs, codegen=CppCodegen())
+        assert "#pragma omp simd" in _source(compiled)
+
+
+def test_out_of_range_gather_under_simd_raises():
+    x, index = torch.randn(8, 64), torch.randint(0, 64, (8, 40))
+    compiled = check_against_eager(lambda a, i: torch.gather(a, 1, i) * 2, [x, index],
+                                   codegen=CppCodegen())  # fmt: skip
+    assert "reduction(|:kiln_oob)" in _source(compiled)
+    bad = index.clone()
+    bad[5, 33] = 64
+    with pytest.raises(IndexError):
+        compiled(x, bad)

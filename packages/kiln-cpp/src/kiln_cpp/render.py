@@ -14,6 +14,7 @@ from kiln_cpp.printer import cexpr
 from kiln_cpp.vectorize import (
     column_reduction,
     column_reduction_lines,
+    flag_lanes,
     merge_independent_loops,
     reduction_loop,
     simd_safe,
@@ -48,7 +49,7 @@ def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler) -> list[str | None]:
         return pragmas
     when = _parallel_when(kernel)
     lines = [i for i in handler.items if isinstance(i, str)]
-    if kernel.reduction_ranges or not simd_safe(lines):
+    if kernel.reduction_ranges or len(lines) < len(handler.items) or not simd_safe(lines):
         collapse = f" collapse({n})" if n > 1 else ""
         pragmas[0] = f"#pragma omp parallel for{collapse} if({when})"
     elif n == 1:
@@ -62,7 +63,8 @@ def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler) -> list[str | None]:
 
 def _outer_loops(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list[str]:
     lines = [i for i in handler.items if isinstance(i, str)]
-    inner = None if handler.has_scatter or not simd_safe(lines) else transposing(kernel)
+    vectorisable = not handler.has_scatter and len(lines) == len(handler.items)
+    inner = transposing(kernel) if vectorisable and simd_safe(lines) else None
     if inner is not None:
         ranges = [cexpr(r) for r in kernel.ranges]
         return [ind + line for line in tiled_loops(ranges, _parallel_when(kernel), inner)]
@@ -97,7 +99,17 @@ def render_kernel(kernel: Kernel) -> str:
         lines += [ind + line for line in body]
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"
-    lines += _outer_loops(kernel, handler, ind)
+    loops = _outer_loops(kernel, handler, ind)
+    pointwise = all(isinstance(i, str) for i in items)
+    if pointwise and any("#pragma" in ln and "simd" in ln for ln in loops):
+        # the out-of-range flag as a reduction of the parallel and simd loops
+        flagged = flag_lanes(items, "kiln_oob")
+        if flagged is not None and flagged != items:
+            items = flagged
+            loops = [
+                line + " reduction(|:kiln_oob)" if "#pragma" in line else line for line in loops
+            ]
+    lines += loops
     lines.append(ind + "{")
     body_ind = ind * 2
     reduction_loops = _loops("r", kernel.reduction_ranges, "")
@@ -111,6 +123,7 @@ def render_kernel(kernel: Kernel) -> str:
                 item.body,
                 item.reductions,
                 ind,
+                f"kiln_oob{item.id}",
             )
             lines += [body_ind + line for line in rendered]
         else:

@@ -54,9 +54,29 @@ class Accumulation:
     update: list[str]
 
 
+_OOB_STORE = re.compile(
+    r"^if \((?P<cond>.+)\) __atomic_store_n\(&kiln_oob, 1, __ATOMIC_RELAXED\);$"
+)
+OOB_STORE = "if ({flag}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);"
+
+
+def flag_lanes(body: list[str], flag: str) -> list[str] | None:
+    """``body`` with its out-of-range stores (atomic, which a simd loop may not hold) as
+    ORs into ``flag``, a ``reduction(|:flag)`` variable of the loop; None when some other
+    line touches the kernel's flag."""
+    out = []
+    for line in body:
+        if m := _OOB_STORE.match(line):
+            out.append(f"{flag} |= ({m['cond']});")
+        elif "kiln_oob" in line:
+            return None
+        else:
+            out.append(line)
+    return out
+
+
 def simd_safe(body: list[str]) -> bool:
-    # the out-of-range flag is an atomic store, which a simd loop may not hold
-    return not any("kiln_oob" in line for line in body)
+    return flag_lanes(body, "kiln_oob") is not None
 
 
 def simd_pragma(accs: list[Accumulation]) -> tuple[str, list[str], list[str]] | None:
@@ -105,8 +125,13 @@ def merge_independent_loops(items: list) -> list:
         produced = {a.acc for a in first.reductions}
         produced |= {m.group(0) for line in first.prologue for m in _IDENTIFIER.finditer(line)}
         produced |= {m.group(1) for line in first.body + between if (m := _DEFINED.match(line))}
+        # a spill of the first loop read back at the same point is its value: no dependence
+        readable = {f"{name}_spill" for name in _spilled(first)}
         used = {
-            m.group(0) for line in second.prologue + second.body for m in _IDENTIFIER.finditer(line)
+            m.group(0)
+            for line in second.prologue + second.body
+            if not _reads_spill(line, readable)
+            for m in _IDENTIFIER.finditer(line)
         }
         if used & produced:
             i += 1
@@ -116,7 +141,51 @@ def merge_independent_loops(items: list) -> list:
             first.id, first.prologue + prologue, first.body + body, True, reductions
         )
         out[i : j + 1] = [merged, *between]
-    return out
+    return _without_dead_spills(out)
+
+
+_SPILL_DECLARATION = re.compile(
+    r"^std::vector<(?P<type>[\w:]+)> (?P<name>tmp\d+_spill)\((?P<size>\d+)\);$"
+)
+# per-point arrays up to this many elements live on the stack instead of the heap
+STACK_SPILL_MAX = 4096
+
+
+def _on_stack(line: str) -> str:
+    m = _SPILL_DECLARATION.match(line)
+    if m is None or int(m["size"]) > STACK_SPILL_MAX:
+        return line
+    return f"alignas(64) {m['type']} {m['name']}[{m['size']}];"
+
+
+def _without_dead_spills(items: list) -> list:
+    """Drop the per-point arrays that no loop reads any more (fusing made them values)."""
+    from kiln_cpp.handler import ReductionLoop
+
+    loops = [item for item in items if isinstance(item, ReductionLoop)]
+    lines = [line for item in items for line in (item.body if item in loops else [item])]
+    for loop in loops:
+        loop.prologue = [_on_stack(line) for line in loop.prologue]
+        for name in _spilled(loop):
+            spill = f"{name}_spill"
+            reads = [ln for ln in lines if f"{spill}[" in ln and not _SPILL_WRITE.match(ln)]
+            if not reads:
+                loop.prologue = [ln for ln in loop.prologue if f" {spill}(" not in ln]
+                loop.body = [ln for ln in loop.body if not ln.startswith(f"{spill}[")]
+    return items
+
+
+_SPILL_WRITE = re.compile(r"^(?P<name>tmp\d+)_spill\[(?P<index>.+)\] = (?P=name);$")
+
+
+def _spilled(loop) -> dict[str, str]:
+    """The values ``loop`` spills per point: name -> the index it is stored at."""
+    return {m["name"]: m["index"] for line in loop.body if (m := _SPILL_WRITE.match(line))}
+
+
+def _reads_spill(line: str, spills: set[str]) -> bool:
+    m = _DEFINITION.match(line)
+    return bool(m) and any(m["rhs"].startswith(f"{spill}[") for spill in spills)
 
 
 _DEFINITION = re.compile(r"^const (?P<type>[\w:<>]+) (?P<name>tmp\d+) = (?P<rhs>.+);$")
@@ -130,6 +199,10 @@ def _without_repeats(first, second) -> tuple[list[str], list[str], list[Accumula
     for line in first.body:
         if m := _DEFINITION.match(line):
             computed[(m["type"], m["rhs"])] = m["name"]
+    types = {name: key[0] for key, name in computed.items()}
+    for name, index in _spilled(first).items():
+        if name in types:  # the spill read back at the same point is the value itself
+            computed[(types[name], f"{name}_spill[{index}]")] = name
     rename: dict[str, str] = {}
 
     def renamed(text: str) -> str:
@@ -195,18 +268,25 @@ def reduction_loop(
     body: list[str],
     accs: list[Accumulation],
     ind: str,
+    flag: str,
 ) -> list[str]:
     """The lines of one loop over the reduction ranges: ``loops`` are the ``for`` headers
-    (the last one over ``last_var`` < ``last_range``), ``body`` the handler's scalar body."""
-    plan = simd_pragma(accs) if loops and simd_safe(body) else None
-    if plan is None:
+    (the last one over ``last_var`` < ``last_range``), ``body`` the handler's scalar body;
+    ``flag`` names the loop's own out-of-range flag."""
+    lanes_body = flag_lanes(body, flag)
+    plan = simd_pragma(accs) if loops and lanes_body is not None else None
+    if plan is None or lanes_body is None:
         return [*prologue, *loops, "{", *[ind + line for line in body], "}"]
     pragma, extra, epilogue = plan
     welfords = [a for a in accs if a.kind.startswith("welford")]
     head = [*prologue, *nan_flags(accs)]
+    if lanes_body != body:
+        head.append(f"int {flag} = 0;")
+        pragma += f" reduction(|:{flag})"
+        epilogue = [*epilogue, OOB_STORE.format(flag=flag)]
     if not welfords:
         lines = [*loops[:-1], pragma, loops[-1], "{"]
-        lines += [ind + line for line in simd_body(body, accs) + extra]
+        lines += [ind + line for line in simd_body(lanes_body, accs) + extra]
         return [*head, *lines, "}", *epilogue]
     # strip-mined: blocks of LANES points update the lanes, a scalar tail the accumulator
     lanes = {a.acc: f"{a.acc}_lanes" for a in welfords}
@@ -218,7 +298,7 @@ def reduction_loop(
         f"{lanes[updates[line].acc]}.update({last_var} - {last_var}_block, {updates[line].value});"
         if line in updates
         else line
-        for line in simd_body(body, accs)
+        for line in simd_body(lanes_body, accs)
     ]
     main_end = f"{last_var}_main"
     outer = loops[:-1]
@@ -271,7 +351,7 @@ def column_reduction(kernel, items: list) -> bool:
         return False
     if not all(_ACCUMULATOR.match(line) for line in loop.prologue):
         return False
-    if not simd_safe(loop.body + rest) or any("_spill" in line for line in loop.body):
+    if any("kiln_oob" in line or "_spill" in line for line in loop.body + rest):
         return False
     x_last = index_vars(len(kernel.ranges))[-1]
     r_last = reduction_vars(len(kernel.reduction_ranges))[-1]
