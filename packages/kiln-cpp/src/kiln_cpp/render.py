@@ -18,6 +18,7 @@ from kiln_cpp.vectorize import (
     merge_independent_loops,
     reduction_loop,
     simd_safe,
+    tiled_kernel_lines,
     tiled_loops,
     transposing,
 )
@@ -94,6 +95,22 @@ def render_kernel(kernel: Kernel) -> str:
             _loops("r", kernel.reduction_ranges, ""),
             items[0],
             items[1:],
+            ind,
+        )
+        lines += [ind + line for line in body]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
+    lines_only = [i for i in items if isinstance(i, str)]
+    inner = None
+    if not handler.has_scatter and len(lines_only) == len(items) and simd_safe(lines_only):
+        inner = transposing(kernel)
+    if inner is not None and flag_lanes(lines_only, "kiln_oob") == lines_only:
+        body = tiled_kernel_lines(
+            kernel,
+            lines_only,
+            [cexpr(r) for r in kernel.ranges],
+            _parallel_when(kernel),
+            inner,
             ind,
         )
         lines += [ind + line for line in body]

@@ -30,6 +30,7 @@ import sympy
 import torch
 
 from kiln_cpp.dtypes import value_type
+from kiln_cpp.printer import cexpr
 from kiln_loopir.ops import TraceHandler
 from kiln_loopir.symbols import index_vars, reduction_vars
 
@@ -461,3 +462,72 @@ def tiled_loops(ranges: list[str], when: str, inner: str) -> list[str]:
             f"{size[v]}); ++{v})"
         )
     return lines
+
+
+def _transposed_loads(kernel, inner: str) -> list[tuple[str, str]]:
+    """``(buffer, index text)`` of each load that steps by one element along the tile's
+    other dimension while moving along the vectorised one."""
+    *_, x_a, x_b = index_vars(len(kernel.ranges))
+    x_in, x_out = (x_a, x_b) if inner == "a" else (x_b, x_a)
+    found = []
+    for ld in kernel.trace().loads:
+        if _coefficient(ld.index, x_out) == 1 and _coefficient(ld.index, x_in) != 0:
+            item = (ld.buffer, cexpr(sympy.expand(ld.index)))
+            if item not in found:
+                found.append(item)
+    return found
+
+
+def tiled_kernel_lines(
+    kernel, body: list[str], ranges: list[str], when: str, inner: str, ind: str
+) -> list[str]:
+    """A transposing pointwise kernel in tiles (see :func:`tiled_loops`). A load that is
+    contiguous along the other dimension of the tile is first copied into a tile-sized
+    array with contiguous reads, transposed, so the vectorised loop reads it contiguously
+    too (on a 1024 x 1024 ``a.t() + b`` the gathers it replaces were 2.5x slower)."""
+    loops = tiled_loops(ranges, when, inner)
+    n = len(ranges)
+    a, b = f"x{n - 2}", f"x{n - 1}"
+    v_in, v_out = (a, b) if inner == "a" else (b, a)
+    size = {a: ranges[-2], b: ranges[-1]}
+    tile_loop = {
+        v: f"for (int64_t {v} = {v}_tile; {v} < std::min<int64_t>({v}_tile + {TILE}, "
+        f"{size[v]}); ++{v})"
+        for v in (a, b)
+    }
+    copies, body = [], list(body)
+    for k, (buffer, index) in enumerate(_transposed_loads(kernel, inner)):
+        element = f"{buffer}[{index}]"
+        uses = [i for i, line in enumerate(body) if line.endswith(f" = {element};")]
+        if not uses:
+            continue  # a converted or masked load: read in place
+        local = f"{buffer}_tile{k}"
+        element_type = kernel_types(kernel)[buffer]
+        copies += [
+            f"{element_type} {local}[{TILE}][{TILE}];",
+            tile_loop[v_in],
+            "#pragma omp simd",
+            tile_loop[v_out],
+            f"{ind}{local}[{v_out} - {v_out}_tile][{v_in} - {v_in}_tile] = {element};",
+        ]
+        for i in uses:
+            body[i] = body[i].replace(
+                f" = {element};", f" = {local}[{v_out} - {v_out}_tile][{v_in} - {v_in}_tile];"
+            )
+    head, intra = loops[:-3], loops[-3:]  # the tile loops, then the loops in a tile
+    return [
+        *head,
+        "{",
+        *[ind + line for line in copies],
+        *[ind + line for line in intra],
+        ind + "{",
+        *[ind * 2 + line for line in body],
+        ind + "}",
+        "}",
+    ]
+
+
+def kernel_types(kernel) -> dict[str, str]:
+    from kiln_cpp.dtypes import storage_type
+
+    return {name: storage_type(dtype) for name, dtype in kernel.arg_dtypes.items()}
