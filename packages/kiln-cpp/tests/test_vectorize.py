@@ -142,3 +142,22 @@ def test_out_of_range_gather_under_simd_raises():
     bad[5, 33] = 64
     with pytest.raises(IndexError):
         compiled(x, bad)
+
+
+@pytest.mark.parametrize("n", [70, 5000])  # a per-point array on the stack, then the heap
+def test_softmax_reuses_the_exponentials_of_its_sum(n):
+    x = _with_nans(torch.randn(6, n), 997) if n > 100 else torch.randn(6, n)
+    compiled = check_against_eager(lambda a: torch.softmax(a, -1), [x], codegen=CppCodegen())
+    source = _source(compiled)
+    assert "_xs[" in source and source.count("kiln::exp_f(") == 1
+
+
+def test_values_reused_across_welford_and_sum_loops():
+    x = torch.randn(5, 77)
+
+    def fn(a):
+        e = torch.tanh(a) * 3
+        var, mean = torch.var_mean(e, -1, keepdim=True)
+        return (e - mean) / (var + 1) + torch.log_softmax(e, -1)
+
+    check_against_eager(fn, [x], codegen=CppCodegen())

@@ -17,12 +17,14 @@ from kiln_cpp.vectorize import (
     flag_lanes,
     merge_independent_loops,
     reduction_loop,
+    reuse_across_loops,
     simd_safe,
     tiled_kernel_lines,
     tiled_loops,
     transposing,
 )
 from kiln_loopir.kernel import Kernel
+from kiln_loopir.symbols import reduction_vars
 
 # below this many points of the whole iteration space a kernel runs on one thread
 PARALLEL_MIN_POINTS = 32768
@@ -33,6 +35,18 @@ def _loops(var: str, ranges, indent: str) -> list[str]:
         f"{indent}for (int64_t {var}{i} = 0; {var}{i} < {cexpr(r)}; ++{var}{i})"
         for i, r in enumerate(ranges)
     ]
+
+
+def _reduction_point(kernel: Kernel) -> tuple[str, str]:
+    """The row-major position of the current point in the reduction ranges, and their
+    number of points, as C++."""
+    position = sympy.S.Zero
+    for var, size in zip(
+        reduction_vars(len(kernel.reduction_ranges)), kernel.reduction_ranges, strict=True
+    ):
+        position = position * size + var
+    points = math.prod(kernel.reduction_ranges) if kernel.reduction_ranges else 1
+    return cexpr(sympy.expand(position)), cexpr(sympy.expand(points))
 
 
 def _parallel_when(kernel: Kernel) -> str:
@@ -87,6 +101,7 @@ def render_kernel(kernel: Kernel) -> str:
     lines.append("  int kiln_oob = 0;  // set when an indirect index is out of range")
     ind = "  "
     items = merge_independent_loops(handler.items)
+    items = reuse_across_loops(items, *_reduction_point(kernel))
     if not handler.has_scatter and column_reduction(kernel, items):
         body = column_reduction_lines(
             _loops("x", kernel.ranges, ""),

@@ -531,3 +531,66 @@ def kernel_types(kernel) -> dict[str, str]:
     from kiln_cpp.dtypes import storage_type
 
     return {name: storage_type(dtype) for name, dtype in kernel.arg_dtypes.items()}
+
+
+def _costly(rhs: str) -> bool:
+    return "kiln::" in rhs or "std::" in rhs or " / " in rhs
+
+
+def reuse_across_loops(items: list, rlinear: str, rnumel: str) -> list:
+    """A value a later reduction loop computes again (softmax's ``exp(x - max)``, once
+    for the sum and once for the output) is stored per point by the first loop and read
+    back by the later one, when what it saves includes a call or a division."""
+    from kiln_cpp.handler import ReductionLoop
+
+    loops = [item for item in items if isinstance(item, ReductionLoop)]
+    available: dict[tuple[str, str], tuple[ReductionLoop, str]] = {}
+    stored: set[str] = set()
+    for loop in loops:
+        alias: dict[str, tuple[ReductionLoop, str]] = {}
+        costly: set[str] = set()
+        canonical: dict[str, str] = {}  # each line's value in the names of its first loop
+        for line in loop.body:
+            m = _DEFINITION.match(line)
+            if m is None:
+                continue
+            rhs = _canonical(m["rhs"], alias)
+            canonical[m["name"]] = rhs
+            if (m["type"], rhs) in available:
+                alias[m["name"]] = available[(m["type"], rhs)]
+                operands = {n.group(0) for n in _IDENTIFIER.finditer(m["rhs"])}
+                if _costly(rhs) or operands & costly:
+                    costly.add(m["name"])
+        needed = set()
+        for line in loop.body:
+            m = _DEFINITION.match(line)
+            if m is not None and m["name"] in alias:
+                continue
+            needed |= {n.group(0) for n in _IDENTIFIER.finditer(line)} & costly
+        for i, line in enumerate(loop.body):
+            m = _DEFINITION.match(line)
+            if m is None or m["name"] not in needed:
+                continue
+            home, name = alias[m["name"]]
+            if name not in stored:
+                stored.add(name)
+                home.prologue.append(_per_point_array(m["type"], f"{name}_xs", rnumel))
+                home.body.append(f"{name}_xs[{rlinear}] = {name};")
+            loop.body[i] = f"const {m['type']} {m['name']} = {name}_xs[{rlinear}];"
+        for line in loop.body:
+            m = _DEFINITION.match(line)
+            if m is not None and m["name"] not in alias and m["name"] in canonical:
+                available.setdefault((m["type"], canonical[m["name"]]), (loop, m["name"]))
+    return items
+
+
+def _canonical(rhs: str, alias: dict) -> str:
+    return _IDENTIFIER.sub(
+        lambda n: alias[n.group(0)][1] if n.group(0) in alias else n.group(0), rhs
+    )
+
+
+def _per_point_array(element_type: str, name: str, size: str) -> str:
+    if size.isdigit() and int(size) <= STACK_SPILL_MAX:
+        return f"alignas(64) {element_type} {name}[{size}];"
+    return f"std::vector<{element_type}> {name}({size});"
