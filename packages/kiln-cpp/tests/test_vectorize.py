@@ -161,3 +161,14 @@ def test_values_reused_across_welford_and_sum_loops():
         return (e - mean) / (var + 1) + torch.log_softmax(e, -1)
 
     check_against_eager(fn, [x], codegen=CppCodegen())
+
+
+def test_layer_norm_of_a_sum_makes_one_pass_for_its_statistics():
+    x, y, w = torch.randn(4, 9, 100), torch.randn(4, 9, 100), torch.randn(100)
+    compiled = check_against_eager(
+        lambda a, b, w: torch.nn.functional.layer_norm(a + b, (100,), w), [x, y, w],
+        codegen=CppCodegen(),
+    )  # fmt: skip
+    source = _source(compiled)
+    # mean and variance of the sum (stored per point for the output) in one Welford pass
+    assert source.count("WelfordLanes<") == 1 and "_spill[" in source
