@@ -1,25 +1,54 @@
 """The compiler driver: one shared library per graph, cached on disk, loaded with ctypes.
 
 A library lives in ``<cache>/<key>/kernels.so`` with ``kernels.cpp`` beside it, where the
-key hashes the source, the flags and the compiler's version. The library is written under a
-temporary name and renamed into place, with a ``kernels.so.sha256`` of its bytes written the
-same way after it: an entry whose checksum is missing or wrong is rebuilt, never loaded.
+key hashes the source, the flags, the compiler's version and the CPU features
+``-march=native`` resolves to. The library is written under a temporary name and renamed
+into place, with a ``kernels.so.sha256`` of its bytes written the same way after it: an
+entry whose checksum is missing or wrong is rebuilt, never loaded.
+
+Builds of different keys run concurrently (the compiler is a subprocess, so threads
+overlap; :func:`build_async` runs one on a shared thread pool); builds of one key are
+serialised by a lock per key, within the process and across processes (``flock`` on
+``<cache>/<key>/build.lock``), so a library is compiled once and the others load it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: the per-process lock alone
+    fcntl = None
 
 from kiln_cpp.errors import CppCompileError
 
-CXX_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-w")
+# -fno-math-errno and -fno-trapping-math change no result: they let the compiler vectorise
+# sqrt and if-convert the NaN-propagating selects (errno and FP exception flags are unused)
+CXX_FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-march=native",
+    "-w",
+)
+BUILD_THREADS = max(1, min(8, os.cpu_count() or 1))
 LIBRARY = "kernels.so"
 
 
@@ -52,9 +81,34 @@ def _compiler_version(path: str) -> str:
     return out.stdout.strip()
 
 
+@functools.cache
+def cpu_features(path: str) -> str:
+    """What ``-march=native`` means here: the compiler's resolved target options (GCC),
+    else the CPU's flags from ``/proc/cpuinfo``, else the machine name."""
+    try:
+        out = subprocess.run(
+            [path, "-march=native", "-Q", "--help=target"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        if "-march=" in out:
+            return out
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.machine() + " " + platform.processor()
+
+
 def cache_key(source: str, cxx: str) -> str:
     h = hashlib.sha256()
-    for part in (source, " ".join(CXX_FLAGS), _compiler_version(cxx)):
+    parts = (source, " ".join(CXX_FLAGS), _compiler_version(cxx), cpu_features(cxx))
+    for part in parts:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -82,14 +136,47 @@ def cached_library(entry: Path) -> Path | None:
     return None
 
 
+_key_locks: dict[str, threading.Lock] = {}
+_key_locks_guard = threading.Lock()
+
+
+@contextmanager
+def _locked(key: str) -> Iterator[None]:
+    """Hold the build lock of ``key``: a thread lock, then a file lock for other processes."""
+    with _key_locks_guard:
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:
+        if fcntl is None:
+            yield
+            return
+        entry = cache_dir() / key
+        entry.mkdir(parents=True, exist_ok=True)
+        with open(entry / "build.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build(source: str) -> tuple[Path, bool]:
     """The shared library of ``source``: ``(path, built)`` where ``built`` is False for a
     cache hit. Raises :class:`CppCompileError` when the compiler is missing or fails."""
     cxx = compiler()
-    entry = cache_dir() / cache_key(source, cxx)
+    key = cache_key(source, cxx)
+    entry = cache_dir() / key
     lib = cached_library(entry)
     if lib is not None:
         return lib, False
+    with _locked(key):
+        lib = cached_library(entry)  # built while this waited for the lock
+        if lib is not None:
+            return lib, False
+        _compile(cxx, source, entry)
+    return entry / LIBRARY, True
+
+
+def _compile(cxx: str, source: str, entry: Path) -> None:
     entry.mkdir(parents=True, exist_ok=True)
     (entry / "kernels.cpp").write_text(source)
     fd, tmp = tempfile.mkstemp(dir=entry, prefix=LIBRARY + ".tmp", suffix=".so")
@@ -106,7 +193,16 @@ def build(source: str) -> tuple[Path, bool]:
         if os.path.exists(tmp):
             os.unlink(tmp)
     _write_atomic(entry / (LIBRARY + ".sha256"), _sha256(entry / LIBRARY).encode())
-    return entry / LIBRARY, True
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="kiln-cpp")
+
+
+def build_async(source: str) -> concurrent.futures.Future:
+    """:func:`build` on a shared pool of threads: a future of ``(path, built)``."""
+    return _pool().submit(build, source)
 
 
 def load(path: Path) -> ctypes.CDLL:

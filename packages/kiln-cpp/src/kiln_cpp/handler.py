@@ -22,6 +22,8 @@ from kiln_cpp import ops_table
 from kiln_cpp.dtypes import convert_expr, load_expr, storage_type, store_expr, value_type
 from kiln_cpp.errors import CppCodegenError
 from kiln_cpp.printer import cexpr
+from kiln_cpp.vecmath import vector_function
+from kiln_cpp.vectorize import Accumulation
 from kiln_loopir.ir import Scatter
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.ops import BINARY_OPS, UNARY_OPS
@@ -35,6 +37,7 @@ class ReductionLoop:
     prologue: list[str] = field(default_factory=list)
     body: list[str] = field(default_factory=list)
     closed: bool = False  # a reduction finished here: later nodes need a new loop
+    reductions: list[Accumulation] = field(default_factory=list)  # for vectorize.py
 
 
 class _NodeValues(dict):
@@ -222,6 +225,7 @@ class CppOpsHandler:
                                                  src_dtype)  # fmt: skip
         loop.prologue += pro
         loop.body += upd
+        loop.reductions.append(Accumulation(reduction_type, acc, value, src_dtype, upd))
         loop.closed = True
         self._reduced = True
         return self._emit(f"static_cast<{value_type(out_dtype)}>({result})", out_dtype)
@@ -304,7 +308,7 @@ class CppOpsHandler:
             dtypes = [self.dtypes[a] for a in args]
             dtype = ops_table.result_dtype(name, *dtypes)
             operand = ops_table.result_dtype("add", *dtypes)
-            fn = ops_table.table(operand, arity).get(name)
+            fn = vector_function(name, operand) or ops_table.table(operand, arity).get(name)
             if fn is None:
                 raise CppCodegenError(f"kiln-cpp does not render {name} on {operand} yet")
             vt = value_type(operand)

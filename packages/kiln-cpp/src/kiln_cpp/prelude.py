@@ -1,7 +1,11 @@
 """The C++ prelude every generated source starts with: integer division and modulo that
-floor, torch's float semantics for the ops C++ spells differently, bfloat16 conversions."""
+floor, torch's float semantics for the ops C++ spells differently, bfloat16 conversions,
+Welford accumulators, and the vectorisable float functions of :mod:`kiln_cpp.vecmath`."""
 
-PRELUDE = r"""
+from kiln_cpp.vecmath import SOURCE as VECMATH_SOURCE
+
+PRELUDE = (
+    r"""
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -162,6 +166,23 @@ inline float randn(int64_t seed, int64_t offset) {
   return std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * static_cast<float>(M_PI) * u2);
 }
 
+// Welford accumulators per lane of a strip-mined simd loop, in the value type (as ATen's
+// CPU layer_norm and torch.compile's vectorised Welford): every lane sees one value per
+// block, so all lanes share one count. They are merged into a double Welford after.
+template <int L, typename T> struct WelfordLanes {
+  T mean[L] = {}, m2[L] = {};
+  T n = 0, inv_n = 0;
+  inline void next_block() {
+    n += 1;
+    inv_n = T(1) / n;
+  }
+  inline void update(int64_t lane, T x) {
+    T delta = x - mean[lane];
+    mean[lane] += delta * inv_n;
+    m2[lane] += delta * (x - mean[lane]);
+  }
+};
+
 template <typename T> struct Welford {
   double mean = 0, m2 = 0;
   int64_t n = 0;
@@ -171,7 +192,25 @@ template <typename T> struct Welford {
     mean += delta / static_cast<double>(n);
     m2 += delta * (static_cast<double>(x) - mean);
   }
+  // Chan et al.'s combination of two partial results
+  inline void combine(double other_mean, double other_m2, int64_t other_n) {
+    if (other_n == 0) return;
+    if (n == 0) {
+      mean = other_mean, m2 = other_m2, n = other_n;
+      return;
+    }
+    double total = static_cast<double>(n + other_n);
+    double delta = other_mean - mean;
+    mean += delta * (static_cast<double>(other_n) / total);
+    m2 += other_m2 + delta * delta * (static_cast<double>(n) * other_n / total);
+    n += other_n;
+  }
+  template <int L, typename U> inline void merge(const WelfordLanes<L, U>& lanes) {
+    for (int l = 0; l < L; ++l) combine(lanes.mean[l], lanes.m2[l], static_cast<int64_t>(lanes.n));
+  }
 };
 
 }  // namespace kiln
 """
+    + VECMATH_SOURCE
+)

@@ -1,6 +1,7 @@
 """A kernel as one ``extern "C"`` C++ function (returning 1 when an indirect index was out of
-range): the outer loops (parallel with OpenMP above
-a size threshold), the reduction loops inside them, and the body the handler rendered."""
+range): the outer loops (parallel with OpenMP above a size threshold), the reduction loops
+inside them, and the body the handler rendered; the innermost loop is vectorised
+(:mod:`kiln_cpp.vectorize`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,20 @@ import sympy
 
 from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
 from kiln_cpp.printer import cexpr
+from kiln_cpp.vectorize import (
+    column_reduction,
+    column_reduction_lines,
+    flag_lanes,
+    merge_independent_loops,
+    reduction_loop,
+    reuse_across_loops,
+    simd_safe,
+    tiled_kernel_lines,
+    tiled_loops,
+    transposing,
+)
 from kiln_loopir.kernel import Kernel
+from kiln_loopir.symbols import reduction_vars
 
 # below this many points of the whole iteration space a kernel runs on one thread
 PARALLEL_MIN_POINTS = 32768
@@ -23,6 +37,61 @@ def _loops(var: str, ranges, indent: str) -> list[str]:
     ]
 
 
+def _reduction_point(kernel: Kernel) -> tuple[str, str]:
+    """The row-major position of the current point in the reduction ranges, and their
+    number of points, as C++."""
+    position = sympy.S.Zero
+    for var, size in zip(
+        reduction_vars(len(kernel.reduction_ranges)), kernel.reduction_ranges, strict=True
+    ):
+        position = position * size + var
+    points = math.prod(kernel.reduction_ranges) if kernel.reduction_ranges else 1
+    return cexpr(sympy.expand(position)), cexpr(sympy.expand(points))
+
+
+def _parallel_when(kernel: Kernel) -> str:
+    points = sympy.expand(math.prod(kernel.ranges) * math.prod(kernel.reduction_ranges or [1]))
+    return f"{cexpr(points)} >= {PARALLEL_MIN_POINTS}"
+
+
+def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler) -> list[str | None]:
+    """The pragma before each outer loop (None for none). A pointwise kernel runs its
+    last loop as ``omp simd`` and the others in parallel; a reduction kernel runs all its
+    outer loops in parallel (its reduction loops are vectorised)."""
+    n = len(kernel.ranges)
+    pragmas: list[str | None] = [None] * n
+    if n == 0 or handler.has_scatter:  # scatters may write one element from several points
+        return pragmas
+    when = _parallel_when(kernel)
+    lines = [i for i in handler.items if isinstance(i, str)]
+    if kernel.reduction_ranges or len(lines) < len(handler.items) or not simd_safe(lines):
+        collapse = f" collapse({n})" if n > 1 else ""
+        pragmas[0] = f"#pragma omp parallel for{collapse} if({when})"
+    elif n == 1:
+        pragmas[0] = f"#pragma omp parallel for simd if(parallel: {when})"
+    else:
+        collapse = f" collapse({n - 1})" if n > 2 else ""
+        pragmas[0] = f"#pragma omp parallel for{collapse} if({when})"
+        pragmas[-1] = "#pragma omp simd"
+    return pragmas
+
+
+def _outer_loops(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list[str]:
+    lines = [i for i in handler.items if isinstance(i, str)]
+    vectorisable = not handler.has_scatter and len(lines) == len(handler.items)
+    inner = transposing(kernel) if vectorisable and simd_safe(lines) else None
+    if inner is not None:
+        ranges = [cexpr(r) for r in kernel.ranges]
+        return [ind + line for line in tiled_loops(ranges, _parallel_when(kernel), inner)]
+    out = []
+    for pragma, loop in zip(
+        _outer_pragmas(kernel, handler), _loops("x", kernel.ranges, ind), strict=True
+    ):
+        out += [ind + pragma] if pragma else []
+        out.append(loop)
+    return out
+
+
 def render_kernel(kernel: Kernel) -> str:
     handler = CppOpsHandler(kernel)
     kernel.body(handler)
@@ -31,24 +100,64 @@ def render_kernel(kernel: Kernel) -> str:
     lines = [f"// {kernel.header()}", f'extern "C" int {kernel.name}({", ".join(params)}) {{']
     lines.append("  int kiln_oob = 0;  // set when an indirect index is out of range")
     ind = "  "
-    if kernel.ranges:
-        points = sympy.expand(math.prod(kernel.ranges) * math.prod(kernel.reduction_ranges or [1]))
-        if not handler.has_scatter:  # scatters may write one element from several points
-            collapse = f" collapse({len(kernel.ranges)})" if len(kernel.ranges) > 1 else ""
-            lines.append(
-                f"{ind}#pragma omp parallel for{collapse} if({cexpr(points)} >= "
-                f"{PARALLEL_MIN_POINTS})"
-            )
-        lines += _loops("x", kernel.ranges, ind)
+    items = merge_independent_loops(handler.items)
+    items = reuse_across_loops(items, *_reduction_point(kernel))
+    if not handler.has_scatter and column_reduction(kernel, items):
+        body = column_reduction_lines(
+            _loops("x", kernel.ranges, ""),
+            [cexpr(r) for r in kernel.ranges],
+            _parallel_when(kernel),
+            _loops("r", kernel.reduction_ranges, ""),
+            items[0],
+            items[1:],
+            ind,
+        )
+        lines += [ind + line for line in body]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
+    lines_only = [i for i in items if isinstance(i, str)]
+    inner = None
+    if not handler.has_scatter and len(lines_only) == len(items) and simd_safe(lines_only):
+        inner = transposing(kernel)
+    if inner is not None and flag_lanes(lines_only, "kiln_oob") == lines_only:
+        body = tiled_kernel_lines(
+            kernel,
+            lines_only,
+            [cexpr(r) for r in kernel.ranges],
+            _parallel_when(kernel),
+            inner,
+            ind,
+        )
+        lines += [ind + line for line in body]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
+    loops = _outer_loops(kernel, handler, ind)
+    pointwise = all(isinstance(i, str) for i in items)
+    if pointwise and any("#pragma" in ln and "simd" in ln for ln in loops):
+        # the out-of-range flag as a reduction of the parallel and simd loops
+        flagged = flag_lanes(items, "kiln_oob")
+        if flagged is not None and flagged != items:
+            items = flagged
+            loops = [
+                line + " reduction(|:kiln_oob)" if "#pragma" in line else line for line in loops
+            ]
+    lines += loops
     lines.append(ind + "{")
     body_ind = ind * 2
-    for item in handler.items:
+    reduction_loops = _loops("r", kernel.reduction_ranges, "")
+    for item in items:
         if isinstance(item, ReductionLoop):
-            lines += [body_ind + line for line in item.prologue]
-            lines += _loops("r", kernel.reduction_ranges, body_ind)
-            lines.append(body_ind + "{")
-            lines += [body_ind + ind + line for line in item.body]
-            lines.append(body_ind + "}")
+            rendered = reduction_loop(
+                reduction_loops,
+                f"r{len(kernel.reduction_ranges) - 1}",
+                cexpr(kernel.reduction_ranges[-1]) if kernel.reduction_ranges else "1",
+                item.prologue,
+                item.body,
+                item.reductions,
+                ind,
+                f"kiln_oob{item.id}",
+            )
+            lines += [body_ind + line for line in rendered]
         else:
             lines.append(body_ind + item)
     lines.append(ind + "}")
