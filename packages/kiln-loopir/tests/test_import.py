@@ -33,6 +33,7 @@ def test_public_api_is_pinned():
         "fuse",
         "generate_host",
         "kernel_launch_args",
+        "load_host_program",
         "lower",
         "lowered_ops",
         "order",

@@ -12,7 +12,13 @@ runs kernels as vectorised torch Python to check the IR.
 
 from kiln_loopir.__about__ import __version__
 from kiln_loopir.codegen import Codegen, resolve_codegen
-from kiln_loopir.compile import CompiledGraph, CompiledKernel, compile_fx, schedule_graph
+from kiln_loopir.compile import (
+    CompiledGraph,
+    CompiledKernel,
+    compile_fx,
+    load_host_program,
+    schedule_graph,
+)
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
 from kiln_loopir.host import generate_host, kernel_launch_args
@@ -59,6 +65,7 @@ __all__ = [
     "fuse",
     "generate_host",
     "kernel_launch_args",
+    "load_host_program",
     "lower",
     "lowered_ops",
     "order",

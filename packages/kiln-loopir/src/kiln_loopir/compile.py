@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,32 @@ class CompiledKernel:
     fn: Callable
 
 
+def load_host_program(
+    host_source: str,
+    kernels: Mapping[str, Callable],
+    constants: Mapping[str, object],
+    filename: str = "<kiln-loopir host program>",
+) -> Callable[[list], tuple]:
+    """The ``call(inputs) -> tuple`` function of a host program's source, bound to its
+    kernels (name -> callable), its constants (name -> value) and the runtime helpers."""
+    namespace: dict[str, object] = {
+        "torch": torch,
+        "aten": torch.ops.aten,
+        "empty_strided": runtime.empty_strided,
+        "reinterpret": runtime.reinterpret,
+        "assert_size_stride": runtime.assert_size_stride,
+        "match_layout": runtime.match_layout,
+        "make_seed": runtime.make_seed,
+        # sizes such as Max(s0, 1) print as maximum(s0, 1)
+        "minimum": symbols.minimum,
+        "maximum": symbols.maximum,
+    }
+    namespace.update(kernels)
+    namespace.update(constants)
+    exec(compile(host_source, filename, "exec"), namespace)
+    return namespace["call"]  # type: ignore[return-value]
+
+
 class CompiledGraph:
     """A graph compiled to kernels and a host program.
 
@@ -53,22 +79,11 @@ class CompiledGraph:
         self.kernels = kernels
         self.host_source = host_source
         self.codegen = codegen
-        namespace: dict[str, object] = {
-            "torch": torch,
-            "aten": torch.ops.aten,
-            "empty_strided": runtime.empty_strided,
-            "reinterpret": runtime.reinterpret,
-            "assert_size_stride": runtime.assert_size_stride,
-            "match_layout": runtime.match_layout,
-            "make_seed": runtime.make_seed,
-            # sizes such as Max(s0, 1) print as maximum(s0, 1)
-            "minimum": symbols.minimum,
-            "maximum": symbols.maximum,
-        }
-        namespace.update({k.name: k.fn for k in kernels})
-        namespace.update({c.name: c.value for c in graph.constants})
-        exec(compile(host_source, "<kiln-loopir host program>", "exec"), namespace)
-        self._call = namespace["call"]
+        self._call = load_host_program(
+            host_source,
+            {k.name: k.fn for k in kernels},
+            {c.name: c.value for c in graph.constants},
+        )
 
     def __call__(self, *inputs: object) -> tuple:
         if len(inputs) != len(self.graph.inputs):

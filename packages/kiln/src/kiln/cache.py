@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
-from kiln_loopir import runtime as loopir_runtime
+from kiln_loopir import load_host_program
 
 log = logging.getLogger("kiln.cache")
 
@@ -177,18 +177,12 @@ class HostProgram:
 
     def __init__(self, entry: Entry, kernel_fns: Sequence[Callable]) -> None:
         self.entry = entry
-        namespace: dict[str, object] = {
-            "torch": torch,
-            "aten": torch.ops.aten,
-            "empty_strided": loopir_runtime.empty_strided,
-            "reinterpret": loopir_runtime.reinterpret,
-            "assert_size_stride": loopir_runtime.assert_size_stride,
-            "make_seed": loopir_runtime.make_seed,
-        }
-        namespace.update(zip(entry.kernel_names, kernel_fns, strict=True))
-        namespace.update(entry.constants)
-        exec(compile(entry.host_source, "<kiln host program (cached)>", "exec"), namespace)
-        self._call = namespace["call"]
+        self._call = load_host_program(
+            entry.host_source,
+            dict(zip(entry.kernel_names, kernel_fns, strict=True)),
+            entry.constants,
+            "<kiln host program (cached)>",
+        )
 
     def __call__(self, *inputs: object) -> tuple:
         if len(inputs) != self.entry.num_inputs:
