@@ -12,8 +12,9 @@ from collections.abc import Iterable, Sequence
 
 import sympy
 import torch
-from sympy.printing.str import StrPrinter
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from kiln_loopir.index_printer import IndexPrinter
 
 __all__ = [
     "FloorDiv",
@@ -74,45 +75,10 @@ def contiguous_strides(size: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
     return tuple(reversed(strides))
 
 
-class _PythonPrinter(StrPrinter):
+class _PythonPrinter(IndexPrinter):
     """Prints index and size expressions as Python that works on ints and int tensors."""
 
-    def _print_FloorDiv(self, expr: sympy.Expr) -> str:
-        a, b = expr.args
-        return f"({self._print(a)} // {self._print(b)})"
-
-    def _print_CleanDiv(self, expr: sympy.Expr) -> str:
-        return self._print_FloorDiv(expr)
-
-    def _print_ModularIndexing(self, expr: sympy.Expr) -> str:
-        x, div, mod = expr.args
-        if div == 1:
-            return f"({self._print(x)} % {self._print(mod)})"
-        return f"(({self._print(x)} // {self._print(div)}) % {self._print(mod)})"
-
-    def _print_Mod(self, expr: sympy.Expr) -> str:
-        a, b = expr.args
-        return f"({self._print(a)} % {self._print(b)})"
-
-    _print_PythonMod = _print_Mod
-
-    def _print_Min(self, expr: sympy.Expr) -> str:
-        return "minimum(" + ", ".join(self._print(a) for a in expr.args) + ")"
-
-    def _print_Max(self, expr: sympy.Expr) -> str:
-        return "maximum(" + ", ".join(self._print(a) for a in expr.args) + ")"
-
-    def _print_Pow(self, expr: sympy.Expr, rational: bool = False) -> str:
-        base, exp = expr.args
-        if exp.is_Integer and int(exp) > 0:
-            return "(" + "*".join([self._print(base)] * int(exp)) + ")"
-        raise NotImplementedError(f"cannot print index expression {expr} as integer Python")
-
-    def _print_Rational(self, expr: sympy.Expr) -> str:
-        raise NotImplementedError(f"index expression has a fraction: {expr}")
-
-    def _print_Relational(self, expr: sympy.Expr) -> str:
-        return f"({self._print(expr.lhs)} {expr.rel_op} {self._print(expr.rhs)})"
+    printmethod = "_sympystr"
 
 
 _PRINTER = _PythonPrinter()
