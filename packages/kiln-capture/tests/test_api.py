@@ -1,5 +1,6 @@
 """capture(): caching, guards, recompiles, fullgraph, explain and the eager fallbacks."""
 
+import functools
 import warnings
 
 import pytest
@@ -319,3 +320,32 @@ def test_shared_reads_still_see_a_change_deep_in_the_module():
     model.other.scale = 5.0
     torch.testing.assert_close(captured(x), model(x))
     assert len(backend.graphs) == 2
+
+
+class Heard:
+    def __init__(self):
+        self.events = []
+
+    def on_capture(self, captured, result):
+        self.events.append(("capture", captured.fn.__name__))
+
+    def on_eager(self, captured, reason):
+        self.events.append(("eager", reason))
+
+
+def test_observer_hears_each_capture():
+    heard = Heard()
+    fn = capture(add_mul, Recorder(), observer=heard)
+    x = torch.randn(3)
+    fn(x, x)
+    fn(x, x)  # cached: nothing new to hear
+    assert heard.events == [("capture", "add_mul")]
+
+
+def test_observer_hears_of_a_module_method_and_partial():
+    heard = Heard()
+    module = torch.nn.Linear(3, 2)
+    capture(module, Recorder(), observer=heard)(torch.randn(4, 3))
+    capture(functools.partial(add_mul, torch.randn(3)), Recorder(), observer=heard)(torch.randn(3))
+    capture(module.forward, Recorder(), observer=heard)(torch.randn(4, 3))
+    assert [e[1] for e in heard.events] == ["forward", "add_mul", "forward"]

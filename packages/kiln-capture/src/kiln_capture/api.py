@@ -306,6 +306,7 @@ def capture(
     fullgraph: bool = False,
     dynamic: bool | None = None,
     recompile_limit: int = 8,
+    observer=None,
 ):
     """Capture ``fn_or_module`` into FX graphs compiled by ``backend``.
 
@@ -313,6 +314,10 @@ def capture(
     captured ``torch.fx.GraphModule`` (outputs a flat tuple) and returns a callable, the
     same contract as ``torch.compile(backend=...)``. With ``fullgraph=True`` a construct
     that would break the graph raises ``Unsupported`` instead.
+
+    ``observer``, if given, hears of each compile: ``observer.on_capture(captured, result)``
+    after a frame was captured and ``observer.on_eager(captured, reason)`` when one runs
+    eagerly instead (``kiln.compile`` names its frames and counts its stages this way).
     """
     if not versions.is_supported_version():
         raise RuntimeError(
@@ -326,6 +331,7 @@ def capture(
             fullgraph=fullgraph,
             dynamic=dynamic,
             recompile_limit=recompile_limit,
+            observer=observer,
             bound_self=fn_or_module,
         )
         return CapturedModule(fn_or_module, captured)
@@ -336,6 +342,7 @@ def capture(
             fullgraph=fullgraph,
             dynamic=dynamic,
             recompile_limit=recompile_limit,
+            observer=observer,
         )
         return functools.partial(inner, *fn_or_module.args, **fn_or_module.keywords)
     if isinstance(fn_or_module, types.MethodType):
@@ -345,8 +352,14 @@ def capture(
             fullgraph=fullgraph,
             dynamic=dynamic,
             recompile_limit=recompile_limit,
+            observer=observer,
             bound_self=fn_or_module.__self__,
         )
     return CapturedFunction(
-        fn_or_module, backend, fullgraph=fullgraph, dynamic=dynamic, recompile_limit=recompile_limit
+        fn_or_module,
+        backend,
+        fullgraph=fullgraph,
+        dynamic=dynamic,
+        recompile_limit=recompile_limit,
+        observer=observer,
     )

@@ -97,16 +97,9 @@ def _capture(model, config: Config):
         fullgraph=config.fullgraph,
         dynamic=config.dynamic,
         recompile_limit=config.options.recompile_limit,
+        observer=session,
     )
-    _observed(captured).observer = session
     return session, captured
-
-
-def _observed(captured):
-    """The ``CapturedFunction`` under what ``kiln_capture.capture`` returned."""
-    if isinstance(captured, kiln_capture.CapturedModule):
-        return captured._captured
-    return captured
 
 
 def _original(compiled):
