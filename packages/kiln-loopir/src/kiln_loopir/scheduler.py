@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import heapq
 
+import sympy
+
 from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
 from kiln_loopir.ir import ComputedNode, LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
+from kiln_loopir.symbols import data_dependent_symbols
 
 
 def step_reads(step: Step) -> set[str]:
@@ -21,6 +24,45 @@ def step_writes(step: Step) -> set[str]:
     return {b.name for b in step.outputs if b is not None}
 
 
+def step_symbols_used(step: Step) -> set[sympy.Symbol]:
+    """The data-dependent size symbols (``u0``: numbers read from tensor data) a step's
+    loops, indices, buffer layouts or arguments mention, less those it defines itself."""
+    if isinstance(step, Kernel):
+        exprs: list[object] = [*step.ranges, *step.reduction_ranges, *step.trace().symbols]
+        for node in step.nodes:
+            exprs += [*node.buffer.size, *node.buffer.stride]
+        return data_dependent_symbols(exprs)
+    exprs = []
+    for ref in step.input_refs():
+        exprs += [*ref.size, *ref.stride, ref.offset]
+    for buf in step.outputs:
+        if buf is not None:
+            exprs += [*buf.size, *buf.stride]
+    exprs += _flat_exprs(step.args) + _flat_exprs(list(step.kwargs.values()))
+    return data_dependent_symbols(exprs) - step.bound_symbols()
+
+
+def _flat_exprs(value: object) -> list[object]:
+    if isinstance(value, sympy.Basic):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [e for v in value for e in _flat_exprs(v)]
+    return []
+
+
+def _dep_reads(step: Step) -> set[str]:
+    """What a step reads, for ordering: its buffers and (as ``$u0``) the data-dependent
+    symbols it uses."""
+    return step_reads(step) | {f"${s}" for s in step_symbols_used(step)}
+
+
+def _dep_writes(step: Step) -> set[str]:
+    """What a step writes, for ordering: its buffers and the symbols it defines."""
+    if isinstance(step, Kernel):
+        return step_writes(step)
+    return step_writes(step) | {f"${s}" for s in step.bound_symbols()}
+
+
 def dependencies(steps: list[Step]) -> dict[int, set[int]]:
     """For each step index, the indices of the steps it must follow."""
     last_writer: dict[str, int] = {}
@@ -28,16 +70,17 @@ def dependencies(steps: list[Step]) -> dict[int, set[int]]:
     deps: dict[int, set[int]] = {}
     for i, step in enumerate(steps):
         d: set[int] = set()
-        for name in step_reads(step):
+        reads, writes = _dep_reads(step), _dep_writes(step)
+        for name in reads:
             if name in last_writer:
                 d.add(last_writer[name])
-        for name in step_writes(step):
+        for name in writes:
             if name in last_writer:  # a second write (scatter) follows the first's readers
                 d.add(last_writer[name])
                 d |= set(readers_since.get(name, []))
-        for name in step_reads(step):
+        for name in reads:
             readers_since.setdefault(name, []).append(i)
-        for name in step_writes(step):
+        for name in writes:
             last_writer[name] = i
             readers_since[name] = []
         d.discard(i)
@@ -166,12 +209,12 @@ def dependencies_by_data(steps: list[Step]) -> dict[int, set[int]]:
     """Dependencies from buffer names alone, whatever the current order of ``steps``."""
     writers: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
-        for name in step_writes(s):
+        for name in _dep_writes(s):
             writers.setdefault(name, []).append(i)
     deps: dict[int, set[int]] = {}
     for i, s in enumerate(steps):
         d: set[int] = set()
-        for name in step_reads(s) | step_writes(s):
+        for name in _dep_reads(s) | _dep_writes(s):
             ws = writers.get(name, [])
             # the first writer of a buffer precedes every other user of it; a scatter (a
             # second writer) precedes the buffer's readers that are not themselves writers

@@ -53,6 +53,25 @@ def to_expr(value: object) -> sympy.Expr:
     raise TypeError(f"expected an integer size, got {value!r} ({type(value).__name__})")
 
 
+def is_data_dependent(expr: object) -> bool:
+    """Whether ``expr`` is a symbol whose value comes from tensor data (``u0``: an
+    ``.item()``, or a size an op decides at run time), not from the inputs' sizes."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return isinstance(expr, sympy.Symbol) and symbol_is_type(
+        expr, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)
+    )
+
+
+def data_dependent_symbols(exprs: Iterable[object]) -> set[sympy.Symbol]:
+    """The data-dependent symbols (see :func:`is_data_dependent`) in ``exprs``."""
+    found: set[sympy.Symbol] = set()
+    for e in exprs:
+        if isinstance(e, (int, sympy.Basic)):
+            found |= {s for s in sympy.sympify(e).free_symbols if is_data_dependent(s)}
+    return found
+
+
 def is_one(expr: sympy.Expr) -> bool:
     return expr == 1
 

@@ -73,7 +73,9 @@ def verify_graph(graph: LoopGraph) -> None:
         defined[const.buffer.name] = const.buffer
     for node in graph.nodes:
         if isinstance(node, ExternNode):
-            # sizes an extern op decides at run time (nonzero ...) become known after it
+            # sizes an extern op decides at run time (nonzero ..., .item()) become known
+            # after it
+            size_names |= {s.name for s, _ in node.binds}
             for buf in node.outputs:
                 if buf is not None:
                     size_names |= {s.name for e in buf.size for s in e.free_symbols}
@@ -91,7 +93,10 @@ def verify_graph(graph: LoopGraph) -> None:
         elif isinstance(node, ExternNode):
             for ref in node.input_refs():
                 check_ref(ref, defined, f"extern {node.target_name()}")
-            _check(any(b is not None for b in node.outputs), "extern node with no output")
+            _check(
+                any(b is not None for b in node.outputs) or bool(node.binds),
+                "extern node with no output",
+            )
             for buf in node.outputs:
                 if buf is not None:
                     check_buffer(buf, size_names)

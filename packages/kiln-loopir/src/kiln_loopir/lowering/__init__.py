@@ -15,7 +15,7 @@ import sympy
 import torch
 import torch.fx
 
-from kiln_loopir.ir import Buffer, GraphInput, LoopGraph
+from kiln_loopir.ir import Buffer, ExternNode, GraphInput, LoopGraph, TensorRef
 from kiln_loopir.lowering import extern, indexing, pointwise, random, reductions, views
 from kiln_loopir.lowering.context import LoweringContext, val_layout
 from kiln_loopir.lowering.registry import (
@@ -25,7 +25,8 @@ from kiln_loopir.lowering.registry import (
     lowered_ops,
     register_lowering,
 )
-from kiln_loopir.symbols import to_expr
+from kiln_loopir.runtime import view_layout
+from kiln_loopir.symbols import data_dependent_symbols, is_data_dependent, to_expr
 
 __all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
 _ = (indexing, pointwise, random, reductions)  # imported for their registrations
@@ -179,15 +180,58 @@ def _flatten(value: object) -> list[object]:
 _READS_TENSOR_DATA = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 
 
-def _reads_tensor_data(node: torch.fx.Node) -> str:
-    log.info("%s = %s reads a number from tensor data: the graph is refused", node.name,
-             node.target)  # fmt: skip
-    return (
-        f"{node.name} = {node.target}(...) reads a number from tensor data (.item(), or a "
-        "size or slice bound taken from a tensor): kiln-loopir cannot pass such a number "
-        "to its kernels yet; run this graph eagerly, or break the graph before the read "
-        "(kiln-capture does unless told to capture scalar outputs)"
-    )
+def _read_number(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> sympy.Symbol:
+    """``u0 = t.item()``: an extern step that binds the symbol in the host program, which
+    passes it to the kernels as a size argument."""
+    val, source = _meta(node), env[node.args[0]]
+    symbol = to_expr(val) if isinstance(val, torch.SymInt) else None
+    if not is_data_dependent(symbol) or not isinstance(source, TensorRef):
+        what = type(val).__name__
+        log.info("%s = %s reads a %s from tensor data: the graph is refused", node.name,
+                 node.target, what)  # fmt: skip
+        raise NotImplementedError(
+            f"{node.name} = {node.target}(...) reads a {what} from tensor data (.item() of "
+            f"a {getattr(_meta(node.args[0]), 'dtype', '?')} tensor): kiln-loopir passes only "
+            "integers read from tensor data to its kernels; run this graph eagerly, or "
+            "break the graph before the read (kiln-capture does unless told to capture "
+            "scalar outputs)"
+        )
+    read = torch.ops.aten._local_scalar_dense.default
+    ctx.graph.nodes.append(ExternNode(read, (source,), {}, [], binds=[(symbol, "")]))
+    return symbol
+
+
+def _bound_symbols(graph: LoopGraph) -> set[sympy.Symbol]:
+    bound: set[sympy.Symbol] = set()
+    for node in graph.nodes:
+        if isinstance(node, ExternNode):
+            bound |= node.bound_symbols()
+    return bound
+
+
+def _bind_view_symbols(ctx: LoweringContext, base: object, args: tuple, kwargs: dict) -> None:
+    """A view bounded by a number read from tensor data (``x[: n.item()]``) gets fresh
+    size (or offset) symbols from the tracer: bind them in the host program by working the
+    view out on a meta tensor (``view_layout``)."""
+    val = ctx.val
+    if not isinstance(val, torch.Tensor):
+        return
+    size, stride, offset = val_layout(val)
+    fresh = data_dependent_symbols([*size, *stride, offset])
+    if not fresh or not (fresh := fresh - _bound_symbols(ctx.graph)):
+        return
+    places = {e: f"[0][{d}]" for d, e in reversed(list(enumerate(size)))}
+    places |= {e: f"[1][{d}]" for d, e in reversed(list(enumerate(stride))) if e not in places}
+    places.setdefault(offset, "[2]")
+    if not isinstance(base, TensorRef) or any(s not in places for s in fresh):
+        raise NotImplementedError(
+            f"the layout of {ctx.op}'s result, {size} stride {stride} offset {offset}, has "
+            "sizes from tensor data the host program cannot work out"
+        )
+    base_layout = val_layout(ctx.arg_vals[0])
+    binds = [(s, places[s]) for s in sorted(fresh, key=str)]
+    node = ExternNode(view_layout, (ctx.op, *base_layout, *args), dict(kwargs), [], binds=binds)
+    ctx.graph.nodes.append(node)
 
 
 def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
@@ -195,7 +239,7 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     if node.target is operator.getitem:
         return env[node.args[0]][node.args[1]]
     if node.target in _READS_TENSOR_DATA:
-        raise NotImplementedError(_reads_tensor_data(node))
+        return _read_number(ctx, node, env)
     if isinstance(val, torch.SymInt):
         return to_expr(val)
     if isinstance(val, (torch.SymBool, torch.SymFloat)):
@@ -235,6 +279,8 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     if fn is not None and fn is not views.lower_view and _is_empty(val):
         # nothing to compute: an empty buffer with the result's layout
         return ctx.pointwise(lambda ops, index: ops.constant(0, val.dtype))
+    if fn is views.lower_view:
+        _bind_view_symbols(ctx, args[0] if args else None, args[1:], kwargs)
     if fn is None:
         return extern.fallback(ctx, *args, **kwargs)
     try:
