@@ -28,7 +28,7 @@ def step_symbols_used(step: Step) -> set[sympy.Symbol]:
     """The data-dependent size symbols (``u0``: numbers read from tensor data) a step's
     loops, indices, buffer layouts or arguments mention, less those it defines itself."""
     if isinstance(step, Kernel):
-        exprs: list[object] = [*step.ranges, *step.reduction_ranges, *step.trace().symbols]
+        exprs: list[object] = [*step.ranges, *step.reduction_ranges, *step.symbols()]
         for node in step.nodes:
             exprs += [*node.buffer.size, *node.buffer.stride]
         return data_dependent_symbols(exprs)

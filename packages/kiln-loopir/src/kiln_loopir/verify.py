@@ -112,6 +112,7 @@ def verify_graph(graph: LoopGraph) -> None:
 def verify_schedule(schedule) -> None:
     """Every node scheduled once, steps in dependency order, kernels well formed."""
     from kiln_loopir.kernel import Kernel
+    from kiln_loopir.scheduler import step_symbols_used
 
     graph = schedule.graph
     verify_graph(graph)
@@ -120,7 +121,12 @@ def verify_schedule(schedule) -> None:
     written: dict[str, int] = {}
     scheduled: list[object] = []
     readers_outside: dict[str, int] = {}
+    bound: set = set()  # data-dependent symbols bound by the steps so far
     for step in schedule.steps:
+        unbound = sorted(map(str, step_symbols_used(step) - bound))
+        _check(not unbound, f"{step.name} uses {unbound} before the step that binds them")
+        if not isinstance(step, Kernel):
+            bound |= step.bound_symbols()
         if isinstance(step, Kernel):
             _check(bool(step.nodes), f"{step.name} has no nodes")
             levels = step.levels()
