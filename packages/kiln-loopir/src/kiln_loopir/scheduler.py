@@ -7,7 +7,7 @@ import heapq
 import sympy
 
 from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
-from kiln_loopir.ir import ComputedNode, LoopGraph
+from kiln_loopir.ir import ComputedNode, ExternNode, LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
 from kiln_loopir.symbols import data_dependent_symbols
 
@@ -50,17 +50,17 @@ def _flat_exprs(value: object) -> list[object]:
     return []
 
 
-def _dep_reads(step: Step) -> set[str]:
-    """What a step reads, for ordering: its buffers and (as ``$u0``) the data-dependent
-    symbols it uses."""
-    return step_reads(step) | {f"${s}" for s in step_symbols_used(step)}
-
-
-def _dep_writes(step: Step) -> set[str]:
-    """What a step writes, for ordering: its buffers and the symbols it defines."""
-    if isinstance(step, Kernel):
-        return step_writes(step)
-    return step_writes(step) | {f"${s}" for s in step.bound_symbols()}
+def _access(steps: list[Step]) -> tuple[list[set[str]], list[set[str]]]:
+    """What each step reads and writes, for ordering: its buffers and (as ``$u0``) the
+    data-dependent symbols it uses and binds (looked for only where some step binds one)."""
+    reads = [step_reads(s) for s in steps]
+    writes = [step_writes(s) for s in steps]
+    bound = [s.bound_symbols() if isinstance(s, ExternNode) else set() for s in steps]
+    if any(bound):
+        for i, step in enumerate(steps):
+            reads[i] |= {f"${s}" for s in step_symbols_used(step)}
+            writes[i] |= {f"${s}" for s in bound[i]}
+    return reads, writes
 
 
 def dependencies(steps: list[Step]) -> dict[int, set[int]]:
@@ -68,9 +68,10 @@ def dependencies(steps: list[Step]) -> dict[int, set[int]]:
     last_writer: dict[str, int] = {}
     readers_since: dict[str, list[int]] = {}
     deps: dict[int, set[int]] = {}
-    for i, step in enumerate(steps):
+    all_reads, all_writes = _access(steps)
+    for i in range(len(steps)):
         d: set[int] = set()
-        reads, writes = _dep_reads(step), _dep_writes(step)
+        reads, writes = all_reads[i], all_writes[i]
         for name in reads:
             if name in last_writer:
                 d.add(last_writer[name])
@@ -208,13 +209,14 @@ def stable_topological_sort(steps: list[Step]) -> list[Step]:
 def dependencies_by_data(steps: list[Step]) -> dict[int, set[int]]:
     """Dependencies from buffer names alone, whatever the current order of ``steps``."""
     writers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for name in _dep_writes(s):
+    reads, writes = _access(steps)
+    for i in range(len(steps)):
+        for name in writes[i]:
             writers.setdefault(name, []).append(i)
     deps: dict[int, set[int]] = {}
-    for i, s in enumerate(steps):
+    for i in range(len(steps)):
         d: set[int] = set()
-        for name in _dep_reads(s) | _dep_writes(s):
+        for name in reads[i] | writes[i]:
             ws = writers.get(name, [])
             # the first writer of a buffer precedes every other user of it; a scatter (a
             # second writer) precedes the buffer's readers that are not themselves writers
