@@ -13,9 +13,8 @@ from kiln_loopir.symbols import data_dependent_symbols
 def node_reads(node) -> set[str]:
     """The buffers a node reads and (as ``$u0``) the data-dependent symbols it uses."""
     if isinstance(node, ComputedNode):
-        handler, _, _ = node.trace()
-        step = kernel_of(node, node.name)
-        return {load.buffer for load in handler.loads} | _symbols(step_symbols_used(step))
+        step = kernel_of(node, node.name)  # traced once: its loads and its symbols
+        return step.reads() | _symbols(step_symbols_used(step))
     return {ref.buffer for ref in node.input_refs()} | _symbols(step_symbols_used(node))
 
 
