@@ -91,6 +91,18 @@ def test_reduction_over_data_dependent_size():
     _check(fn, lambda v: [torch.randn(16, 5), torch.tensor(v)], [9, 2, 16, 1])
 
 
+def test_extern_op_on_a_data_dependent_view():
+    """A matmul (run through ATen) of rows bounded by a read runs after the read."""
+
+    def fn(x, w, n):
+        return torch.relu(x[: n.item()] @ w) + 1
+
+    def make(value):
+        return [torch.randn(8, 6), torch.randn(6, 3), torch.tensor(value)]
+
+    _check(fn, make, [5, 8, 1])
+
+
 def test_read_returned_as_a_number():
     """A read only the outputs use is kept (dead-node elimination sees the symbol)."""
     _check(lambda x, n: (x * 2, n.item() + 1), _vector_and(4), [3, -8])
@@ -102,6 +114,6 @@ def test_cpp_codegen_passes_the_read_as_a_size():
     def fn(x, n):
         k = n.item()
         head = x[:k] * k
-        return head.sum(0), torch.arange(k) * 2
+        return head.sum(0), torch.arange(k) * 2, x.select(0, k - 1) + 1
 
     _check(fn, lambda v: [torch.randn(16, 5), torch.tensor(v)], [9, 2, 16], codegen="cpp")
