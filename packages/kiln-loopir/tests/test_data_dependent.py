@@ -42,6 +42,11 @@ def test_item_as_slice_start_and_select_index():
     _check(fn, lambda v: [torch.randn(9, 4), torch.tensor(v)], [2, 5, 0, 8])
 
 
+def test_item_as_narrow_start():
+    """The tracer writes the end bound as a Piecewise of the read: the host prints it."""
+    _check(lambda x, n: x.narrow(0, n.item(), 3) * 2, _vector_and(8), [2, 5, 0, -4])
+
+
 def test_item_as_arange_and_new_zeros_size():
     def fn(x, n):
         k = n.item()

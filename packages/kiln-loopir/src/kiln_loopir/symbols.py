@@ -99,6 +99,17 @@ class _PythonPrinter(IndexPrinter):
 
     printmethod = "_sympystr"
 
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
+        """``(a if c else b)``: the tracer writes slice bounds a read number gives
+        (``narrow(0, n.item(), 2)``) this way."""
+        out = "None"
+        for value, cond in reversed(expr.args):
+            printed = self._print(value)
+            out = (
+                printed if cond == sympy.true else f"({printed} if {self._print(cond)} else {out})"
+            )
+        return out
+
 
 _PRINTER = _PythonPrinter()
 
