@@ -209,17 +209,23 @@ def _bound_symbols(graph: LoopGraph) -> set[sympy.Symbol]:
     return bound
 
 
+def _fresh_symbols(ctx: LoweringContext) -> set[sympy.Symbol]:
+    """The data-dependent symbols of the result's layout that no step binds yet."""
+    if not isinstance(ctx.val, torch.Tensor):
+        return set()
+    size, stride, offset = val_layout(ctx.val)
+    fresh = data_dependent_symbols([*size, *stride, offset])
+    return fresh - _bound_symbols(ctx.graph) if fresh else fresh
+
+
 def _bind_view_symbols(ctx: LoweringContext, base: object, args: tuple, kwargs: dict) -> None:
     """A view bounded by a number read from tensor data (``x[: n.item()]``) gets fresh
     size (or offset) symbols from the tracer: bind them in the host program by working the
     view out on a meta tensor (``view_layout``)."""
-    val = ctx.val
-    if not isinstance(val, torch.Tensor):
+    fresh = _fresh_symbols(ctx)
+    if not fresh:
         return
-    size, stride, offset = val_layout(val)
-    fresh = data_dependent_symbols([*size, *stride, offset])
-    if not fresh or not (fresh := fresh - _bound_symbols(ctx.graph)):
-        return
+    size, stride, offset = val_layout(ctx.val)
     places = {e: f"[0][{d}]" for d, e in reversed(list(enumerate(size)))}
     places |= {e: f"[1][{d}]" for d, e in reversed(list(enumerate(stride))) if e not in places}
     places.setdefault(offset, "[2]")
@@ -281,6 +287,11 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
         return ctx.pointwise(lambda ops, index: ops.constant(0, val.dtype))
     if fn is views.lower_view:
         _bind_view_symbols(ctx, args[0] if args else None, args[1:], kwargs)
+    if fn is views.lower_view_copy and _fresh_symbols(ctx):
+        raise NotImplementedError(
+            f"{node.name} = {node.target}(...) copies a view sized by a number read from "
+            "tensor data: trace with views kept (functionalize(remove='mutations'))"
+        )
     if fn is None:
         return extern.fallback(ctx, *args, **kwargs)
     try:
