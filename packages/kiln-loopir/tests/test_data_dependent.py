@@ -61,6 +61,21 @@ def test_item_as_scalar_multiplier():
     _check(lambda x, t: x * t.item() + t.item(), ints, [4, 9, -1])
 
 
+def test_float_item_as_operand():
+    """A float read is loaded by the kernel from the tensor; type promotion treats it as
+    the Python float ``.item()`` gives (an int tensor times it is float32)."""
+
+    def fn(x, t):
+        return (x - t.item()) / t.item() + (x > t.item()), x.long() * t.item()
+
+    def make(dtype):
+        return lambda v: [torch.randn(8, dtype=dtype), torch.tensor(v, dtype=torch.float64)]
+
+    for dtype in (torch.float32, torch.bfloat16):
+        _check(fn, make(dtype), [1.5, -0.25, 3.0])
+    _check(lambda x: x * x.sum().item(), lambda v: [torch.randn(6) + v], [0.0, 2.0])
+
+
 def test_two_reads_in_one_graph():
     def fn(x, a, b):
         return x[: a.item()].sum(0), x[:, : b.item()] * a.item()
@@ -119,6 +134,6 @@ def test_cpp_codegen_passes_the_read_as_a_size():
     def fn(x, n):
         k = n.item()
         head = x[:k] * k
-        return head.sum(0), torch.arange(k) * 2, x.select(0, k - 1) + 1
+        return head.sum(0), torch.arange(k) * 2, x.select(0, k - 1) + 1, x * x[0, 0].item()
 
     _check(fn, lambda v: [torch.randn(16, 5), torch.tensor(v)], [9, 2, 16], codegen="cpp")

@@ -175,10 +175,24 @@ def test_scatter_shares_the_point_loop_but_is_no_pointwise():
     assert scatter.call_index(handler, [sympy.Symbol("x0")]) == sympy.Symbol("x0")
 
 
-def test_floats_read_from_tensor_data_are_refused_clearly():
-    """``.item()`` of a float tensor: lowering says so up front (integers read from tensor
-    data are passed to the kernels, floats are not)."""
-    inputs = [torch.randn(8), torch.tensor(3.0)]
-    gm = trace_aten(lambda x, n: x * n.item(), inputs)
-    with pytest.raises(NotImplementedError, match=r"reads a SymFloat from tensor data \(\.item"):
+@pytest.mark.parametrize(
+    "fn, inputs, match",
+    [
+        (lambda x, t: torch.full((3,), t.item()) + x[:3], [torch.randn(8), torch.tensor(3.0)],
+         r"uses a float read from tensor data"),
+        (lambda x, t: x * (t.item() * 2), [torch.randn(8), torch.tensor(3.0)],
+         r"uses a float read from tensor data"),
+        (lambda x, t: (x, t.item()), [torch.randn(8), torch.tensor(3.0)],
+         r"returns a float read from tensor data"),
+        (lambda x, b: x * b.item(), [torch.randn(8), torch.tensor(True)],
+         r"reads a SymBool from tensor data \(\.item"),
+    ],
+    ids=["float-fill", "float-arithmetic", "float-output", "bool"],
+)  # fmt: skip
+def test_reads_from_tensor_data_kernels_cannot_take_are_refused_clearly(fn, inputs, match):
+    """A float read is an operand of pointwise math only, a bool read is not passed at
+    all: lowering says so up front (no kernel that fails to build or a host program that
+    fails by name later)."""
+    gm = trace_aten(fn, inputs)
+    with pytest.raises(NotImplementedError, match=match):
         lower(gm, inputs)

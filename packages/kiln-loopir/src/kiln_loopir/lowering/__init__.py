@@ -30,6 +30,7 @@ from kiln_loopir.symbols import data_dependent_symbols, is_data_dependent, to_ex
 
 __all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
 _ = (indexing, pointwise, random, reductions)  # imported for their registrations
+aten = torch.ops.aten
 log = logging.getLogger("kiln.loopir")
 
 
@@ -112,6 +113,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     results = torch.fx.node.map_arg(out_node.args[0], lambda n: env[n])
     graph.outputs = _flatten(results)
+    if any(isinstance(o, pointwise.NumberRef) for o in graph.outputs):
+        raise NotImplementedError(
+            "the graph returns a float read from tensor data (.item()): kiln-loopir returns "
+            "only tensors and sizes; run this graph eagerly"
+        )
     return graph
 
 
@@ -180,10 +186,24 @@ def _flatten(value: object) -> list[object]:
 _READS_TENSOR_DATA = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 
 
-def _read_number(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> sympy.Symbol:
+# ops whose lowerings read every operand through ``pointwise.loader``: a float read from
+# tensor data (a NumberRef) may be one of their operands
+_FLOAT_OPERAND_OPS = {
+    aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.maximum, aten.minimum,
+    *pointwise.COMPARISON,
+}  # fmt: skip
+
+
+def _read_number(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     """``u0 = t.item()``: an extern step that binds the symbol in the host program, which
-    passes it to the kernels as a size argument."""
+    passes it to the kernels as a size argument. A float read is loaded by the kernels that
+    use it from the tensor itself (a NumberRef)."""
     val, source = _meta(node), env[node.args[0]]
+    float_read = isinstance(val, torch.SymFloat) and is_data_dependent(val.node.expr)
+    if float_read and isinstance(source, TensorRef):
+        return pointwise.NumberRef(
+            source.buffer, source.dtype, source.device, (), (), source.offset
+        )
     symbol = to_expr(val) if isinstance(val, torch.SymInt) else None
     if not is_data_dependent(symbol) or not isinstance(source, TensorRef):
         what = type(val).__name__
@@ -192,13 +212,32 @@ def _read_number(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> sympy.
         raise NotImplementedError(
             f"{node.name} = {node.target}(...) reads a {what} from tensor data (.item() of "
             f"a {getattr(_meta(node.args[0]), 'dtype', '?')} tensor): kiln-loopir passes only "
-            "integers read from tensor data to its kernels; run this graph eagerly, or "
+            "integers and floats read from tensor data to its kernels; run this graph "
+            "eagerly, or "
             "break the graph before the read (kiln-capture does unless told to capture "
             "scalar outputs)"
         )
     read = torch.ops.aten._local_scalar_dense.default
     ctx.graph.nodes.append(ExternNode(read, (source,), {}, [], binds=[(symbol, "")]))
     return symbol
+
+
+def _float_reads(expr: object) -> bool:
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    free = sympy.sympify(expr).free_symbols
+    return any(symbol_is_type(s, SymT.UNBACKED_FLOAT) for s in free)
+
+
+def _float_read_use(node: torch.fx.Node) -> str:
+    log.info("%s = %s uses a float read from tensor data: the graph is refused", node.name,
+             node.target)  # fmt: skip
+    return (
+        f"{node.name} = {node.target}(...) uses a float read from tensor data (.item()) "
+        "other than as an operand of pointwise add, sub, mul, div, maximum, minimum or a "
+        "comparison: kiln-loopir cannot pass it there; run this graph eagerly, or break "
+        "the graph before the read"
+    )
 
 
 def _bound_symbols(graph: LoopGraph) -> set[sympy.Symbol]:
@@ -246,6 +285,10 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
         return env[node.args[0]][node.args[1]]
     if node.target in _READS_TENSOR_DATA:
         return _read_number(ctx, node, env)
+    if isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat)) and _float_reads(
+        val.node.expr
+    ):
+        raise NotImplementedError(_float_read_use(node))
     if isinstance(val, torch.SymInt):
         return to_expr(val)
     if isinstance(val, (torch.SymBool, torch.SymFloat)):
@@ -258,6 +301,11 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
         return val  # Python arithmetic on sizes, already folded by the tracer
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    reads_float = any(
+        isinstance(a, pointwise.NumberRef) for a in _flatten([args, list(kwargs.values())])
+    )
+    if reads_float and getattr(node.target, "overloadpacket", None) not in _FLOAT_OPERAND_OPS:
+        raise NotImplementedError(_float_read_use(node))
     ctx.val, ctx.op, ctx.kwargs = val, node.target, kwargs
     ctx.inlined_now = False
     ctx.arg_vals = tuple(_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args)
@@ -292,10 +340,14 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
             f"{node.name} = {node.target}(...) copies a view sized by a number read from "
             "tensor data: trace with views kept (functionalize(remove='mutations'))"
         )
+    if fn is None and reads_float:  # ATen would take the float as a 0-d tensor
+        raise NotImplementedError(_float_read_use(node))
     if fn is None:
         return extern.fallback(ctx, *args, **kwargs)
     try:
         return fn(ctx, *args, **kwargs)
     except NotImplementedError as exc:
+        if reads_float:
+            raise NotImplementedError(_float_read_use(node)) from exc
         log.info("lowering of %s gave up (%s): falling back to ATen", node.target, exc)
         return extern.fallback(ctx, *args, **kwargs)
