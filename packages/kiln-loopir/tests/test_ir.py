@@ -176,17 +176,23 @@ def test_scatter_shares_the_point_loop_but_is_no_pointwise():
 
 
 @pytest.mark.parametrize(
-    "fn, inputs",
+    "fn, inputs, match",
     [
-        (lambda x, n: x * n.item(), [torch.randn(8), torch.tensor(3.0)]),
-        (lambda x, n: x * n.item(), [torch.randn(8), torch.tensor(3)]),
-        (lambda x, n: x.narrow(0, 0, n.item()) * 2, [torch.randn(8), torch.tensor(5)]),
+        (lambda x, t: torch.full((3,), t.item()) + x[:3], [torch.randn(8), torch.tensor(3.0)],
+         r"uses a float read from tensor data"),
+        (lambda x, t: x * (t.item() * 2), [torch.randn(8), torch.tensor(3.0)],
+         r"uses a float read from tensor data"),
+        (lambda x, t: (x, t.item()), [torch.randn(8), torch.tensor(3.0)],
+         r"returns a float read from tensor data"),
+        (lambda x, b: x * b.item(), [torch.randn(8), torch.tensor(True)],
+         r"reads a SymBool from tensor data \(\.item"),
     ],
-    ids=["float", "int", "size"],
-)
-def test_numbers_read_from_tensor_data_are_refused_clearly(fn, inputs):
-    """``.item()`` gives a number no size binds: lowering says so up front (no kernel that
-    fails to build or a host program that fails by name later)."""
+    ids=["float-fill", "float-arithmetic", "float-output", "bool"],
+)  # fmt: skip
+def test_reads_from_tensor_data_kernels_cannot_take_are_refused_clearly(fn, inputs, match):
+    """A float read is an operand of pointwise math only, a bool read is not passed at
+    all: lowering says so up front (no kernel that fails to build or a host program that
+    fails by name later)."""
     gm = trace_aten(fn, inputs)
-    with pytest.raises(NotImplementedError, match=r"reads a number from tensor data \(\.item"):
+    with pytest.raises(NotImplementedError, match=match):
         lower(gm, inputs)

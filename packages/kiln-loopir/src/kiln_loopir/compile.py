@@ -46,6 +46,7 @@ def load_host_program(
         "assert_size_stride": runtime.assert_size_stride,
         "match_layout": runtime.match_layout,
         "make_seed": runtime.make_seed,
+        "view_layout": runtime.view_layout,
         # sizes such as Max(s0, 1) print as maximum(s0, 1)
         "minimum": symbols.minimum,
         "maximum": symbols.maximum,

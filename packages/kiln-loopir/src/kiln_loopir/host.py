@@ -10,7 +10,7 @@ import torch
 from kiln_loopir.ir import Buffer, ExternNode, LoopGraph, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
-from kiln_loopir.runtime import make_seed
+from kiln_loopir.runtime import make_seed, view_layout
 from kiln_loopir.scheduler import step_reads
 from kiln_loopir.symbols import py_expr
 
@@ -43,9 +43,10 @@ def size_bindings(graph: LoopGraph) -> list[str]:
     for ref in refs:
         for e in (*ref.size, *ref.stride, ref.offset):
             used |= sympy.sympify(e).free_symbols
-    # sizes only an extern op's result tells (nonzero ...) are bound after that op
+    # sizes only an extern op's result tells (nonzero ..., .item()) are bound after that op
     for node in graph.nodes:
         if isinstance(node, ExternNode):
+            used -= {s for s, _ in node.binds}
             for buf in node.outputs:
                 if buf is not None:
                     used -= {s for e in buf.size for s in e.free_symbols}
@@ -75,6 +76,8 @@ def format_value(a: object, buffers: dict[str, Buffer]) -> str:
         return f"({inner}{',' if len(a) == 1 else ''})"
     if isinstance(a, torch.dtype):
         return str(a)
+    if isinstance(a, torch._ops.OpOverload) and a.namespace == "aten":
+        return str(a)  # a view op view_layout applies
     if isinstance(a, torch.device):
         return f"torch.device({str(a)!r})"
     if isinstance(a, (torch.layout, torch.memory_format)):
@@ -87,8 +90,8 @@ def format_value(a: object, buffers: dict[str, Buffer]) -> str:
 def _target(node: ExternNode) -> str:
     if isinstance(node.target, torch._ops.OpOverload):
         return f"torch.ops.{node.target}" if node.target.namespace != "aten" else str(node.target)
-    if node.target is make_seed:
-        return "make_seed"
+    if node.target in (make_seed, view_layout):
+        return node.target.__name__
     raise NotImplementedError(f"extern target {node.target!r} has no host-program name")
 
 
@@ -137,9 +140,14 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
         else:
             call_args = [format_value(a, buffers) for a in step.args]
             call_args += [f"{k}={format_value(v, buffers)}" for k, v in step.kwargs.items()]
+            call = f"{_target(step)}({', '.join(call_args)})"
+            if step.binds:  # a number read from tensor data, or the size of a view
+                body += _bind_symbols(step.binds, call)
+                bound_after |= {str(sym) for sym, _ in step.binds}
+                continue
             outs = [b.name if b is not None else "_" for b in step.outputs]
             lhs = ", ".join(outs) + ("," if step.tuple_output and len(outs) == 1 else "")
-            body.append(f"{lhs} = {_target(step)}({', '.join(call_args)})")
+            body.append(f"{lhs} = {call}")
             for b in step.outputs:
                 for d, e in enumerate(b.size if b is not None else ()):
                     if isinstance(e, sympy.Symbol) and str(e) not in bound_after:
@@ -159,6 +167,14 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
     outs = [format_value(o, buffers) for o in graph.outputs]
     body.append("return (" + ", ".join(outs) + ("," if len(outs) == 1 else "") + ")")
     return "\n".join(lines + ["    " + line for line in body]) + "\n"
+
+
+def _bind_symbols(binds: list[tuple[sympy.Symbol, str]], call: str) -> list[str]:
+    """``u0 = call`` for one symbol that is the whole result, else the result in a
+    temporary and each symbol taken from it."""
+    if len(binds) == 1 and binds[0][1] == "":
+        return [f"{binds[0][0]} = {call}"]
+    return [f"bound = {call}"] + [f"{sym} = bound{path}" for sym, path in binds] + ["del bound"]
 
 
 def kernel_launch_args(schedule: Schedule) -> None:

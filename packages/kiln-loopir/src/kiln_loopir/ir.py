@@ -25,6 +25,7 @@ import torch
 from kiln_loopir.ops import TraceHandler
 from kiln_loopir.symbols import (
     index_vars,
+    is_data_dependent,
     py_expr,
     reduction_vars,
     strided_index,
@@ -244,7 +245,10 @@ class ExternNode:
 
     ``args``/``kwargs`` hold TensorRefs where tensors go, sympy expressions for sizes, and
     plain Python values. ``outputs`` are the buffers of its results (``None`` for an unused
-    one); ``tuple_output`` says whether the op returns a tuple.
+    one); ``tuple_output`` says whether the op returns a tuple. ``binds`` names the size
+    symbols the call's result defines, each with the Python that takes it from the result
+    (``""`` for the result itself, ``"[0][1]"`` ...): a number read from tensor data
+    (``u0 = aten._local_scalar_dense(buf3)``) or the size of a view it bounds.
     """
 
     target: object
@@ -252,10 +256,21 @@ class ExternNode:
     kwargs: dict
     outputs: list[Buffer | None]
     tuple_output: bool = False
+    binds: list[tuple[sympy.Symbol, str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
-        return next(b.name for b in self.outputs if b is not None)
+        names = [b.name for b in self.outputs if b is not None]
+        return names[0] if names else str(self.binds[0][0])
+
+    def bound_symbols(self) -> set[sympy.Symbol]:
+        """The data-dependent size symbols this node defines: those it ``binds`` and the
+        bare sizes of its results an op decides at run time (nonzero's)."""
+        found = {s for s, _ in self.binds}
+        for buf in self.outputs:
+            if buf is not None:
+                found |= {e for e in buf.size if is_data_dependent(e)}
+        return found
 
     def target_name(self) -> str:
         if isinstance(self.target, torch._ops.OpOverload):
@@ -281,7 +296,10 @@ class ExternNode:
         return refs
 
     def format(self) -> list[str]:
-        outs = ", ".join(b.name if b is not None else "_" for b in self.outputs)
+        outs = ", ".join(
+            [b.name if b is not None else "_" for b in self.outputs]
+            + [f"{py_expr(s)}=result{path}" for s, path in self.binds]
+        )
         args = ", ".join(
             [format_arg(a) for a in self.args]
             + [f"{k}={format_arg(v)}" for k, v in self.kwargs.items()]
@@ -345,11 +363,15 @@ class LoopGraph:
         return found
 
     def size_symbols(self) -> set[str]:
-        """Names of the size symbols: the inputs' and those of data-dependent sizes."""
+        """Names of the size symbols: the inputs' and those of data-dependent sizes (numbers
+        read from tensor data included)."""
         names = {s.name for s in self.size_hints}
         for buf in self.buffers().values():
             for e in (*buf.size, *buf.stride):
                 names |= {s.name for s in e.free_symbols}
+        for node in self.nodes:
+            if isinstance(node, ExternNode):
+                names |= {s.name for s in node.bound_symbols()}
         return names
 
     def hint(self, expr: sympy.Expr) -> int:

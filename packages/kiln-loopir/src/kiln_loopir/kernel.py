@@ -109,11 +109,19 @@ class Kernel:
 
     def reads(self) -> set[str]:
         """Buffers the kernel loads from memory (not produced inside it)."""
+        return set(self._traced()[0])
+
+    def symbols(self) -> frozenset[sympy.Symbol]:
+        """The symbols the kernel's indices and index expressions mention."""
+        return self._traced()[1]
+
+    def _traced(self) -> tuple[frozenset[str], frozenset[sympy.Symbol]]:
         key = tuple(id(n) for n in self.nodes)
         if self._reads is None or self._reads[0] != key:
-            loads = {load.buffer for load in self.trace().loads}
-            self._reads = (key, frozenset(loads - self.writes()))
-        return set(self._reads[1])
+            handler = self.trace()
+            loads = {load.buffer for load in handler.loads}
+            self._reads = (key, (frozenset(loads - self.writes()), frozenset(handler.symbols)))
+        return self._reads[1]
 
     def levels(self) -> list[str | None]:
         levels = []

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["assert_size_stride", "empty_strided", "make_seed", "reinterpret"]
+__all__ = ["assert_size_stride", "empty_strided", "make_seed", "reinterpret", "view_layout"]
 
 
 def empty_strided(size: Sequence[int], stride: Sequence[int], dtype, device) -> torch.Tensor:
@@ -34,6 +34,15 @@ def assert_size_stride(t: torch.Tensor, size: tuple, stride: tuple, what: str) -
                 f"{tuple(stride)} (dimension {dim}): pass a tensor with that layout "
                 "(e.g. .contiguous()) or compile again"
             )
+
+
+def view_layout(op, size, stride, offset, *args, **kwargs) -> tuple[tuple, tuple, int]:
+    """(size, stride, storage offset) of ``op``'s view of a tensor with this layout, worked
+    out on a meta tensor: how the host program learns the size of a view bounded by a
+    number read from tensor data (``x[: n.item()]``)."""
+    base = torch.empty_strided(tuple(size), tuple(stride), device="meta")
+    view = op(base.as_strided(tuple(size), tuple(stride), offset), *args, **kwargs)
+    return tuple(view.shape), view.stride(), view.storage_offset()
 
 
 def make_seed(device: str) -> torch.Tensor:

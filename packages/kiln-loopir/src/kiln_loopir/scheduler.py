@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import heapq
 
+import sympy
+
 from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
-from kiln_loopir.ir import ComputedNode, LoopGraph
+from kiln_loopir.ir import ComputedNode, ExternNode, LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
+from kiln_loopir.symbols import data_dependent_symbols
 
 
 def step_reads(step: Step) -> set[str]:
@@ -21,23 +24,64 @@ def step_writes(step: Step) -> set[str]:
     return {b.name for b in step.outputs if b is not None}
 
 
+def step_symbols_used(step: Step) -> set[sympy.Symbol]:
+    """The data-dependent size symbols (``u0``: numbers read from tensor data) a step's
+    loops, indices, buffer layouts or arguments mention, less those it defines itself."""
+    if isinstance(step, Kernel):
+        exprs: list[object] = [*step.ranges, *step.reduction_ranges, *step.symbols()]
+        for node in step.nodes:
+            exprs += [*node.buffer.size, *node.buffer.stride]
+        return data_dependent_symbols(exprs)
+    exprs = []
+    for ref in step.input_refs():
+        exprs += [*ref.size, *ref.stride, ref.offset]
+    for buf in step.outputs:
+        if buf is not None:
+            exprs += [*buf.size, *buf.stride]
+    exprs += _flat_exprs(step.args) + _flat_exprs(list(step.kwargs.values()))
+    return data_dependent_symbols(exprs) - step.bound_symbols()
+
+
+def _flat_exprs(value: object) -> list[object]:
+    if isinstance(value, sympy.Basic):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [e for v in value for e in _flat_exprs(v)]
+    return []
+
+
+def _access(steps: list[Step]) -> tuple[list[set[str]], list[set[str]]]:
+    """What each step reads and writes, for ordering: its buffers and (as ``$u0``) the
+    data-dependent symbols it uses and binds (looked for only where some step binds one)."""
+    reads = [step_reads(s) for s in steps]
+    writes = [step_writes(s) for s in steps]
+    bound = [s.bound_symbols() if isinstance(s, ExternNode) else set() for s in steps]
+    if any(bound):
+        for i, step in enumerate(steps):
+            reads[i] |= {f"${s}" for s in step_symbols_used(step)}
+            writes[i] |= {f"${s}" for s in bound[i]}
+    return reads, writes
+
+
 def dependencies(steps: list[Step]) -> dict[int, set[int]]:
     """For each step index, the indices of the steps it must follow."""
     last_writer: dict[str, int] = {}
     readers_since: dict[str, list[int]] = {}
     deps: dict[int, set[int]] = {}
-    for i, step in enumerate(steps):
+    all_reads, all_writes = _access(steps)
+    for i in range(len(steps)):
         d: set[int] = set()
-        for name in step_reads(step):
+        reads, writes = all_reads[i], all_writes[i]
+        for name in reads:
             if name in last_writer:
                 d.add(last_writer[name])
-        for name in step_writes(step):
+        for name in writes:
             if name in last_writer:  # a second write (scatter) follows the first's readers
                 d.add(last_writer[name])
                 d |= set(readers_since.get(name, []))
-        for name in step_reads(step):
+        for name in reads:
             readers_since.setdefault(name, []).append(i)
-        for name in step_writes(step):
+        for name in writes:
             last_writer[name] = i
             readers_since[name] = []
         d.discard(i)
@@ -165,13 +209,14 @@ def stable_topological_sort(steps: list[Step]) -> list[Step]:
 def dependencies_by_data(steps: list[Step]) -> dict[int, set[int]]:
     """Dependencies from buffer names alone, whatever the current order of ``steps``."""
     writers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for name in step_writes(s):
+    reads, writes = _access(steps)
+    for i in range(len(steps)):
+        for name in writes[i]:
             writers.setdefault(name, []).append(i)
     deps: dict[int, set[int]] = {}
-    for i, s in enumerate(steps):
+    for i in range(len(steps)):
         d: set[int] = set()
-        for name in step_reads(s) | step_writes(s):
+        for name in reads[i] | writes[i]:
             ws = writers.get(name, [])
             # the first writer of a buffer precedes every other user of it; a scatter (a
             # second writer) precedes the buffer's readers that are not themselves writers

@@ -53,6 +53,25 @@ def to_expr(value: object) -> sympy.Expr:
     raise TypeError(f"expected an integer size, got {value!r} ({type(value).__name__})")
 
 
+def is_data_dependent(expr: object) -> bool:
+    """Whether ``expr`` is a symbol whose value comes from tensor data (``u0``: an
+    ``.item()``, or a size an op decides at run time), not from the inputs' sizes."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return isinstance(expr, sympy.Symbol) and symbol_is_type(
+        expr, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)
+    )
+
+
+def data_dependent_symbols(exprs: Iterable[object]) -> set[sympy.Symbol]:
+    """The data-dependent symbols (see :func:`is_data_dependent`) in ``exprs``."""
+    found: set[sympy.Symbol] = set()
+    for e in exprs:
+        if isinstance(e, (int, sympy.Basic)):
+            found |= {s for s in sympy.sympify(e).free_symbols if is_data_dependent(s)}
+    return found
+
+
 def is_one(expr: sympy.Expr) -> bool:
     return expr == 1
 
@@ -79,6 +98,17 @@ class _PythonPrinter(IndexPrinter):
     """Prints index and size expressions as Python that works on ints and int tensors."""
 
     printmethod = "_sympystr"
+
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
+        """``(a if c else b)``: the tracer writes slice bounds a read number gives
+        (``narrow(0, n.item(), 2)``) this way."""
+        out = "None"
+        for value, cond in reversed(expr.args):
+            printed = self._print(value)
+            out = (
+                printed if cond == sympy.true else f"({printed} if {self._print(cond)} else {out})"
+            )
+        return out
 
 
 _PRINTER = _PythonPrinter()

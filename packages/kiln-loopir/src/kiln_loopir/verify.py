@@ -73,7 +73,9 @@ def verify_graph(graph: LoopGraph) -> None:
         defined[const.buffer.name] = const.buffer
     for node in graph.nodes:
         if isinstance(node, ExternNode):
-            # sizes an extern op decides at run time (nonzero ...) become known after it
+            # sizes an extern op decides at run time (nonzero ..., .item()) become known
+            # after it
+            size_names |= {s.name for s, _ in node.binds}
             for buf in node.outputs:
                 if buf is not None:
                     size_names |= {s.name for e in buf.size for s in e.free_symbols}
@@ -91,7 +93,10 @@ def verify_graph(graph: LoopGraph) -> None:
         elif isinstance(node, ExternNode):
             for ref in node.input_refs():
                 check_ref(ref, defined, f"extern {node.target_name()}")
-            _check(any(b is not None for b in node.outputs), "extern node with no output")
+            _check(
+                any(b is not None for b in node.outputs) or bool(node.binds),
+                "extern node with no output",
+            )
             for buf in node.outputs:
                 if buf is not None:
                     check_buffer(buf, size_names)
@@ -107,6 +112,7 @@ def verify_graph(graph: LoopGraph) -> None:
 def verify_schedule(schedule) -> None:
     """Every node scheduled once, steps in dependency order, kernels well formed."""
     from kiln_loopir.kernel import Kernel
+    from kiln_loopir.scheduler import step_symbols_used
 
     graph = schedule.graph
     verify_graph(graph)
@@ -115,7 +121,12 @@ def verify_schedule(schedule) -> None:
     written: dict[str, int] = {}
     scheduled: list[object] = []
     readers_outside: dict[str, int] = {}
+    bound: set = set()  # data-dependent symbols bound by the steps so far
     for step in schedule.steps:
+        unbound = sorted(map(str, step_symbols_used(step) - bound))
+        _check(not unbound, f"{step.name} uses {unbound} before the step that binds them")
+        if not isinstance(step, Kernel):
+            bound |= step.bound_symbols()
         if isinstance(step, Kernel):
             _check(bool(step.nodes), f"{step.name} has no nodes")
             levels = step.levels()

@@ -15,7 +15,7 @@ import sympy
 import torch
 import torch.fx
 
-from kiln_loopir.ir import Buffer, GraphInput, LoopGraph
+from kiln_loopir.ir import Buffer, ExternNode, GraphInput, LoopGraph, TensorRef
 from kiln_loopir.lowering import extern, indexing, pointwise, random, reductions, views
 from kiln_loopir.lowering.context import LoweringContext, val_layout
 from kiln_loopir.lowering.registry import (
@@ -25,10 +25,12 @@ from kiln_loopir.lowering.registry import (
     lowered_ops,
     register_lowering,
 )
-from kiln_loopir.symbols import to_expr
+from kiln_loopir.runtime import view_layout
+from kiln_loopir.symbols import data_dependent_symbols, is_data_dependent, to_expr
 
 __all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
 _ = (indexing, pointwise, random, reductions)  # imported for their registrations
+aten = torch.ops.aten
 log = logging.getLogger("kiln.loopir")
 
 
@@ -111,6 +113,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     results = torch.fx.node.map_arg(out_node.args[0], lambda n: env[n])
     graph.outputs = _flatten(results)
+    if any(isinstance(o, pointwise.NumberRef) for o in graph.outputs):
+        raise NotImplementedError(
+            "the graph returns a float read from tensor data (.item()): kiln-loopir returns "
+            "only tensors and sizes; run this graph eagerly"
+        )
     return graph
 
 
@@ -179,15 +186,97 @@ def _flatten(value: object) -> list[object]:
 _READS_TENSOR_DATA = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 
 
-def _reads_tensor_data(node: torch.fx.Node) -> str:
-    log.info("%s = %s reads a number from tensor data: the graph is refused", node.name,
+# ops whose lowerings read every operand through ``pointwise.loader``: a float read from
+# tensor data (a NumberRef) may be one of their operands
+_FLOAT_OPERAND_OPS = {
+    aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.maximum, aten.minimum,
+    *pointwise.COMPARISON,
+}  # fmt: skip
+
+
+def _read_number(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
+    """``u0 = t.item()``: an extern step that binds the symbol in the host program, which
+    passes it to the kernels as a size argument. A float read is loaded by the kernels that
+    use it from the tensor itself (a NumberRef)."""
+    val, source = _meta(node), env[node.args[0]]
+    float_read = isinstance(val, torch.SymFloat) and is_data_dependent(val.node.expr)
+    if float_read and isinstance(source, TensorRef):
+        return pointwise.NumberRef(
+            source.buffer, source.dtype, source.device, (), (), source.offset
+        )
+    symbol = to_expr(val) if isinstance(val, torch.SymInt) else None
+    if not is_data_dependent(symbol) or not isinstance(source, TensorRef):
+        what = type(val).__name__
+        log.info("%s = %s reads a %s from tensor data: the graph is refused", node.name,
+                 node.target, what)  # fmt: skip
+        raise NotImplementedError(
+            f"{node.name} = {node.target}(...) reads a {what} from tensor data (.item() of "
+            f"a {getattr(_meta(node.args[0]), 'dtype', '?')} tensor): kiln-loopir passes only "
+            "integers and floats read from tensor data to its kernels; run this graph "
+            "eagerly, or "
+            "break the graph before the read (kiln-capture does unless told to capture "
+            "scalar outputs)"
+        )
+    read = torch.ops.aten._local_scalar_dense.default
+    ctx.graph.nodes.append(ExternNode(read, (source,), {}, [], binds=[(symbol, "")]))
+    return symbol
+
+
+def _float_reads(expr: object) -> bool:
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    free = sympy.sympify(expr).free_symbols
+    return any(symbol_is_type(s, SymT.UNBACKED_FLOAT) for s in free)
+
+
+def _float_read_use(node: torch.fx.Node) -> str:
+    log.info("%s = %s uses a float read from tensor data: the graph is refused", node.name,
              node.target)  # fmt: skip
     return (
-        f"{node.name} = {node.target}(...) reads a number from tensor data (.item(), or a "
-        "size or slice bound taken from a tensor): kiln-loopir cannot pass such a number "
-        "to its kernels yet; run this graph eagerly, or break the graph before the read "
-        "(kiln-capture does unless told to capture scalar outputs)"
+        f"{node.name} = {node.target}(...) uses a float read from tensor data (.item()) "
+        "other than as an operand of pointwise add, sub, mul, div, maximum, minimum or a "
+        "comparison: kiln-loopir cannot pass it there; run this graph eagerly, or break "
+        "the graph before the read"
     )
+
+
+def _bound_symbols(graph: LoopGraph) -> set[sympy.Symbol]:
+    bound: set[sympy.Symbol] = set()
+    for node in graph.nodes:
+        if isinstance(node, ExternNode):
+            bound |= node.bound_symbols()
+    return bound
+
+
+def _fresh_symbols(ctx: LoweringContext) -> set[sympy.Symbol]:
+    """The data-dependent symbols of the result's layout that no step binds yet."""
+    if not isinstance(ctx.val, torch.Tensor):
+        return set()
+    size, stride, offset = val_layout(ctx.val)
+    fresh = data_dependent_symbols([*size, *stride, offset])
+    return fresh - _bound_symbols(ctx.graph) if fresh else fresh
+
+
+def _bind_view_symbols(ctx: LoweringContext, base: object, args: tuple, kwargs: dict) -> None:
+    """A view bounded by a number read from tensor data (``x[: n.item()]``) gets fresh
+    size (or offset) symbols from the tracer: bind them in the host program by working the
+    view out on a meta tensor (``view_layout``)."""
+    fresh = _fresh_symbols(ctx)
+    if not fresh:
+        return
+    size, stride, offset = val_layout(ctx.val)
+    places = {e: f"[0][{d}]" for d, e in reversed(list(enumerate(size)))}
+    places |= {e: f"[1][{d}]" for d, e in reversed(list(enumerate(stride))) if e not in places}
+    places.setdefault(offset, "[2]")
+    if not isinstance(base, TensorRef) or any(s not in places for s in fresh):
+        raise NotImplementedError(
+            f"the layout of {ctx.op}'s result, {size} stride {stride} offset {offset}, has "
+            "sizes from tensor data the host program cannot work out"
+        )
+    base_layout = val_layout(ctx.arg_vals[0])
+    binds = [(s, places[s]) for s in sorted(fresh, key=str)]
+    node = ExternNode(view_layout, (ctx.op, *base_layout, *args), dict(kwargs), [], binds=binds)
+    ctx.graph.nodes.append(node)
 
 
 def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
@@ -195,7 +284,11 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     if node.target is operator.getitem:
         return env[node.args[0]][node.args[1]]
     if node.target in _READS_TENSOR_DATA:
-        raise NotImplementedError(_reads_tensor_data(node))
+        return _read_number(ctx, node, env)
+    if isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat)) and _float_reads(
+        val.node.expr
+    ):
+        raise NotImplementedError(_float_read_use(node))
     if isinstance(val, torch.SymInt):
         return to_expr(val)
     if isinstance(val, (torch.SymBool, torch.SymFloat)):
@@ -208,6 +301,11 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
         return val  # Python arithmetic on sizes, already folded by the tracer
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    reads_float = any(
+        isinstance(a, pointwise.NumberRef) for a in _flatten([args, list(kwargs.values())])
+    )
+    if reads_float and getattr(node.target, "overloadpacket", None) not in _FLOAT_OPERAND_OPS:
+        raise NotImplementedError(_float_read_use(node))
     ctx.val, ctx.op, ctx.kwargs = val, node.target, kwargs
     ctx.inlined_now = False
     ctx.arg_vals = tuple(_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args)
@@ -235,10 +333,21 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     if fn is not None and fn is not views.lower_view and _is_empty(val):
         # nothing to compute: an empty buffer with the result's layout
         return ctx.pointwise(lambda ops, index: ops.constant(0, val.dtype))
+    if fn is views.lower_view:
+        _bind_view_symbols(ctx, args[0] if args else None, args[1:], kwargs)
+    if fn is views.lower_view_copy and _fresh_symbols(ctx):
+        raise NotImplementedError(
+            f"{node.name} = {node.target}(...) copies a view sized by a number read from "
+            "tensor data: trace with views kept (functionalize(remove='mutations'))"
+        )
+    if fn is None and reads_float:  # ATen would take the float as a 0-d tensor
+        raise NotImplementedError(_float_read_use(node))
     if fn is None:
         return extern.fallback(ctx, *args, **kwargs)
     try:
         return fn(ctx, *args, **kwargs)
     except NotImplementedError as exc:
+        if reads_float:
+            raise NotImplementedError(_float_read_use(node)) from exc
         log.info("lowering of %s gave up (%s): falling back to ATen", node.target, exc)
         return extern.fallback(ctx, *args, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import sympy
 import torch
@@ -22,11 +23,19 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in LOW_PRECISION else dtype
 
 
+@dataclass(frozen=True, eq=False)
+class NumberRef(TensorRef):
+    """A float read from tensor data (``t.item()``) used as an operand: kernels load it from
+    the tensor (as a 0-d view), type promotion counts it as the Python float it is."""
+
+
 def promoted_dtype(*args: object) -> torch.dtype:
     """The dtype eager's type promotion gives ``args`` (TensorRefs, numbers, sizes)."""
     proxies = []
     for a in args:
-        if isinstance(a, TensorRef):
+        if isinstance(a, NumberRef):
+            proxies.append(1.0)
+        elif isinstance(a, TensorRef):
             proxies.append(torch.empty((1,) if a.size else (), dtype=a.dtype))
         elif isinstance(a, sympy.Expr):
             proxies.append(1)
