@@ -26,7 +26,7 @@ from kiln_cpp.vecmath import vector_function
 from kiln_cpp.vectorize import Accumulation
 from kiln_loopir.ir import Scatter
 from kiln_loopir.kernel import Kernel
-from kiln_loopir.ops import BINARY_OPS, UNARY_OPS
+from kiln_loopir.ops import BINARY_OPS, UNARY_OPS, result_dtype
 
 
 @dataclass
@@ -175,7 +175,7 @@ class CppOpsHandler:
         return self._emit(convert_expr(x, src, dtype), dtype)
 
     def where(self, cond: str, a: str, b: str) -> str:
-        dtype = ops_table.result_dtype("where", self.dtypes[a], self.dtypes[b])
+        dtype = result_dtype("where", self.dtypes[a], self.dtypes[b])
         vt = value_type(dtype)
         return self._emit(f"({cond} ? static_cast<{vt}>({a}) : static_cast<{vt}>({b}))", dtype)
 
@@ -306,8 +306,8 @@ class CppOpsHandler:
 
         def op(*args: str) -> str:
             dtypes = [self.dtypes[a] for a in args]
-            dtype = ops_table.result_dtype(name, *dtypes)
-            operand = ops_table.result_dtype("add", *dtypes)
+            dtype = result_dtype(name, *dtypes)
+            operand = result_dtype("add", *dtypes)
             fn = vector_function(name, operand) or ops_table.table(operand, arity).get(name)
             if fn is None:
                 raise CppCodegenError(f"kiln-cpp does not render {name} on {operand} yet")

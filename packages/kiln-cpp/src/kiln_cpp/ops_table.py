@@ -1,18 +1,13 @@
 """The elementwise ops as C++ expressions, keyed by op name, per kind of dtype.
 
 Each entry maps operand strings to a C++ expression; ``float`` entries serve floating
-dtypes, ``int`` entries integer dtypes and bool. The result dtype rules are in
-``result_dtype``.
+dtypes, ``int`` entries integer dtypes and bool. The result dtype rule is
+``kiln_loopir.ops.result_dtype``.
 """
 
 from __future__ import annotations
 
 import torch
-
-BOOL_RESULT = {
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    "logical_not", "isnan", "isinf", "isfinite", "signbit",
-}  # fmt: skip
 
 
 def _std(name: str):
@@ -122,12 +117,3 @@ def table(dtype: torch.dtype, arity: int) -> dict:
     if dtype == torch.bool:
         return BOOL_UNARY if arity == 1 else BOOL_BINARY
     return INT_UNARY if arity == 1 else INT_BINARY
-
-
-def result_dtype(name: str, *dtypes: torch.dtype) -> torch.dtype:
-    if name in BOOL_RESULT:
-        return torch.bool
-    out = dtypes[0]
-    for d in dtypes[1:]:
-        out = torch.promote_types(out, d)
-    return out

@@ -42,6 +42,21 @@ STRUCTURAL_OPS: tuple[str, ...] = (
     "rand", "randn", "reduction", "store",
 )  # fmt: skip
 ALL_OPS = UNARY_OPS + BINARY_OPS + STRUCTURAL_OPS
+# the operations whose result is bool whatever their operands' dtype
+BOOL_RESULT_OPS: frozenset[str] = frozenset((
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+    "logical_not", "isnan", "isinf", "isfinite", "signbit",
+))  # fmt: skip
+
+
+def result_dtype(name: str, *dtypes: torch.dtype) -> torch.dtype:
+    """The dtype of elementwise op ``name`` on operands of ``dtypes`` (promoted, or bool)."""
+    if name in BOOL_RESULT_OPS:
+        return torch.bool
+    out = dtypes[0]
+    for d in dtypes[1:]:
+        out = torch.promote_types(out, d)
+    return out
 
 
 def dtype_str(dtype: torch.dtype) -> str:

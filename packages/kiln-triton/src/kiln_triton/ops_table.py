@@ -10,11 +10,6 @@ from __future__ import annotations
 
 import torch
 
-BOOL_RESULT = {
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    "logical_not", "isnan", "isinf", "isfinite", "signbit",
-}  # fmt: skip
-
 
 def _lib(name: str):
     return lambda *xs: f"kt.libdevice.{name}({', '.join(xs)})"
@@ -139,12 +134,3 @@ def table(dtype: torch.dtype, arity: int) -> dict:
     if dtype == torch.bool:
         return BOOL_UNARY if arity == 1 else BOOL_BINARY
     return INT_UNARY if arity == 1 else INT_BINARY
-
-
-def result_dtype(name: str, *dtypes: torch.dtype) -> torch.dtype:
-    if name in BOOL_RESULT:
-        return torch.bool
-    out = dtypes[0]
-    for d in dtypes[1:]:
-        out = torch.promote_types(out, d)
-    return out

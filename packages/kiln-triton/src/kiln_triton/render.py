@@ -19,6 +19,7 @@ import sympy
 import torch
 
 from kiln_loopir.kernel import Kernel
+from kiln_loopir.ops import result_dtype
 from kiln_loopir.symbols import index_vars, py_expr, reduction_vars
 from kiln_triton import ops_table
 from kiln_triton.dtypes import LOW_PRECISION, compute_type, convert, tl_type
@@ -237,7 +238,7 @@ class KernelRenderer:
         return convert(x.name, x.dtype, dtype)
 
     def _elementwise(self, v: Value) -> str:
-        operand = ops_table.result_dtype("add", *(x.dtype for x in v.args))
+        operand = result_dtype("add", *(x.dtype for x in v.args))
         fn = ops_table.table(operand, len(v.args)).get(v.op)
         if fn is None:
             raise TritonCodegenError(f"kiln-triton does not render {v.op} on {operand} yet")

@@ -16,8 +16,7 @@ import sympy
 import torch
 
 from kiln_loopir.kernel import Kernel
-from kiln_loopir.ops import BINARY_OPS, UNARY_OPS
-from kiln_triton import ops_table
+from kiln_loopir.ops import BINARY_OPS, UNARY_OPS, result_dtype
 from kiln_triton.errors import TritonCodegenError
 
 
@@ -122,7 +121,7 @@ class RecordingHandler:
         return self._value("convert", (x,), dtype)
 
     def where(self, cond: Value, a: Value, b: Value) -> Value:
-        return self._value("where", (cond, a, b), ops_table.result_dtype("where", a.dtype, b.dtype))
+        return self._value("where", (cond, a, b), result_dtype("where", a.dtype, b.dtype))
 
     def masked(self, mask: Value, body: Callable[[], Value], other: object) -> Value:
         if self._masks:
@@ -168,7 +167,7 @@ class RecordingHandler:
             raise AttributeError(f"the ops handler has no operation {name!r}")
 
         def op(*args: Value) -> Value:
-            return self._value(name, args, ops_table.result_dtype(name, *(a.dtype for a in args)))
+            return self._value(name, args, result_dtype(name, *(a.dtype for a in args)))
 
         return op
 

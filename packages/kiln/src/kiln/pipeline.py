@@ -33,6 +33,7 @@ from kiln.cache import Entry, GraphCache, HostProgram, graph_key
 from kiln.config import Config, cache_root
 from kiln.constants import WithConstants, lift_constants
 from kiln.frames import Frame
+from kiln_loopir.compile import graph_device
 
 cache_log = logging.getLogger("kiln.cache")
 KERNEL_SUFFIX = {"cpp": ".cpp", "triton": ".py", "reference": ".py"}
@@ -71,17 +72,6 @@ class ObservedCodegen:
                 raise CodegenFailed(
                     f"{self.name} could not build the kernels: {type(exc).__name__}: {exc}"
                 ) from exc
-
-
-def _graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> torch.device:
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            return x.device
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return val.device
-    return torch.device("cpu")
 
 
 def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
@@ -127,7 +117,7 @@ class AtenCompiler:
         self.show_aten_graph(gm)  # 1
         if not self.generate:
             return gm.forward
-        device = _graph_device(gm, example_inputs)
+        device = graph_device(gm, example_inputs)
         codegen = self.pick_codegen(device)  # 2
         if codegen is None:
             return gm.forward
