@@ -185,18 +185,13 @@ MODELS = {
 def kiln_backend(stats: dict):
     """A ``torch.compile``-style backend: kiln-autograd's inference graph, kiln-loopir's
     schedule, kiln-triton's kernels."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     import kiln_autograd
     from kiln_autograd.lift import lift
     from kiln_loopir import compile_fx
     from kiln_triton import TritonCodegen
 
     def backend(gm, example_inputs):
-        # attention as matmul + softmax: kiln-loopir cannot hold the fused SDPA kernels'
-        # results as extern calls yet (eager and torch.compile keep their fused kernels)
-        with sdpa_kernel([SDPBackend.MATH]):
-            graph = kiln_autograd.trace_inference_graph(gm, example_inputs)
+        graph = kiln_autograd.trace_inference_graph(gm, example_inputs)
         state = lift(gm).state()
         compiled = compile_fx(graph.gm, [*state, *example_inputs], codegen=TritonCodegen())
         stats["kernels"] = stats.get("kernels", 0) + len(compiled.kernels)

@@ -45,3 +45,30 @@ def test_attention_on_cuda_matches_eager(check):
         ]
 
     check(attention, inputs, tolerance_scale=4.0)
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v, mask):
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask),)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", [None, "float", "bool"])
+def test_attention_graph_holds_the_fused_kernel_eager_runs(mask):
+    """Traced on fake tensors, attention keeps the fused kernel eager picks (not two
+    matmuls and a softmax), and the graph computes what eager does."""
+    import kiln_autograd
+
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    m = None
+    if mask == "float":
+        m = torch.randn(2, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+    elif mask == "bool":
+        m = torch.rand(2, 1, 128, 128, device="cuda") > 0.3
+    graph = kiln_autograd.trace_inference_graph(Attention(), [q, k, v, m])
+    targets = {str(n.target) for n in graph.gm.graph.nodes}
+    assert any(t.startswith("aten._scaled_dot_product_") for t in targets), targets
+    assert "aten.bmm.default" not in targets
+    (got,) = graph.gm(q, k, v, m)[:1]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

@@ -196,3 +196,23 @@ def test_reads_from_tensor_data_kernels_cannot_take_are_refused_clearly(fn, inpu
     gm = trace_aten(fn, inputs)
     with pytest.raises(NotImplementedError, match=match):
         lower(gm, inputs)
+
+
+def test_extern_tuple_with_numbers_runs_and_passes_them_on():
+    """Fused attention kernels return numbers beside tensors (max sequence lengths): the
+    extern call holds the tensors, and consumers of the numbers get the traced values."""
+    from kiln_loopir.testing import check_against_eager
+
+    lib = torch.library.Library("kiln_loopir_test", "FRAGMENT")
+    lib.define("scaled_rows(Tensor x) -> (Tensor, SymInt, Tensor)")
+    lib.impl("scaled_rows", lambda x: (x * 2, x.shape[0], x.sum(0)), "CompositeExplicitAutograd")
+
+    def fn(x):
+        doubled, rows, column_sums = torch.ops.kiln_loopir_test.scaled_rows(x)
+        return doubled.relu() * rows + column_sums
+
+    gm = trace_aten(fn, [torch.randn(5, 3)])
+    graph = lower(gm, [torch.randn(5, 3)])
+    extern = next(n for n in graph.nodes if isinstance(n, ExternNode))
+    assert extern.tuple_output and extern.outputs[1] is None
+    check_against_eager(fn, [torch.randn(5, 3)])

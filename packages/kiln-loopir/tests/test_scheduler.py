@@ -149,3 +149,17 @@ def test_inlining_stays_linear_in_the_graph_size():
     start = time.perf_counter()
     check_against_eager(fn, [torch.randn(3, 2)])
     assert time.perf_counter() - start < 30  # exponential re-inlining would take hours
+
+
+def test_pointwise_work_stays_out_of_a_big_full_reduction():
+    """A reduction to one point runs as one program: a big pointwise kernel merged into
+    it would run serially there, so only a producer the sum reads joins it."""
+    big = torch.randn(64, 256)  # over the serial limit
+    _, after = schedules(lambda x: (x.sum(), x * 2), [big])
+    assert len(kernels(after)) == 2
+    _, after = schedules(lambda x: x - x.sum(), [big])
+    assert len(kernels(after)) == 2
+    _, after = schedules(lambda x: (x * 2).sum(), [big])
+    assert len(kernels(after)) == 1
+    _, after = schedules(lambda x: (x.sum(), x * 2), [torch.randn(8, 8)])  # small: one kernel
+    assert len(kernels(after)) == 1

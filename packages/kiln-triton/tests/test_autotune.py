@@ -8,13 +8,20 @@ from kiln_triton import TritonCodegen, autotune
 from kiln_triton.configs import Config, candidates
 
 
-def test_winner_round_trips_through_the_disk_cache(triton_cache):
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty cache for this test, even when the session shares one."""
+    monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_winner_round_trips_through_the_disk_cache(fresh_cache):
     config = Config("kernel0_looped", (("XBLOCK", 1), ("RBLOCK", 2048)), 8, 1)
     key = autotune.cache_key("abc", {"xnumel": 4, "rnumel": 10000}, (), "H100")
     assert autotune.load_winner(key) is None
     autotune.save_winner(key, config, {"x": 1.0})
     assert autotune.load_winner(key) == config
-    assert (triton_cache / "autotune" / f"{key}.json").exists()
+    assert (fresh_cache / "autotune" / f"{key}.json").exists()
     other = autotune.cache_key("abc", {"xnumel": 8, "rnumel": 10000}, (), "H100")
     assert other != key
 
@@ -37,15 +44,15 @@ def test_winner_round_trips_through_the_disk_cache(triton_cache):
 )
 def test_a_small_set_of_candidates(meta, numels):
     configs = candidates(meta, numels)
-    assert 1 <= len(configs) <= 6
+    assert 1 <= len(configs) <= 8
     assert len(set(configs)) == len(configs)
     for c in configs:
         assert all(b & (b - 1) == 0 for _, b in c.blocks)  # powers of two
-        assert c.num_warps in (1, 2, 4, 8, 16)
+        assert c.num_warps in (1, 2, 4, 8, 16, 32)
 
 
 @pytest.mark.gpu
-def test_big_kernels_are_timed_once_then_read_from_disk():
+def test_big_kernels_are_timed_once_then_read_from_disk(fresh_cache):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     x = torch.randn(4096, 1024, device="cuda")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kiln_loopir.testing import check_against_eager
+from kiln_loopir.testing.cases import CASES
 from kiln_triton import TritonCodegen
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -26,16 +27,16 @@ def _load(path: pathlib.Path, name: str):
     return module
 
 
-OP_TABLE = _load(ROOT / "packages/kiln-loopir/tests/test_against_eager.py", "loopir_op_table")
-CASES = OP_TABLE.CASES if OP_TABLE else {}
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_loopir_op_table_on_gpu(name):
-    fn, inputs = CASES[name]
-    cuda = [x.cuda() if isinstance(x, torch.Tensor) else x for x in inputs]
+@pytest.mark.parametrize(
+    "name, dtype",
+    [(name, d) for name, case in sorted(CASES.items()) for d in case.dtypes],
+    ids=lambda v: str(v).removeprefix("torch."),
+)
+def test_loopir_op_table_on_gpu(name, dtype):
+    case = CASES[name]
+    cuda = [x.cuda() if isinstance(x, torch.Tensor) else x for x in case.inputs(dtype)]
     with torch.device("cuda"):
-        check_against_eager(fn, cuda, codegen=TritonCodegen())
+        check_against_eager(case.fn, cuda, codegen=TritonCodegen())
 
 
 MODELS = ["bert", "gpt2", "llama", "resnet50", "vit_base_patch16_224", "convnext_tiny"]

@@ -5,7 +5,7 @@ import torch
 
 from kiln_loopir.testing import compile_fn
 from kiln_triton import TritonCodegen, TritonCodegenError
-from kiln_triton.configs import PERSISTENT_MAX, candidates
+from kiln_triton.configs import PERSISTENT_MAX, WIDE_PERSISTENT_MAX, candidates
 
 
 def sources(fn, *inputs):
@@ -43,9 +43,13 @@ def test_reduction_has_persistent_and_looped_variants_chosen_by_size():
     meta = meta_of(src)
     assert "_persistent(" in src and "_looped(" in src
     small = candidates(meta, {"xnumel": 64, "rnumel": 512})
-    big = candidates(meta, {"xnumel": 64, "rnumel": PERSISTENT_MAX * 4})
+    wide = candidates(meta, {"xnumel": 64, "rnumel": PERSISTENT_MAX * 4})
+    huge = candidates(meta, {"xnumel": 64, "rnumel": WIDE_PERSISTENT_MAX * 2})
     assert all(c.variant.endswith("_persistent") for c in small)
-    assert all(c.variant.endswith("_looped") for c in big)
+    # wide rows: looped first, one row per program in registers as a candidate to time
+    assert wide[0].variant.endswith("_looped")
+    assert any(c.variant.endswith("_persistent") and dict(c.blocks)["XBLOCK"] == 1 for c in wide)
+    assert all(c.variant.endswith("_looped") for c in huge)
 
 
 def test_looped_softmax_reloads_its_input_in_each_loop():

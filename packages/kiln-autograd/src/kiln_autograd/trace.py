@@ -32,6 +32,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln_autograd.analyze import GraphMeta, OutputKind, base_of
+from kiln_autograd.attention import FusedAttention
 from kiln_autograd.decompositions import apply_replacements
 from kiln_autograd.errors import explain_unsupported
 
@@ -194,7 +195,12 @@ def _make_fx(
 ) -> torch.fx.GraphModule:
     static = fake_mode.shape_env is None or fake_mode.static_shapes
     tracing_mode = "fake" if static else "symbolic"
-    with explain_unsupported(), enable_python_dispatcher(), FunctionalTensorMode():
+    with (
+        explain_unsupported(),
+        enable_python_dispatcher(),
+        FunctionalTensorMode(),
+        FusedAttention(),
+    ):
         gm = make_fx(f, decomposition_table=decompositions, tracing_mode=tracing_mode)(*args)
     return _flatten_signature(gm)
 

@@ -8,7 +8,10 @@ Rules (checked in :func:`try_fuse`):
   space: softmax and layernorm+gelu become one kernel);
 - horizontal: independent kernels over the same space that read a common buffer merge;
 - never across a dependency through a third step (that would form a cycle), never a
-  Scatter (it writes where an index says), never across devices.
+  Scatter (it writes where an index says), never across devices;
+- never a pointwise kernel into a reduction of a big space to one point (a full sum),
+  except as a producer the reduction reads: such a kernel runs as one program (one
+  thread block, one thread), and the pointwise work would run there serially too.
 
 The score of a pair is the bytes of memory traffic the merge saves (at the example
 inputs' sizes): a buffer passed from one to the other is not read again (and, once no
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+
+import sympy
 
 from kiln_loopir.ir import LoopGraph, Scatter, TensorRef
 from kiln_loopir.kernel import Kernel, _same, inner_orders, node_level
@@ -47,6 +52,23 @@ def merged_space(a: Kernel, b: Kernel) -> tuple[list, list] | None:
 
 
 MAX_TRIES = 16
+# a reduction to one point over more elements than this runs serially in one program
+SERIAL_LIMIT = 4096
+
+
+def serializes(a: Kernel, b: Kernel, space: tuple[list, list]) -> bool:
+    """Whether fusing would move pointwise work (other than a producer the reduction
+    reads) into one program reducing a big space to a single point."""
+    ranges, rranges = space
+    if not rranges or sympy.prod(ranges) != 1:
+        return False
+    size = sympy.prod(rranges)
+    if size.is_number and int(size) <= SERIAL_LIMIT:
+        return False
+    producer_feeds_reduction = (
+        not a.reduction_ranges and b.reduction_ranges and a.writes() & b.reads()
+    )
+    return bool(not (a.reduction_ranges and b.reduction_ranges) and not producer_feeds_reduction)
 
 
 def try_fuse(a: Kernel, b: Kernel, name: str) -> Kernel | None:
@@ -56,7 +78,7 @@ def try_fuse(a: Kernel, b: Kernel, name: str) -> Kernel | None:
     if a.device != b.device:
         return None
     space = merged_space(a, b)
-    if space is None:
+    if space is None or serializes(a, b, space):
         return None
     nodes = a.nodes + b.nodes
     # Pointwise nodes of the inner level may run with their loops reordered (a reduction

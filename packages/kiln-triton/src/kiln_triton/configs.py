@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# a reduction up to this size keeps whole rows in registers (the persistent variant)
+# a reduction up to this size keeps whole rows in registers (the persistent variant);
+# rows up to WIDE_PERSISTENT_MAX may too, one row per program, if timing says so
 PERSISTENT_MAX = 4096
+WIDE_PERSISTENT_MAX = 32768
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,18 @@ def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -
         return _unique(out)
     if rfull <= PERSISTENT_MAX:
         base = max(1, min(xcap, max(1, 1024 // rfull)))
-        for xb in (base, base * 2, base * 4, max(1, base // 2)):
+        for xb in (base, base * 2, base * 4, base * 8, max(1, base // 2)):
             xb = min(xb, xcap, 64)
             for w in (_warps(xb * rfull, 2), _warps(xb * rfull, 2) * 2):
                 out.append(Config(f"{name}_persistent", (("XBLOCK", xb), ("RBLOCK", rfull)),
                                   min(w, 16)))  # fmt: skip
-        return _unique(out)[:6]
+        return _unique(out)[:8]
     for xb, rb, w in ((1, 2048, 8), (1, 4096, 16), (2, 1024, 8), (1, 1024, 4), (1, 8192, 16)):
         xb = min(xb, xcap)
         out.append(Config(f"{name}_looped", (("XBLOCK", xb), ("RBLOCK", rb)), w))
+    if rfull <= WIDE_PERSISTENT_MAX:  # a row in registers reads its input once
+        for w in (16, 32):
+            out.append(Config(f"{name}_persistent", (("XBLOCK", 1), ("RBLOCK", rfull)), w))
     return _unique(out)
 
 

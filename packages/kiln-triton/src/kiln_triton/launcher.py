@@ -19,9 +19,9 @@ from kiln_triton.configs import Config, candidates
 from kiln_triton.device import INTERPRET
 
 INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block past the end
-# launching repeated calls through the compiled kernel's own launcher (skipping Triton's
-# per-call argument specialization) is opt-in until it has run on a GPU
-DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "0") == "1"
+# repeated calls launch through the compiled kernel's own launcher, skipping Triton's
+# per-call argument specialization (KILN_TRITON_DIRECT_LAUNCH=0 goes through Triton's)
+DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") == "1"
 
 
 @dataclass

@@ -138,23 +138,26 @@ class LoweringContext:
             buf = self.new_buffer(val.dtype, val.device, size, stride)
             self.graph.nodes.append(ExternNode(target, tuple(args), dict(kwargs), [buf]))
             return buf.ref()
-        if isinstance(val, (tuple, list)) and all(
-            isinstance(v, torch.Tensor) or v is None for v in val
-        ):
+        if isinstance(val, (tuple, list)) and all(_holdable(v) for v in val):
+            # numbers among the results (attention's max sequence lengths) are known from
+            # tracing: consumers get them as values, the host program drops them
             outs: list[Buffer | None] = []
+            results: list[object] = []
             for v in val:
-                if v is None:
+                if not isinstance(v, torch.Tensor):
                     outs.append(None)
+                    results.append(to_expr(v) if isinstance(v, torch.SymInt) else v)
                     continue
                 size, stride, _ = val_layout(v)
                 outs.append(self.new_buffer(v.dtype, v.device, size, stride))
+                results.append(outs[-1].ref())
             self.graph.nodes.append(
                 ExternNode(target, tuple(args), dict(kwargs), outs, tuple_output=True)
             )
-            return tuple(b.ref() if b is not None else None for b in outs)
+            return tuple(results)
         raise NotImplementedError(
             f"{target} returns {type(val).__name__}, which the extern fallback cannot hold: "
-            "only ops returning tensors (or tuples of tensors) can run eagerly"
+            "only ops returning tensors, or tuples of tensors and numbers, can run eagerly"
         )
 
     def inlined_loader(self, ref: TensorRef, *, through_views: bool = False) -> Callable:
@@ -240,3 +243,8 @@ def _permuting_remap(ref: TensorRef, buf: Buffer) -> Callable | None:
         return [index[taken[d]] if d in taken else sympy.S.Zero for d in range(len(buf.size))]
 
     return remap
+
+
+def _holdable(v: object) -> bool:
+    """Whether an extern op's tuple result can hold ``v``: a tensor, or a number."""
+    return v is None or isinstance(v, (torch.Tensor, int, float, bool, torch.SymInt))

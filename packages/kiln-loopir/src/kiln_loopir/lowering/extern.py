@@ -22,6 +22,7 @@ EXTERN_OPS = (
     aten.convolution.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
     aten.scaled_dot_product_attention.default,
 )  # fmt: skip
 _LOGGED: set[str] = set()
