@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kiln_loopir.testing import compile_fn
 from kiln_triton import TritonCodegen, TritonCodegenError
@@ -86,3 +87,25 @@ def test_unsupported_dtype_is_named():
 
     with pytest.raises(TritonCodegenError, match="complex64"):
         tl_type(torch.complex64)
+
+
+def test_max_and_argmax_of_one_row_are_one_reduction(device):
+    """``x.max(-1)`` reduces each row once, as (value, index) pairs, and keeps eager's NaN
+    and tie rules."""
+    from kiln_loopir.testing import check_against_eager
+
+    x = torch.randn(6, 37)
+    x[1, 3] = float("nan")
+    x[2, 5] = x[2, 9] = x[2].max() + 1  # a tie: the first index wins
+    (src,) = sources(lambda a: a.max(-1), x)
+    persistent = src.split("_looped(", 1)[0]
+    assert persistent.count("tl.reduce(") == 1
+    for dtype in (torch.float32, torch.bfloat16):
+        check_against_eager(lambda a: a.max(-1), [x.to(device, dtype)], codegen=TritonCodegen())
+        check_against_eager(lambda a: a.min(-1), [x.to(device, dtype)], codegen=TritonCodegen())
+
+
+def test_a_norm_weight_stays_in_l2():
+    (src,) = sources(lambda a, w: F.layer_norm(a, (16,), w), torch.randn(4, 16), torch.randn(16))
+    weight_loads = [line for line in src.splitlines() if "tl.load(in_ptr1" in line]
+    assert weight_loads and all("evict_last" in line for line in weight_loads)

@@ -224,10 +224,11 @@ class KernelRenderer:
         need = set(have) | (self._value_groups(mask_v) if mask_v is not None else set())
         mask = self._mask(have, mask_v)
         order = [g for g in ("y", "x", "r") if g in need]
-        if mask is None:
-            line = f"tl.load({self._pointer(buffer, index, have, order)})"
-        else:
-            line = f"tl.load({self._pointer(buffer, index, have, order)}, {mask}, other=0)"
+        ptr = self._pointer(buffer, index, have, order)
+        line = f"tl.load({ptr})" if mask is None else f"tl.load({ptr}, {mask}, other=0)"
+        if self.space.tiling.kind == "reduction" and "r" in have and "x" not in have:
+            # the same row for every program (a norm's weight): keep it in L2
+            line = line[:-1] + ", eviction_policy='evict_last')"
         if v.dtype in LOW_PRECISION:
             line += ".to(tl.float32)"
         return line
@@ -268,6 +269,21 @@ class KernelRenderer:
             kind = {"sum": "any", "prod": "all", "max": "any", "min": "all"}.get(kind, kind)
         return "welford" if kind.startswith("welford") else kind
 
+    def _paired_arg_reduction(self, v: Value) -> Value | None:
+        """The argmax (argmin) over the same values as max (min) reduction ``v``: both
+        come out of one ``(value, index)`` reduction."""
+        pair = {"max": "argmax", "min": "argmin"}.get(self._reduce_kind(v))
+        if pair is None or not v.attrs["src"].is_floating_point:
+            return None
+        for other in self.rec.values:
+            if (
+                other.op == "reduction"
+                and other.args[0] is v.args[0]
+                and self._reduce_kind(other) == pair
+            ):
+                return other
+        return None
+
     def persistent_reduction(self, v: Value, done: dict) -> list[str]:
         kind, src = self._reduce_kind(v), v.attrs["src"]
         i = v.args[0].name
@@ -275,6 +291,17 @@ class KernelRenderer:
         ident = _identity(kind, src)
         masked = f"tl.where(rxmask, {i}, {ident})"
         n = v.name
+        if n in done:  # computed beside its paired max/min
+            return [f"{n} = {done.pop(n)}.to(tl.int64)"]
+        paired = self._paired_arg_reduction(v)
+        if paired is not None:
+            values = f"tl.broadcast_to({masked}, [XBLOCK, RBLOCK])"
+            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
+            done[paired.name] = f"{n}_index"
+            return [
+                f"{n}, {n}_index = tl.reduce(({values}, {idx}), 1, kt.arg{kind}_combine, "
+                "keep_dims=True)",
+            ] + self._round(v)
         if kind == "welford":
             key = f"wf_{i}"
             if key not in done:
