@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 # rows up to WIDE_PERSISTENT_MAX may too, one row per program, if timing says so
 PERSISTENT_MAX = 4096
 WIDE_PERSISTENT_MAX = 32768
+# a reduction over at least SPLIT_MIN_RNUMEL elements that fewer than SPLIT_BELOW_PROGRAMS
+# programs would run splits into chunks, for about SPLIT_PROGRAMS programs in all
+SPLIT_MIN_RNUMEL = 8192
+SPLIT_BELOW_PROGRAMS = 256
+SPLIT_PROGRAMS = 1024
 
 
 @dataclass(frozen=True)
@@ -94,10 +99,30 @@ def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -
     return _unique(out)
 
 
+def split_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -> list[Config]:
+    """Split reductions (see kiln_triton.split) for reductions too few programs would run:
+    about SPLIT_PROGRAMS programs in all, each over a chunk of the reduction."""
+    if rnumel < SPLIT_MIN_RNUMEL:
+        return []
+    out = []
+    for xb in (32, 64) if column_major else (1,):
+        xb = min(xb, next_pow2(xnumel))
+        xblocks = -(-xnumel // xb)
+        if xblocks >= SPLIT_BELOW_PROGRAMS:
+            continue
+        rb = min(max(8, 2048 // xb), next_pow2(rnumel))
+        nsplit = max(2, min(next_pow2(SPLIT_PROGRAMS // xblocks), rnumel // rb))
+        out.append(Config(f"{name}_split", (("XBLOCK", xb), ("RBLOCK", rb), ("NSPLIT", nsplit)),
+                          _warps(xb * rb, 4, 8)))  # fmt: skip
+    return out
+
+
 def candidates(meta: dict, numels: dict[str, int]) -> list[Config]:
     kind, name = meta["kind"], meta["name"]
     if kind == "pointwise":
         return pointwise_configs(name, numels["xnumel"])
     if kind == "tiled":
         return tiled_configs(name, numels["ynumel"], numels["xnumel"])
-    return reduction_configs(name, numels["xnumel"], numels["rnumel"], meta["column_major"])
+    xnumel, rnumel, column = numels["xnumel"], numels["rnumel"], meta["column_major"]
+    split = split_configs(name, xnumel, rnumel, column) if meta.get("split_parts") else []
+    return split + reduction_configs(name, xnumel, rnumel, column)

@@ -15,13 +15,27 @@ from dataclasses import dataclass
 import torch
 
 from kiln_triton import autotune
-from kiln_triton.configs import Config, candidates
+from kiln_triton.configs import Config, candidates, next_pow2
 from kiln_triton.device import INTERPRET
 
 INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block past the end
 # repeated calls launch through the compiled kernel's own launcher, skipping Triton's
 # per-call argument specialization (KILN_TRITON_DIRECT_LAUNCH=0 goes through Triton's)
 DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") == "1"
+
+
+@dataclass
+class SplitLaunch:
+    """The second launch of a split reduction and its workspace (see
+    :mod:`kiln_triton.split`); the workspace is kept for later calls at the same sizes."""
+
+    finish: object
+    grid: tuple[int, ...]
+    kwargs: dict
+    rsplit: int
+    nsplit: int
+    workspace_size: int
+    workspace: torch.Tensor | None = None
 
 
 @dataclass
@@ -36,6 +50,19 @@ class Launch:
     # 16-byte aligned, as they were when it was compiled)
     runner: object = None
     tail: tuple = ()
+    split: SplitLaunch | None = None
+
+    def call(self, args: tuple) -> None:
+        """Launch through Triton's launcher (both launches of a split reduction)."""
+        s = self.split
+        if s is None:
+            self.fn[self.grid](*args, *self.numels, **self.kwargs)
+            return
+        device = args[0].device  # type: ignore[attr-defined]
+        if s.workspace is None or s.workspace.device != device:
+            s.workspace = torch.empty(s.workspace_size, dtype=torch.float32, device=device)
+        self.fn[self.grid](*args, *self.numels, s.workspace, s.rsplit, **self.kwargs)
+        s.finish[s.grid](*args, *self.numels, s.workspace, s.nsplit, **s.kwargs)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -43,6 +70,10 @@ def _span(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
     return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def direct_runner(kernel, grid: tuple[int, int, int]):
@@ -96,8 +127,8 @@ class TritonKernel:
         if launch.runner is not None and not any(a.data_ptr() & 15 for a in args[: self._nargs]):
             launch.runner(*args, *launch.tail)
             return
-        launch.fn[launch.grid](*args, *launch.numels, **launch.kwargs)
-        if launch.runner is None and DIRECT_LAUNCH and not INTERPRET:
+        launch.call(args)
+        if launch.runner is None and launch.split is None and DIRECT_LAUNCH and not INTERPRET:
             self._direct(launch, args)
 
     def _direct(self, launch: Launch, args: tuple) -> None:
@@ -153,6 +184,7 @@ class TritonKernel:
 
     def _launch(self, config: Config, numels: dict[str, int], index64: bool) -> Launch:
         blocks = dict(config.blocks)
+        nsplit = blocks.pop("NSPLIT", 0)
         if self.meta["kind"] == "tiled":
             grid = (
                 -(-numels["ynumel"] // blocks["YBLOCK"]) * -(-numels["xnumel"] // blocks["XBLOCK"]),
@@ -163,7 +195,29 @@ class TritonKernel:
         if not INTERPRET:
             kwargs.update(num_warps=config.num_warps, num_stages=config.num_stages)
         fn = getattr(self.module, config.variant)
-        return Launch(fn, grid, tuple(numels.values()), kwargs, config)
+        launch = Launch(fn, grid, tuple(numels.values()), kwargs, config)
+        if nsplit:
+            launch.split = self._split(launch, blocks, numels, nsplit, index64)
+        return launch
+
+    def _split(self, launch: Launch, blocks: dict, numels: dict, nsplit: int, index64: bool):
+        """Chunks of the reduction a whole number of ``RBLOCK`` long, ``nsplit`` of them at
+        most, and the finishing launch over the output blocks."""
+        rnumel, rblock = numels["rnumel"], blocks["RBLOCK"]
+        rsplit = _cdiv(_cdiv(rnumel, nsplit), rblock) * rblock
+        nsplit = _cdiv(rnumel, rsplit)
+        xblocks = launch.grid[0]
+        launch.grid = (xblocks * nsplit,)
+        kwargs = {
+            "XBLOCK": blocks["XBLOCK"],
+            "SPLIT_BLOCK": next_pow2(nsplit),
+            "INDEX64": index64,
+        }
+        if not INTERPRET:
+            kwargs["num_warps"] = 4
+        finish = getattr(self.module, f"{self.meta['name']}_split_finish")
+        size = self.meta["split_parts"] * nsplit * numels["xnumel"]
+        return SplitLaunch(finish, (xblocks,), kwargs, rsplit, nsplit, size)
 
     def warmup(self, config: Config, numels: dict[str, int]) -> None:
         """Compile ``config`` for these (static) sizes without launching it."""
@@ -186,7 +240,7 @@ class TritonKernel:
 
         def launch_with(config: Config):
             launch = self._launch(config, numels, index64)
-            return lambda: launch.fn[launch.grid](*scratch, *sizes, *launch.numels, **launch.kwargs)
+            return lambda: launch.call((*scratch, *sizes))
 
         best, timings = autotune.pick(configs, launch_with)
         self.configs_timed += len(timings)

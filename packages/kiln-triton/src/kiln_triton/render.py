@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
@@ -25,6 +26,7 @@ from kiln_triton import ops_table
 from kiln_triton.dtypes import LOW_PRECISION, compute_type, convert, tl_type
 from kiln_triton.errors import TritonCodegenError
 from kiln_triton.printer import texpr
+from kiln_triton.split import finish_function, split_function, split_parts
 from kiln_triton.tiling import Tiling, choose_tiling, column_major, merge_dims
 from kiln_triton.values import RecordingHandler, Store, Value, record
 
@@ -61,6 +63,17 @@ def _identity(kind: str, dtype: torch.dtype) -> str:
         return "1" if big else "0"
     info = torch.iinfo(dtype)
     return str(info.max if big else info.min)
+
+
+@dataclass
+class LoopPlan:
+    """The looped variant's layout: see :meth:`KernelRenderer.loop_plan`."""
+
+    position: dict[str, int]
+    store_pos: list[int]
+    loop: dict[str, int]
+    need: Callable[[Value], int]
+    nloops: int
 
 
 @dataclass
@@ -498,16 +511,38 @@ class KernelRenderer:
             return [f"{v.name} = {i} * 0"]
         return [f"{v.name} = {i}"]
 
-    def _reduction_head(self, suffix: str) -> list[str]:
+    def _reduction_head(
+        self, suffix: str, *, split: bool = False, finish: bool = False
+    ) -> tuple[list[str], list[str]]:
+        """The signature and first lines of a reduction variant. ``split``: programs
+        ``split * xblocks + pid`` each reduce chunk ``split`` of the reduction for output
+        block ``pid``; ``finish``: one program per output block, no reduction loop (see
+        :mod:`kiln_triton.split`)."""
         t = self.space.tiling
-        head = [self._signature(f"{KERNEL}_{suffix}", ["xnumel", "rnumel"], ["XBLOCK", "RBLOCK"])]
-        body = self._pid_lines() + [
+        numels, blocks = ["xnumel", "rnumel"], ["XBLOCK", "RBLOCK"]
+        if split:
+            numels += ["ws_ptr", "rsplit"]
+        if finish:
+            numels, blocks = numels + ["ws_ptr", "nsplit"], ["XBLOCK", "SPLIT_BLOCK"]
+        head = [self._signature(f"{KERNEL}_{suffix}", numels, blocks)]
+        body = self._pid_lines()
+        if split:
+            body += [
+                "xblocks = tl.cdiv(xnumel, XBLOCK)",
+                "split = pid // xblocks",
+                "nsplit = tl.num_programs(0) // xblocks",
+                "pid = pid % xblocks",
+            ]
+        body += [
             "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
             "xmask = xindex < xnumel",
-            "rbase = tl.arange(0, RBLOCK)[None, :]",
-            "if INDEX64:",
-            "    rbase = rbase.to(tl.int64)",
         ]
+        if not finish:
+            body += [
+                "rbase = tl.arange(0, RBLOCK)[None, :]",
+                "if INDEX64:",
+                "    rbase = rbase.to(tl.int64)",
+            ]
         body += self._var_defs("xindex", t.ranges, self.space.xvars)
         return head, body
 
@@ -523,8 +558,9 @@ class KernelRenderer:
         body += self._straight_body(self.persistent_reduction)
         return head + ["    " + line for line in body]
 
-    def looped_function(self) -> list[str]:
-        head, body = self._reduction_head("looped")
+    def loop_plan(self) -> LoopPlan:
+        """Where each value and store of the looped variant goes: loop ``k`` (odd position
+        ``2k-1``) or the segment after it (even position ``2k``)."""
         values, stores = self.rec.values, self.rec.stores
         loop: dict[str, int] = {}  # inner value -> the loop it is first computable in
         after: dict[str, int] = {}  # outer value -> the loops it waits for
@@ -560,25 +596,39 @@ class KernelRenderer:
             store_pos.append(pos)
         nloops = max([0] + [(p + 1) // 2 for p in store_pos if p % 2] +
                      [after[v.name] for v in values if v.op == "reduction"])  # fmt: skip
+        return LoopPlan(position, store_pos, loop, need, nloops)
+
+    def segment(self, plan: LoopPlan, k: int, finals: dict[str, list[str]]) -> list[str]:
+        """The outer values and stores that wait for loop ``k`` (0: before the first)."""
+        values, stores = self.rec.values, self.rec.stores
+        items = [
+            (i, v) for i, v in enumerate(values) if not v.inner and plan.position[v.name] == 2 * k
+        ]
+        pairs = zip(stores, plan.store_pos, strict=True)
+        items += [(s.after - 0.5, s) for s, p in pairs if p == 2 * k]
+        lines: list[str] = []
+        for _, item in sorted(items, key=lambda it: it[0]):
+            if isinstance(item, Store):
+                lines += self.store_lines(item)
+            elif item.op == "reduction":
+                lines += finals.pop(item.name)
+            else:
+                lines += self.value_lines(item)
+        return lines
+
+    def looped_function(self) -> list[str]:
+        head, body = self._reduction_head("looped")
+        plan = self.loop_plan()
+        values, stores = self.rec.values, self.rec.stores
         done: dict = {}
         finals: dict[str, list[str]] = {}
-        for k in range(nloops + 1):
-            # segment k: outer values and stores that wait for loop k
-            items = [
-                (i, v) for i, v in enumerate(values) if not v.inner and position[v.name] == 2 * k
-            ]
-            pairs = zip(stores, store_pos, strict=True)
-            items += [(s.after - 0.5, s) for s, p in pairs if p == 2 * k]
-            for _, item in sorted(items, key=lambda it: it[0]):
-                if isinstance(item, Store):
-                    body += self.store_lines(item)
-                elif item.op == "reduction":
-                    body += finals.pop(item.name)
-                else:
-                    body += self.value_lines(item)
-            if k == nloops:
+        for k in range(plan.nloops + 1):
+            body += self.segment(plan, k, finals)
+            if k == plan.nloops:
                 break
-            body += self._loop(k + 1, values, stores, store_pos, loop, need, done, finals)
+            body += self._loop(
+                k + 1, values, stores, plan.store_pos, plan.loop, plan.need, done, finals
+            )
         return head + ["    " + line for line in body]
 
     def _loop(self, k, values, stores, store_pos, loop, need, done, finals) -> list[str]:
@@ -629,6 +679,7 @@ class KernelRenderer:
         return {
             "name": KERNEL,
             "kind": t.kind,
+            "split_parts": len(split_parts(self)) if t.kind == "reduction" else 0,
             "args": list(self.kernel.args),
             "sizes": [str(s) for s in self.kernel.size_args],
             "stored": [a for a in self.kernel.args if a in stored],
@@ -641,6 +692,10 @@ class KernelRenderer:
         out = [f"# {self.kernel.header()}", HEADER]
         if self.space.tiling.kind == "reduction":
             out += self.persistent_function() + ["", ""] + self.looped_function()
+            parts = split_parts(self)
+            if parts:
+                out += ["", ""] + split_function(self, parts)
+                out += ["", ""] + finish_function(self, parts)
         else:
             out += self.pointwise_function()
         out += ["", "", f"META = {self.meta()!r}"]
