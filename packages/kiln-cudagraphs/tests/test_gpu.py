@@ -69,8 +69,9 @@ def test_replays_equal_eager_on_fresh_inputs_and_kept_results_stay():
 def test_parameter_is_read_in_place():
     x, w, b = cuda_inputs()
     wrapped = kiln_cudagraphs.wrap(compiled_graph(block, [x, w, b]), [x, w, b])
-    for _ in range(3):
-        wrapped(torch.randn_like(x), w, b)
+    xs = [torch.randn_like(x) for _ in range(3)]  # kept: each at an address of its own
+    for xi in xs:
+        wrapped(xi, w, b)
     graph = the_graph(wrapped)
     assert set(graph.in_place) == {1, 2} and graph.copied == {0}
     with torch.no_grad():
@@ -85,8 +86,8 @@ def test_parameter_is_read_in_place():
 def test_each_shape_has_its_graph():
     wrapped = kiln_cudagraphs.wrap(block, [])
     _, w, b = cuda_inputs()
-    for rows in (4, 8, 4, 8, 4, 8, 8):
-        x = torch.randn(rows, 32, device="cuda")
+    xs = [torch.randn(rows, 32, device="cuda") for rows in (4, 8, 4, 8, 4, 8, 8)]
+    for x in xs:
         torch.testing.assert_close(wrapped(x, w, b)[0], block(x, w, b)[0], **TOL)
     s = kiln_cudagraphs.stats(wrapped)
     assert wrapped.num_graphs == 2 and s.captures == 2 and s.replays == 3
@@ -106,8 +107,7 @@ def test_cpu_sync_falls_back_and_later_graphs_still_record(caplog):
     assert "capture failed" in caplog.text
     x, w, b = cuda_inputs()  # a failed capture leaves CUDA able to record the next graph
     other = kiln_cudagraphs.wrap(block, [])
-    for _ in range(3):
-        xi = torch.randn_like(x)
+    for xi in [torch.randn_like(x) for _ in range(3)]:
         torch.testing.assert_close(other(xi, w, b)[0], block(xi, w, b)[0], **TOL)
     assert kiln_cudagraphs.stats(other).replays == 1
 
@@ -185,9 +185,9 @@ def test_kiln_compile_reduce_overhead_inference(kiln_with_plugins):
     model = mlp().eval()
     compiled = kiln.compile(model, mode="reduce-overhead", options={"cache": False})
     before = kiln_cudagraphs.stats()
+    xs = [torch.randn(16, 32, device="cuda") for _ in range(5)]
     with torch.no_grad():
-        for _ in range(5):
-            x = torch.randn(16, 32, device="cuda")
+        for x in xs:
             torch.testing.assert_close(compiled(x), model(x), **TOL)
     after = kiln_cudagraphs.stats()
     assert after.captures - before.captures >= 1, after
@@ -200,8 +200,7 @@ def test_kiln_compile_reduce_overhead_training(kiln_with_plugins):
     reference = copy.deepcopy(model)
     compiled = kiln.compile(model, mode="reduce-overhead", options={"cache": False})
     before = kiln_cudagraphs.stats()
-    for _ in range(4):
-        x = torch.randn(16, 32, device="cuda")
+    for x in [torch.randn(16, 32, device="cuda") for _ in range(4)]:
         compiled(x).square().mean().backward()
         reference(x).square().mean().backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):

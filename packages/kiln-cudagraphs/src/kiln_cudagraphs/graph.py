@@ -27,9 +27,9 @@ class CaptureRefused(Exception):
 
 
 class CudaGraphRecorder:
-    """Captures on a side stream of the inputs' device, as ``torch.cuda.graph`` documents,
-    into one memory pool shared by every graph it records (they never run concurrently:
-    each replay's outputs are copied out before the next call)."""
+    """Runs ``fn`` once on a side stream of the inputs' device, then captures it there, as
+    ``torch.cuda.graph`` documents, into one memory pool shared by every graph it records
+    (safe: each replay's outputs are copied out before the next replay)."""
 
     def __init__(self) -> None:
         self.pool: tuple[int, int] | None = None
@@ -44,8 +44,15 @@ class CudaGraphRecorder:
                 self.pool = torch.cuda.graph_pool_handle()
             if index not in self.streams:
                 self.streams[index] = torch.cuda.Stream()
+            stream = self.streams[index]
+            # one run on the capture stream first, as torch.cuda.graph's documentation
+            # does: library workspaces for this stream are made outside the capture
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn()
+            torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.streams[index]):
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 outputs = fn()
 
         def replay() -> None:  # on the caller's current stream of the graph's device
