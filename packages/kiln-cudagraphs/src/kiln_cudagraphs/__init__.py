@@ -1,13 +1,58 @@
-"""CUDA-graph runtime.
+"""CUDA-graph runtime: ``kiln.compile(..., mode="reduce-overhead")`` replays compiled graphs.
 
-kiln-cudagraphs captures a compiled host program once per input shape into a CUDA graph
-with static input and output buffers in shared memory pools, then replays it. It
-registers itself in the ``kiln.runtime`` entry-point group under the name
-``cudagraphs``.
+kiln-cudagraphs registers this module in the ``kiln.runtime`` entry-point group as
+``cudagraphs``: ``device_types`` names the devices it serves and ``wrap(compiled,
+example_inputs)`` returns a callable that runs ``compiled`` (``compiled(*inputs)`` returns
+a flat tuple or list) through one CUDA graph per input key. Each key is warmed up eagerly,
+recorded on a side stream into a memory pool shared by the wrapper's graphs, checked once
+against eager, then replayed; outputs come back as fresh tensors. Where a graph would be
+wrong (inputs off the GPU, inputs requiring grad under grad mode, random seeds drawn on
+the host, a capture that fails or differs from eager, too many keys) the call runs
+``compiled`` itself and the ``kiln.cudagraphs`` logger says why, once.
 
-This release holds the package's metadata only: the runtime arrives in 0.1.
+``stats(wrapped)`` reports what a wrapper did; ``stats()`` totals the process.
 """
 
-from kiln_cudagraphs.__about__ import __version__
+from __future__ import annotations
 
-__all__ = ["__version__"]
+from collections.abc import Callable, Sequence
+
+from kiln_cudagraphs.__about__ import __version__
+from kiln_cudagraphs.runner import MAX_GRAPHS, CudaGraphRunner
+from kiln_cudagraphs.stats import PROCESS_TOTALS, CudaGraphStats
+
+__all__ = [
+    "MAX_GRAPHS",
+    "CudaGraphRunner",
+    "CudaGraphStats",
+    "__version__",
+    "device_types",
+    "stats",
+    "wrap",
+]
+
+device_types = ("cuda",)
+
+
+def wrap(
+    compiled: Callable, example_inputs: Sequence[object], *, max_graphs: int = MAX_GRAPHS
+) -> CudaGraphRunner:
+    """``compiled`` replayed through CUDA graphs: the ``kiln.runtime`` contract.
+
+    ``example_inputs`` are accepted as the contract gives them; graphs are recorded from
+    the real inputs of the calls. At most ``max_graphs`` input keys get a graph.
+    """
+    return CudaGraphRunner(compiled, max_graphs=max_graphs)
+
+
+def stats(wrapped: CudaGraphRunner | None = None) -> CudaGraphStats:
+    """A copy of the counters of ``wrapped`` (a callable ``wrap`` returned), or of every
+    wrapper of this process when it is None."""
+    if wrapped is None:
+        return PROCESS_TOTALS.snapshot()
+    if not isinstance(wrapped, CudaGraphRunner):
+        raise TypeError(
+            f"stats() takes a callable returned by kiln_cudagraphs.wrap, not "
+            f"{type(wrapped).__name__}; call stats() without an argument for the totals"
+        )
+    return wrapped.stats.snapshot()

@@ -1,0 +1,138 @@
+"""Recording one CUDA graph of a compiled callable, and replaying it.
+
+A recorder turns ``fn`` (no arguments: it calls the compiled callable on the static
+inputs) into ``(replay, static_outputs)``. :class:`CudaGraphRecorder` captures into a
+``torch.cuda.CUDAGraph`` on a side stream, with one memory pool for all the graphs of one
+wrapper; the runner takes any other recorder with the same signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
+
+import torch
+
+from kiln_cudagraphs.outputs import OutputPlan
+
+
+class Recorder(Protocol):
+    def __call__(
+        self, fn: Callable[[], Sequence[object]], device: torch.device
+    ) -> tuple[Callable[[], None], Sequence[object]]: ...
+
+
+class CaptureRefused(Exception):
+    """The inputs cannot be given to a graph (the message says why)."""
+
+
+class CudaGraphRecorder:
+    """Runs ``fn`` once on a side stream of the inputs' device, then captures it there, as
+    ``torch.cuda.graph`` documents, into one memory pool shared by every graph it records
+    (safe: each replay's outputs are copied out before the next replay)."""
+
+    def __init__(self) -> None:
+        self.pool: tuple[int, int] | None = None
+        self.streams: dict[int, torch.cuda.Stream] = {}
+
+    def __call__(
+        self, fn: Callable[[], Sequence[object]], device: torch.device
+    ) -> tuple[Callable[[], None], Sequence[object]]:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with torch.cuda.device(index):
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            if index not in self.streams:
+                self.streams[index] = torch.cuda.Stream()
+            stream = self.streams[index]
+            # one run on the capture stream first, as torch.cuda.graph's documentation
+            # does: library workspaces for this stream are made outside the capture
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                outputs = fn()
+
+        def replay() -> None:  # on the caller's current stream of the graph's device
+            if torch.cuda.current_device() == index:
+                graph.replay()
+            else:
+                with torch.cuda.device(index):
+                    graph.replay()
+
+        return replay, outputs
+
+
+class RecordedGraph:
+    """One recorded graph: the buffers its copied inputs go to, the data pointers of the
+    inputs it reads in place, and how its outputs are handed out."""
+
+    def __init__(
+        self,
+        replay: Callable[[], None],
+        buffers: dict[int, torch.Tensor],
+        in_place: dict[int, int],
+        outputs: OutputPlan,
+    ) -> None:
+        self.replay = replay
+        self.buffers = buffers
+        self.in_place = in_place
+        self.outputs = outputs
+
+    @property
+    def copied(self) -> frozenset[int]:
+        return frozenset(self.buffers)
+
+    def moved_inputs(self, inputs: Sequence[object]) -> list[int]:
+        """The in-place inputs whose memory is not where the graph reads it."""
+        return [i for i, ptr in self.in_place.items() if inputs[i].data_ptr() != ptr]
+
+    def __call__(self, inputs: Sequence[object]) -> tuple | list:
+        for i, buffer in self.buffers.items():
+            buffer.copy_(inputs[i])
+        self.replay()
+        return self.outputs.fresh(inputs)
+
+
+def record(
+    compiled: Callable,
+    inputs: Sequence[object],
+    copied: Collection[int],
+    recorder: Recorder,
+    device: torch.device,
+) -> RecordedGraph:
+    """Record ``compiled`` on ``inputs``: the ``copied`` tensor inputs go through static
+    buffers, the other tensor inputs are read in place."""
+    static = list(inputs)
+    buffers = {}
+    for i in sorted(copied):
+        static[i] = buffers[i] = _static_buffer(i, inputs[i])
+    in_place = {
+        i: x.data_ptr()
+        for i, x in enumerate(inputs)
+        if isinstance(x, torch.Tensor) and i not in buffers
+    }
+    replay, static_outputs = recorder(lambda: compiled(*static), device)
+    return RecordedGraph(replay, buffers, in_place, OutputPlan(static_outputs, static))
+
+
+def _static_buffer(index: int, x: torch.Tensor) -> torch.Tensor:
+    if not non_overlapping(x):
+        raise CaptureRefused(
+            f"input {index} has elements that share memory (an expanded tensor) and changes "
+            "between calls: no static buffer can hold it"
+        )
+    buffer = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return buffer.copy_(x)
+
+
+def non_overlapping(x: torch.Tensor) -> bool:
+    """No two elements of ``x`` share memory (what a copy into a buffer of its layout needs)."""
+    extent = 1  # elements spanned by the dimensions of smaller stride
+    for stride, size in sorted((s, n) for n, s in zip(x.shape, x.stride(), strict=True) if n > 1):
+        if stride < extent:
+            return False
+        extent = stride * (size - 1) + extent
+    return True

@@ -1,0 +1,163 @@
+"""Fresh outputs after each replay.
+
+A graph writes its outputs into the same memory at every replay, so the caller gets
+copies: the bytes each group of outputs sharing one block of graph memory spans are copied
+once, and the outputs are rebuilt on the copy with their size, stride and offset (outputs
+that were views of one another still are). An output that is an input, or a view of one,
+is rebuilt on the caller's input of this call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+_ALIGN = 16  # bytes: copies start on this boundary, as the graph's memory did
+
+
+class UnsupportedOutput(Exception):
+    """An output the replay could not hand out as the eager run does."""
+
+
+@dataclass(frozen=True)
+class InputAlias:
+    """The output is input ``index`` itself, or a view of it ``delta`` elements further."""
+
+    index: int
+    same: bool
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    delta: int
+
+
+@dataclass(frozen=True)
+class GraphMemory:
+    """The output lives in graph memory: in the copy of ``group``, at ``offset``."""
+
+    group: int
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class NoElements:
+    """A tensor output with no elements: nothing to copy, a new empty tensor each call."""
+
+    dtype: torch.dtype
+    device: torch.device
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A non-tensor output: returned as the capture returned it."""
+
+    value: object
+
+
+Placement = InputAlias | GraphMemory | NoElements | Constant
+
+
+class OutputPlan:
+    """How to hand out a recorded graph's outputs: worked out once, at capture."""
+
+    def __init__(self, static_outputs: Sequence[object], static_inputs: Sequence[object]):
+        self.container = tuple if isinstance(static_outputs, tuple) else list
+        input_of = {  # storage -> the first input in it
+            _storage(x): i for i, x in reversed(list(enumerate(static_inputs))) if _has_elements(x)
+        }
+        in_graph_memory = [
+            i for i, out in enumerate(static_outputs)
+            if _has_elements(out) and _storage(out) not in input_of
+        ]  # fmt: skip
+        self.spans, where = _spans(static_outputs, in_graph_memory)
+        self.placements: list[Placement] = []
+        for i, out in enumerate(static_outputs):
+            if not isinstance(out, torch.Tensor):
+                placement = Constant(out)
+            elif out.numel() == 0:
+                placement = NoElements(out.dtype, out.device, tuple(out.shape), out.stride())
+            elif i in where:
+                group, start = where[i]
+                offset = (_byte_offset(out) - start) // out.element_size()
+                placement = GraphMemory(group, out.dtype, tuple(out.shape), out.stride(), offset)
+            else:
+                index = input_of[_storage(out)]
+                placement = _input_alias(i, out, index, static_inputs[index])
+            self.placements.append(placement)
+
+    def fresh(self, inputs: Sequence[object]) -> tuple | list:
+        """The outputs of the replay that just ran, in memory of their own."""
+        copies = [span.clone() for span in self.spans]
+        return self.container(_place(p, copies, inputs) for p in self.placements)
+
+
+def _spans(
+    outputs: Sequence[object], members: Sequence[int]
+) -> tuple[list[torch.Tensor], dict[int, tuple[int, int]]]:
+    """One byte span per storage the ``members`` outputs share, and for each output its
+    span's index and start byte."""
+    groups: dict[int, list[int]] = {}
+    for i in members:
+        groups.setdefault(_storage(outputs[i]), []).append(i)
+    spans, where = [], {}
+    for group in groups.values():
+        span, start = _byte_span([outputs[i] for i in group])
+        where.update({i: (len(spans), start) for i in group})
+        spans.append(span)
+    return spans, where
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _has_elements(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.numel() > 0
+
+
+def _byte_offset(t: torch.Tensor) -> int:
+    return t.storage_offset() * t.element_size()
+
+
+def _byte_end(t: torch.Tensor) -> int:
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return (t.storage_offset() + last + 1) * t.element_size()
+
+
+def _byte_span(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """A uint8 view of the bytes ``tensors`` (sharing one storage) cover, and its start."""
+    start = min(_byte_offset(t) for t in tensors) // _ALIGN * _ALIGN
+    end = max(_byte_end(t) for t in tensors)
+    storage = tensors[0].untyped_storage()
+    span = torch.empty(0, dtype=torch.uint8, device=tensors[0].device)
+    span.set_(storage, start, (end - start,), (1,))
+    return span, start
+
+
+def _input_alias(i: int, out: torch.Tensor, index: int, source: torch.Tensor) -> InputAlias:
+    if out.dtype != source.dtype:
+        raise UnsupportedOutput(
+            f"output {i} is a {out.dtype} view of input {index} ({source.dtype})"
+        )
+    delta = out.storage_offset() - source.storage_offset()
+    return InputAlias(index, out is source, tuple(out.shape), out.stride(), delta)
+
+
+def _place(p: Placement, copies: list[torch.Tensor], inputs: Sequence[object]) -> object:
+    if isinstance(p, GraphMemory):
+        out = torch.empty(0, dtype=p.dtype, device=copies[p.group].device)
+        return out.set_(copies[p.group].untyped_storage(), p.offset, p.size, p.stride)
+    if isinstance(p, InputAlias):
+        source = inputs[p.index]
+        if p.same:
+            return source
+        return source.as_strided(p.size, p.stride, source.storage_offset() + p.delta)
+    if isinstance(p, NoElements):
+        return torch.empty_strided(p.size, p.stride, dtype=p.dtype, device=p.device)
+    return p.value

@@ -1,0 +1,209 @@
+"""On a CUDA device: graphs recorded and replayed against eager (run through the GPU entry
+point, integration/gpu.py).
+
+Graphs come from kiln-loopir with Triton kernels where those packages are installed (they
+are not kiln-cudagraphs' dependencies: imported with importorskip), else from plain torch
+functions; the wrapper treats both alike.
+"""
+
+import copy
+import importlib
+import logging
+from importlib import metadata
+
+import pytest
+import torch
+
+import kiln_cudagraphs
+from kiln_cudagraphs import CudaGraphRunner
+from kiln_cudagraphs.graph import RecordedGraph
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def block(x, w, b):
+    h = torch.nn.functional.gelu(x @ w + b)
+    return (h * torch.sigmoid(h), h.sum(dim=-1))
+
+
+def compiled_graph(fn, inputs):
+    """``fn`` compiled by kiln-loopir with Triton kernels, or ``fn`` itself without them."""
+    try:
+        testing = importlib.import_module("kiln_loopir.testing")
+        triton_codegen = importlib.import_module("kiln_triton").TritonCodegen()
+    except ImportError:
+        return fn
+    return testing.compile_fn(fn, inputs, codegen=triton_codegen)
+
+
+def cuda_inputs(rows=16, features=32):
+    x = torch.randn(rows, features, device="cuda")
+    w = torch.randn(features, features, device="cuda") / features**0.5
+    b = torch.randn(features, device="cuda")
+    return x, w, b
+
+
+def the_graph(runner: CudaGraphRunner) -> RecordedGraph:
+    (graph,) = [e for e in runner.entries.values() if isinstance(e, RecordedGraph)]
+    return graph
+
+
+def test_replays_equal_eager_on_fresh_inputs_and_kept_results_stay():
+    x, w, b = cuda_inputs()
+    wrapped = kiln_cudagraphs.wrap(compiled_graph(block, [x, w, b]), [x, w, b])
+    xs = [torch.randn_like(x) for _ in range(5)]
+    kept = [wrapped(xi, w, b) for xi in xs]  # all kept: later replays must not touch them
+    for xi, (out, rowsum) in zip(xs, kept, strict=True):
+        expected, expected_rowsum = block(xi, w, b)
+        torch.testing.assert_close(out, expected, **TOL)
+        torch.testing.assert_close(rowsum, expected_rowsum, **TOL)
+    s = kiln_cudagraphs.stats(wrapped)
+    assert (s.warmups, s.captures, s.replays, s.eager_calls) == (1, 1, 3, 0), s
+    assert not torch.equal(kept[3][0], kept[4][0])  # different inputs, different results
+
+
+def test_parameter_is_read_in_place():
+    x, w, b = cuda_inputs()
+    wrapped = kiln_cudagraphs.wrap(compiled_graph(block, [x, w, b]), [x, w, b])
+    xs = [torch.randn_like(x) for _ in range(3)]  # kept: each at an address of its own
+    for xi in xs:
+        wrapped(xi, w, b)
+    graph = the_graph(wrapped)
+    assert set(graph.in_place) == {1, 2} and graph.copied == {0}
+    with torch.no_grad():
+        w.mul_(-0.5)  # an optimizer step: same memory, new values
+    xi = torch.randn_like(x)
+    torch.testing.assert_close(wrapped(xi, w, b)[0], block(xi, w, b)[0], **TOL)
+    w2 = torch.randn_like(w)  # a parameter replaced: recorded again, with it copied
+    torch.testing.assert_close(wrapped(xi, w2, b)[0], block(xi, w2, b)[0], **TOL)
+    assert the_graph(wrapped).copied == {0, 1}
+
+
+def test_each_shape_has_its_graph():
+    wrapped = kiln_cudagraphs.wrap(block, [])
+    _, w, b = cuda_inputs()
+    xs = [torch.randn(rows, 32, device="cuda") for rows in (4, 8, 4, 8, 4, 8, 8)]
+    for x in xs:
+        torch.testing.assert_close(wrapped(x, w, b)[0], block(x, w, b)[0], **TOL)
+    s = kiln_cudagraphs.stats(wrapped)
+    assert wrapped.num_graphs == 2 and s.captures == 2 and s.replays == 3
+
+
+def test_cpu_sync_falls_back_and_later_graphs_still_record(caplog):
+    def normalised(x):
+        return (x / x.abs().max().item(),)  # .item() waits for the GPU: not capturable
+
+    wrapped = kiln_cudagraphs.wrap(normalised, [])
+    with caplog.at_level(logging.WARNING, "kiln.cudagraphs"):
+        for _ in range(4):
+            x = torch.randn(64, device="cuda")
+            torch.testing.assert_close(wrapped(x)[0], normalised(x)[0])
+    s = kiln_cudagraphs.stats(wrapped)
+    assert s.captures == 0 and s.failed_captures == 1 and s.eager_calls == 2
+    assert "capture failed" in caplog.text
+    x, w, b = cuda_inputs()  # a failed capture leaves CUDA able to record the next graph
+    other = kiln_cudagraphs.wrap(block, [])
+    for xi in [torch.randn_like(x) for _ in range(3)]:
+        torch.testing.assert_close(other(xi, w, b)[0], block(xi, w, b)[0], **TOL)
+    assert kiln_cudagraphs.stats(other).replays == 1
+
+
+def test_host_random_numbers_fall_back():
+    def noisy(x):  # drawn on the host, copied to the GPU: a graph would freeze them
+        return (x + torch.randn(x.shape).to(x.device),)
+
+    wrapped = kiln_cudagraphs.wrap(noisy, [])
+    x = torch.randn(256, device="cuda")
+    outs = [wrapped(x)[0] for _ in range(5)]
+    assert kiln_cudagraphs.stats(wrapped).captures == 0
+    assert not torch.equal(outs[3], outs[4])
+
+
+def test_kiln_dropout_graph_is_not_recorded():
+    testing = pytest.importorskip("kiln_loopir.testing")
+    kiln_triton = pytest.importorskip("kiln_triton")
+
+    def dropout(x):
+        return (torch.nn.functional.dropout(x, 0.5, training=True),)
+
+    x = torch.randn(4096, device="cuda") + 3.0  # no zeros of its own
+    compiled = testing.compile_fn(dropout, [x], codegen=kiln_triton.TritonCodegen())
+    assert "make_seed(" in compiled.host_source
+    wrapped = kiln_cudagraphs.wrap(compiled, [x])
+    outs = [wrapped(x)[0] for _ in range(4)]
+    s = kiln_cudagraphs.stats(wrapped)
+    assert s.captures == 0 and s.warmups == 0 and s.eager_calls == 4
+    for out in outs:
+        kept = out != 0
+        torch.testing.assert_close(out[kept], 2 * x[kept])
+        assert 0.4 < kept.float().mean().item() < 0.6
+    assert not torch.equal(outs[2], outs[3])  # a fresh mask at every call
+
+
+@pytest.fixture
+def kiln_with_plugins(tmp_path, monkeypatch):
+    """kiln, finding kiln-triton and this runtime through entry points: those a source
+    checkout on PYTHONPATH lacks are registered for the test."""
+    kiln = pytest.importorskip("kiln")
+    pytest.importorskip("kiln_triton")
+    wanted = {
+        "kiln.codegen": ("triton", "kiln_triton:triton_codegen"),
+        "kiln.runtime": ("cudagraphs", "kiln_cudagraphs"),
+    }
+    missing = [
+        f"[{group}]\n{name} = {target}\n"
+        for group, (name, target) in wanted.items()
+        if not any(ep.name == name for ep in metadata.entry_points(group=group))
+    ]
+    if missing:
+        dist = tmp_path / "kiln_gpu_test_plugins-0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: kiln-gpu-test-plugins\nVersion: 0\n"
+        )
+        (dist / "entry_points.txt").write_text("\n".join(missing))
+        monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = importlib.import_module("kiln._plugins")
+    plugins.load_plugins.cache_clear()
+    yield kiln
+    plugins.load_plugins.cache_clear()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    ).cuda()
+
+
+def test_kiln_compile_reduce_overhead_inference(kiln_with_plugins):
+    kiln = kiln_with_plugins
+    model = mlp().eval()
+    compiled = kiln.compile(model, mode="reduce-overhead", options={"cache": False})
+    before = kiln_cudagraphs.stats()
+    xs = [torch.randn(16, 32, device="cuda") for _ in range(5)]
+    with torch.no_grad():
+        for x in xs:
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+    after = kiln_cudagraphs.stats()
+    assert after.captures - before.captures >= 1, after
+    assert after.replays - before.replays >= 3, after
+
+
+def test_kiln_compile_reduce_overhead_training(kiln_with_plugins):
+    kiln = kiln_with_plugins
+    model = mlp()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, mode="reduce-overhead", options={"cache": False})
+    before = kiln_cudagraphs.stats()
+    for x in [torch.randn(16, 32, device="cuda") for _ in range(4)]:
+        compiled(x).square().mean().backward()
+        reference(x).square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, **TOL, msg=name)
+    after = kiln_cudagraphs.stats()
+    assert after.replays - before.replays >= 2, after  # forward and backward graphs

@@ -1,0 +1,47 @@
+"""The fresh outputs of a replay, checked on CPU tensors (the plan is device-agnostic)."""
+
+import pytest
+import torch
+
+from kiln_cudagraphs.outputs import OutputPlan, UnsupportedOutput
+
+
+def test_outputs_are_copies_with_their_layout():
+    static_in = [torch.randn(4, 6)]
+    base = torch.randn(40)
+    a = base[8:32].view(4, 6)  # offset into a larger block of graph memory
+    b = a.t()  # a view of another output
+    plan = OutputPlan((a, b, 3), static_in)
+    out = plan.fresh(static_in)
+    assert isinstance(out, tuple) and out[2] == 3
+    torch.testing.assert_close(out[0], a, rtol=0, atol=0)
+    torch.testing.assert_close(out[1], b, rtol=0, atol=0)
+    assert out[0].stride() == a.stride() and out[1].stride() == b.stride()
+    assert out[0].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    # views of one another stay views of one another, at the same relative offset
+    assert out[0].untyped_storage().data_ptr() == out[1].untyped_storage().data_ptr()
+    assert out[1].storage_offset() == out[0].storage_offset()
+    base.add_(1.0)  # the next replay writes the graph's memory: the copies keep their values
+    torch.testing.assert_close(out[0], a - 1.0)
+
+
+def test_output_that_is_an_input_is_the_callers_input():
+    static_x = torch.randn(4, 6)
+    plan = OutputPlan([static_x, static_x[1:].t(), torch.randn(2)], [static_x])
+    x = torch.randn(4, 6)
+    same, view, fresh = plan.fresh([x])
+    assert same is x
+    assert view._base is x and torch.equal(view, x[1:].t())
+    assert fresh.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_empty_outputs():
+    plan = OutputPlan([torch.empty(0, 3)], [torch.randn(2)])
+    (out,) = plan.fresh([torch.randn(2)])
+    assert out.shape == (0, 3)
+
+
+def test_reinterpreted_input_is_refused():
+    x = torch.randn(4)
+    with pytest.raises(UnsupportedOutput, match="output 0 is a torch.int32 view of input 0"):
+        OutputPlan([x.view(torch.int32)], [x])

@@ -1,0 +1,217 @@
+"""The runner's decisions, on CPU tensors through a recorder that replays by running the
+callable again on the static inputs and writing the results into the static outputs: a
+graph's contract (reads its input buffers, overwrites its outputs) without CUDA."""
+
+import logging
+
+import pytest
+import torch
+
+import kiln_cudagraphs
+from kiln_cudagraphs import CudaGraphRunner
+from kiln_cudagraphs.graph import RecordedGraph
+
+
+class RerunRecorder:
+    def __init__(self):
+        self.recorded = 0
+
+    def __call__(self, fn, device):
+        self.recorded += 1
+        outputs = fn()
+
+        def replay():
+            for static, new in zip(outputs, fn(), strict=True):
+                if isinstance(static, torch.Tensor) and static.data_ptr() != new.data_ptr():
+                    static.copy_(new)
+
+        return replay, outputs
+
+
+class FailingRecorder:
+    def __call__(self, fn, device):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def mlp(x, w, b):
+    return (torch.relu(x @ w + b), x.shape[0])
+
+
+def runner(fn=mlp, **kw):
+    return CudaGraphRunner(
+        fn, recorder=kw.pop("recorder", RerunRecorder()), device_type="cpu", **kw
+    )
+
+
+def graph_of(r: CudaGraphRunner) -> RecordedGraph:
+    (graph,) = [e for e in r.entries.values() if isinstance(e, RecordedGraph)]
+    return graph
+
+
+def test_warm_up_then_record_then_replay_fresh_inputs():
+    r = runner()
+    w, b = torch.randn(8, 5), torch.randn(5)
+    xs = [torch.randn(4, 8) for _ in range(5)]  # kept alive: each has memory of its own
+    results = [r(x, w, b) for x in xs]
+    for x, (out, n) in zip(xs, results, strict=True):
+        expected, n_expected = mlp(x, w, b)
+        torch.testing.assert_close(out, expected)
+        assert n == n_expected == 4
+    s = kiln_cudagraphs.stats(r)
+    assert (s.warmups, s.captures, s.replays, s.eager_calls) == (1, 1, 3, 0)
+    graph = graph_of(r)
+    assert graph.copied == {0}  # the fresh input is copied, the parameters read in place
+    assert set(graph.in_place) == {1, 2}
+
+
+def test_results_kept_are_not_overwritten_by_the_next_replay():
+    r = runner()
+    w, b = torch.randn(8, 5), torch.randn(5)
+    xs = [torch.randn(4, 8) for _ in range(4)]
+    kept = [r(x, w, b)[0] for x in xs]
+    for x, out in zip(xs, kept, strict=True):
+        torch.testing.assert_close(out, mlp(x, w, b)[0])
+
+
+def test_parameter_moved_elsewhere_records_again_with_it_copied():
+    r = runner()
+    x, b = torch.randn(4, 8), torch.randn(5)
+    w = torch.randn(8, 5)
+    for _ in range(3):
+        r(x, w, b)
+    w2 = torch.randn(8, 5)  # e.g. a parameter replaced by a new tensor
+    out, _ = r(x, w2, b)
+    torch.testing.assert_close(out, mlp(x, w2, b)[0])
+    assert graph_of(r).copied == {1}
+    out, _ = r(x, w, b)  # copied from now on: either tensor works
+    torch.testing.assert_close(out, mlp(x, w, b)[0])
+    assert kiln_cudagraphs.stats(r).captures == 2
+
+
+def test_each_shape_gets_its_graph_up_to_the_bound(caplog):
+    r = runner(max_graphs=2)
+    w, b = torch.randn(8, 5), torch.randn(5)
+    with caplog.at_level(logging.WARNING, "kiln.cudagraphs"):
+        for rows in (1, 2, 3, 1, 2, 3, 3):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    assert r.num_graphs == 2
+    s = kiln_cudagraphs.stats(r)
+    assert s.eager_calls == 3  # every call with 3 rows
+    assert "more than 2 input shapes" in caplog.text
+    assert caplog.text.count("more than 2 input shapes") == 1  # logged once
+
+
+def test_cpu_inputs_run_the_compiled_callable(caplog):
+    r = kiln_cudagraphs.wrap(mlp, [])
+    w, b = torch.randn(8, 5), torch.randn(5)
+    with caplog.at_level(logging.WARNING, "kiln.cudagraphs"):
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            out, n = r(x, w, b)
+            assert torch.equal(out, mlp(x, w, b)[0]) and n == 4
+    assert "input 0 is on cpu, and graphs are recorded on 'cuda'" in caplog.text
+    s = kiln_cudagraphs.stats(r)
+    assert (s.eager_calls, s.captures, s.warmups) == (3, 0, 0)
+
+
+def test_inputs_requiring_grad_under_grad_mode_run_eagerly():
+    r = runner()
+    w = torch.randn(8, 5, requires_grad=True)
+    b = torch.randn(5)
+    for _ in range(3):
+        out, _ = r(torch.randn(4, 8), w, b)
+    out.sum().backward()
+    assert w.grad is not None
+    with torch.no_grad():
+        for _ in range(3):
+            r(torch.randn(4, 8), w, b)
+    s = kiln_cudagraphs.stats(r)
+    assert (s.eager_calls, s.captures, s.replays) == (3, 1, 1)
+
+
+def test_failed_capture_runs_eagerly_and_says_why(caplog):
+    r = runner(recorder=FailingRecorder())
+    w, b = torch.randn(8, 5), torch.randn(5)
+    with caplog.at_level(logging.WARNING, "kiln.cudagraphs"):
+        for _ in range(4):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    assert "capture failed: RuntimeError: operation not permitted" in caplog.text
+    s = kiln_cudagraphs.stats(r)
+    assert (s.failed_captures, s.captures, s.eager_calls) == (1, 0, 2)
+
+
+def test_replay_that_differs_from_eager_is_dropped():
+    def noisy(x):  # random numbers drawn on the host: no graph may freeze them
+        return (x + torch.randn(x.shape),)
+
+    r = runner(noisy)
+    x = torch.randn(16)
+    for _ in range(4):
+        r(x)
+    s = kiln_cudagraphs.stats(r)
+    assert s.failed_captures == 1 and s.captures == 0
+    assert any("the replay is not the eager result" in k for k in s.reasons)
+    a, b = r(x)[0], r(x)[0]
+    assert not torch.equal(a, b)  # fresh numbers at every call
+
+
+class HostProgram:
+    """Holds a host program's source as kiln-loopir's CompiledGraph does."""
+
+    def __init__(self, source):
+        self.host_source = source
+
+    def __call__(self, x):
+        return (x * 2,)
+
+
+class WithConstants:
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __call__(self, *inputs):
+        return self.compiled(*inputs)
+
+
+def test_host_program_drawing_seeds_on_the_host_is_never_recorded():
+    source = "def call(args):\n    seed0 = make_seed('cuda:0')\n    ...\n"
+    r = runner(WithConstants(HostProgram(source)))
+    x = torch.randn(4)
+    for _ in range(3):
+        torch.testing.assert_close(r(x)[0], x * 2)
+    s = kiln_cudagraphs.stats(r)
+    assert (s.eager_calls, s.warmups, s.captures) == (3, 0, 0)
+    assert any("draws random seeds on the host (make_seed)" in k for k in s.reasons)
+    plain = runner(WithConstants(HostProgram("def call(args):\n    return (args[0] * 2,)\n")))
+    for _ in range(3):
+        plain(x)
+    assert kiln_cudagraphs.stats(plain).captures == 1
+
+
+def test_expanded_input_that_changes_is_refused():
+    def double(x):
+        return (x * 2,)
+
+    r = runner(double)
+    for _ in range(3):
+        x = torch.randn(1, 4).expand(3, 4)
+        torch.testing.assert_close(r(x)[0], x * 2)
+    assert any("share memory" in k for k in kiln_cudagraphs.stats(r).reasons)
+
+
+def test_process_totals_add_up():
+    before = kiln_cudagraphs.stats()
+    r = runner()
+    w, b = torch.randn(8, 5), torch.randn(5)
+    for _ in range(3):
+        r(torch.randn(4, 8), w, b)
+    after = kiln_cudagraphs.stats()
+    assert after.captures - before.captures == 1
+    assert after.replays - before.replays == 1
+
+
+def test_stats_of_something_else_is_explained():
+    with pytest.raises(TypeError, match="returned by kiln_cudagraphs.wrap"):
+        kiln_cudagraphs.stats(mlp)
