@@ -184,8 +184,10 @@ MODELS = {
 
 def kiln_backend(stats: dict):
     """A ``torch.compile``-style backend: kiln-autograd's inference graph, kiln-loopir's
-    schedule, kiln-triton's kernels."""
+    schedule, kiln-triton's kernels. While ``stats["cudagraphs"]`` is true, calls replay
+    through kiln-cudagraphs (as ``mode="reduce-overhead"`` does)."""
     import kiln_autograd
+    import kiln_cudagraphs
     from kiln_autograd.lift import lift
     from kiln_loopir import compile_fx
     from kiln_triton import TritonCodegen
@@ -194,9 +196,10 @@ def kiln_backend(stats: dict):
         graph = kiln_autograd.trace_inference_graph(gm, example_inputs)
         state = lift(gm).state()
         compiled = compile_fx(graph.gm, [*state, *example_inputs], codegen=TritonCodegen())
+        replayed = kiln_cudagraphs.wrap(compiled, [*state, *example_inputs])
         stats["kernels"] = stats.get("kernels", 0) + len(compiled.kernels)
         stats["graphs"] = stats.get("graphs", 0) + 1
-        return lambda *args: compiled(*state, *args)
+        return lambda *args: (replayed if stats.get("cudagraphs") else compiled)(*state, *args)
 
     return backend
 
@@ -241,14 +244,38 @@ def measure_model(name, build) -> list[str]:
         compiled(*inputs)
     tc_compile_s = time.perf_counter() - start
     t_kiln, t_eager, t_tc = time_all(kiln, model, compiled, inputs)
+    graphs = cuda_graph_times(model, inputs, kiln, stats)
     return [
         f"{name} bf16 {list(inputs[0].shape)}", f"{t_eager * 1e3:.0f}",
         f"{t_tc * 1e3:.0f}", f"{t_kiln * 1e3:.0f}", "", "",
         f"{t_eager / t_kiln:.2f}", f"{t_tc / t_kiln:.2f}",
         f"{stats['kernels']} kernels in {stats['graphs']} graph(s); max err vs fp32 "
         f"kiln {err_kiln:.3g} / eager {err_eager:.3g} (|out| {scale:.3g}); compile "
-        f"kiln {kiln_compile_s:.0f} s, torch.compile {tc_compile_s:.0f} s",
+        f"kiln {kiln_compile_s:.0f} s, torch.compile {tc_compile_s:.0f} s; {graphs}",
     ]  # fmt: skip
+
+
+def cuda_graph_times(model, inputs, kiln, stats: dict) -> str:
+    """Both compilers replaying CUDA graphs: kiln through kiln-cudagraphs, torch.compile
+    in mode="reduce-overhead"."""
+    stats["cudagraphs"] = True
+    try:
+        with torch.no_grad():
+            for _ in range(3):  # warm-up, capture, first replay
+                got = kiln(*inputs)
+            torch.testing.assert_close(got.float(), model(*inputs).float(), atol=0.15, rtol=0.05)
+        reduce_overhead = torch.compile(model, mode="reduce-overhead")
+        with torch.no_grad():
+            for _ in range(3):
+                reduce_overhead(*inputs)
+            t_kiln = bench_ms(lambda: kiln(*inputs))
+            t_tc = bench_ms(lambda: reduce_overhead(*inputs))
+    finally:
+        stats["cudagraphs"] = False
+    return (
+        f"CUDA graphs: kiln {t_kiln * 1e3:.0f} µs, torch.compile reduce-overhead "
+        f"{t_tc * 1e3:.0f} µs ({t_tc / t_kiln:.2f}×)"
+    )
 
 
 def run_models() -> list[list[str]]:

@@ -46,7 +46,8 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
     dist = tmp_path / "kiln_fake_runtime-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kiln-fake-runtime\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[kiln.runtime]\nfake = kiln_fake_runtime\n")
+    # named to come before kiln-cudagraphs's "cudagraphs", which serves cuda too
+    (dist / "entry_points.txt").write_text("[kiln.runtime]\na_fake = kiln_fake_runtime\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     _plugins.load_plugins.cache_clear()
     try:
@@ -59,7 +60,10 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
         _plugins.load_plugins.cache_clear()
 
 
-def test_runtime_without_wrap_is_explained():
-    plugin, reason = runtime.find_runtime("cuda")
+def test_cuda_graphs_come_from_kiln_cudagraphs():
+    kiln_cudagraphs = pytest.importorskip("kiln_cudagraphs")
+    plugin, _ = runtime.find_runtime("cuda")
+    assert plugin is kiln_cudagraphs
+    plugin, reason = runtime.find_runtime("cpu")
     assert plugin is None
-    assert "cudagraphs (kiln-cudagraphs) provides no wrap() yet" in reason
+    assert "cudagraphs serves ['cuda'], not 'cpu'" in reason

@@ -3,7 +3,7 @@
 ``mode="reduce-overhead"`` replays each compiled graph through a runtime plug-in: an
 object with ``device_types`` (the ``torch.device`` types it serves) and
 ``wrap(compiled, example_inputs) -> callable``. Where no loaded plug-in serves the graph's
-device (on the CPU, or while kiln-cudagraphs provides no ``wrap`` yet), the graph runs in
+device (on the CPU: kiln-cudagraphs serves CUDA devices), the graph runs in
 the default mode and Kiln warns once per device and reason.
 """
 
