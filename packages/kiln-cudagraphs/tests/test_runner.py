@@ -16,6 +16,9 @@ class RerunRecorder:
     def __init__(self):
         self.recorded = 0
 
+    def run_eagerly(self, fn, device):
+        return fn(), None
+
     def __call__(self, fn, device):
         self.recorded += 1
         outputs = fn()
@@ -28,9 +31,22 @@ class RerunRecorder:
         return replay, outputs
 
 
-class FailingRecorder:
+class FailingRecorder(RerunRecorder):
     def __call__(self, fn, device):
         raise RuntimeError("operation not permitted when stream is capturing")
+
+
+class SyncingRecorder(RerunRecorder):
+    """Reports a host synchronisation in every eager run, as CudaGraphRecorder does for a
+    callable that calls ``.item()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.watched = 0
+
+    def run_eagerly(self, fn, device):
+        self.watched += 1
+        return fn(), "called a synchronizing CUDA operation"
 
 
 def mlp(x, w, b):
@@ -119,13 +135,14 @@ def test_inputs_requiring_grad_under_grad_mode_run_eagerly():
     r = runner()
     w = torch.randn(8, 5, requires_grad=True)
     b = torch.randn(5)
-    for _ in range(3):
-        out, _ = r(torch.randn(4, 8), w, b)
+    xs = [torch.randn(4, 8) for _ in range(6)]  # kept: no two share an address
+    for x in xs[:3]:
+        out, _ = r(x, w, b)
     out.sum().backward()
     assert w.grad is not None
     with torch.no_grad():
-        for _ in range(3):
-            r(torch.randn(4, 8), w, b)
+        for x in xs[3:]:
+            r(x, w, b)
     s = kiln_cudagraphs.stats(r)
     assert (s.eager_calls, s.captures, s.replays) == (3, 1, 1)
 
@@ -140,6 +157,22 @@ def test_failed_capture_runs_eagerly_and_says_why(caplog):
     assert "capture failed: RuntimeError: operation not permitted" in caplog.text
     s = kiln_cudagraphs.stats(r)
     assert (s.failed_captures, s.captures, s.eager_calls) == (1, 0, 2)
+
+
+def test_host_sync_in_the_eager_run_means_no_capture_is_attempted(caplog):
+    recorder = SyncingRecorder()
+    r = runner(recorder=recorder)
+    w, b = torch.randn(8, 5), torch.randn(5)
+    xs = [torch.randn(4, 8) for _ in range(4)]
+    with caplog.at_level(logging.WARNING, "kiln.cudagraphs"):
+        for x in xs:
+            torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    assert recorder.watched == 1 and recorder.recorded == 0
+    s = kiln_cudagraphs.stats(r)
+    assert (s.warmups, s.failed_captures, s.captures, s.eager_calls) == (1, 1, 0, 2)
+    reason = "the graph synchronizes with the host (called a synchronizing CUDA operation)"
+    assert s.reasons == {reason: 2}
+    assert caplog.text.count(reason) == 1
 
 
 def test_replay_that_differs_from_eager_is_dropped():
@@ -195,8 +228,8 @@ def test_expanded_input_that_changes_is_refused():
         return (x * 2,)
 
     r = runner(double)
-    for _ in range(3):
-        x = torch.randn(1, 4).expand(3, 4)
+    xs = [torch.randn(1, 4).expand(3, 4) for _ in range(3)]  # kept: each at its address
+    for x in xs:
         torch.testing.assert_close(r(x)[0], x * 2)
     assert any("share memory" in k for k in kiln_cudagraphs.stats(r).reasons)
 
@@ -205,8 +238,8 @@ def test_process_totals_add_up():
     before = kiln_cudagraphs.stats()
     r = runner()
     w, b = torch.randn(8, 5), torch.randn(5)
-    for _ in range(3):
-        r(torch.randn(4, 8), w, b)
+    for x in [torch.randn(4, 8) for _ in range(3)]:  # kept: no two share an address
+        r(x, w, b)
     after = kiln_cudagraphs.stats()
     assert after.captures - before.captures == 1
     assert after.replays - before.replays == 1

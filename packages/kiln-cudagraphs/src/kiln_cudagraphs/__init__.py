@@ -7,8 +7,9 @@ a flat tuple or list) through one CUDA graph per input key. Each key is warmed u
 recorded on a side stream into a memory pool shared by the wrapper's graphs, checked once
 against eager, then replayed; outputs come back as fresh tensors. Where a graph would be
 wrong (inputs off the GPU, inputs requiring grad under grad mode, random seeds drawn on
-the host, a capture that fails or differs from eager, too many keys) the call runs
-``compiled`` itself and the ``kiln.cudagraphs`` logger says why, once.
+the host, a call that synchronises with the host, a capture that fails or differs from
+eager, too many keys) the call runs ``compiled`` itself and the ``kiln.cudagraphs`` logger
+says why, once.
 
 ``stats(wrapped)`` reports what a wrapper did; ``stats()`` totals the process.
 """

@@ -1,22 +1,34 @@
 """Recording one CUDA graph of a compiled callable, and replaying it.
 
-A recorder turns ``fn`` (no arguments: it calls the compiled callable on the static
-inputs) into ``(replay, static_outputs)``. :class:`CudaGraphRecorder` captures into a
-``torch.cuda.CUDAGraph`` on a side stream, with one memory pool for all the graphs of one
-wrapper; the runner takes any other recorder with the same signature.
+A recorder does two things with ``fn`` (no arguments: it calls the compiled callable):
+``run_eagerly(fn, device)`` runs it and says whether it synchronised with the host (no
+capture can hold that), and ``recorder(fn, device)`` records it into ``(replay,
+static_outputs)``. :class:`CudaGraphRecorder` captures into a ``torch.cuda.CUDAGraph`` on
+a side stream, with one memory pool for all the graphs of one wrapper; the runner takes any
+other recorder with the same methods.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 import torch
 
 from kiln_cudagraphs.outputs import OutputPlan
+from kiln_cudagraphs.syncs import run_watching_host_syncs
+
+log = logging.getLogger("kiln.cudagraphs")
 
 
 class Recorder(Protocol):
+    def run_eagerly(
+        self, fn: Callable[[], Sequence[object]], device: torch.device
+    ) -> tuple[Sequence[object], str | None]:
+        """``fn()`` and the first host synchronisation it made (or None)."""
+        ...
+
     def __call__(
         self, fn: Callable[[], Sequence[object]], device: torch.device
     ) -> tuple[Callable[[], None], Sequence[object]]: ...
@@ -35,10 +47,16 @@ class CudaGraphRecorder:
         self.pool: tuple[int, int] | None = None
         self.streams: dict[int, torch.cuda.Stream] = {}
 
+    def run_eagerly(
+        self, fn: Callable[[], Sequence[object]], device: torch.device
+    ) -> tuple[Sequence[object], str | None]:
+        with torch.cuda.device(_index(device)):
+            return run_watching_host_syncs(fn)
+
     def __call__(
         self, fn: Callable[[], Sequence[object]], device: torch.device
     ) -> tuple[Callable[[], None], Sequence[object]]:
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = _index(device)
         with torch.cuda.device(index):
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
@@ -52,8 +70,12 @@ class CudaGraphRecorder:
                 fn()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                outputs = fn()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    outputs = fn()
+            except Exception:
+                _close_generator_capture(index, stream)
+                raise
 
         def replay() -> None:  # on the caller's current stream of the graph's device
             if torch.cuda.current_device() == index:
@@ -63,6 +85,21 @@ class CudaGraphRecorder:
                     graph.replay()
 
         return replay, outputs
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _close_generator_capture(index: int, stream: torch.cuda.Stream) -> None:
+    """After a capture that failed: torch tells the device's CUDA generator that a capture
+    ended only when one ends well, so every random op would now raise ("Offset increment
+    outside graph capture"). A small capture that ends well, of its own pool, tells it."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            torch.zeros(1, device=torch.device("cuda", index))
+    except Exception as exc:  # the first failure is the one to report
+        log.warning("could not end the CUDA generator's capture after a failed one: %s", exc)
 
 
 class RecordedGraph:

@@ -44,12 +44,13 @@ class CudaGraphRunner:
     """Runs ``compiled`` through CUDA graphs, one per input key (see the package docs).
 
     The first call of a key runs eagerly (lazy initialisation, autotuning and library
-    handles happen outside capture). The second runs eagerly too (its result is returned),
-    then records the graph, replays it once on the same inputs and keeps it only if the
-    replay matches the eager result; tensor inputs whose data pointer was the same in both
-    calls are read in place, the others are copied into static buffers before each replay.
-    Later calls replay; an in-place input found elsewhere makes the key record again with
-    that input copied.
+    handles happen outside capture). The second runs eagerly too (its result is returned)
+    under torch's sync debug mode: a key whose run synchronises with the host runs eagerly
+    from then on, without a capture being attempted. Otherwise it records the graph,
+    replays it once on the same inputs and keeps it only if the replay matches the eager
+    result; tensor inputs whose data pointer was the same in both calls are read in place,
+    the others are copied into static buffers before each replay. Later calls replay; an
+    in-place input found elsewhere makes the key record again with that input copied.
     """
 
     def __init__(
@@ -112,15 +113,21 @@ class CudaGraphRunner:
     # --- the steps ------------------------------------------------------------------
 
     def _record(self, key: tuple, inputs: Sequence[object], copied: set[int]) -> object:
-        """Run eagerly (this call's result), record, check one replay against it."""
+        """Run eagerly (this call's result) watching for host syncs, record, check one
+        replay against it."""
         self.entries.pop(key, None)  # a graph recorded before frees its memory first
-        expected = self.compiled(*inputs)
+        device = _device(inputs)
+        expected, host_sync = self.recorder.run_eagerly(lambda: self.compiled(*inputs), device)
+        if host_sync is not None:  # no capture is attempted: a failed one harms the process
+            return self._give_up(
+                key, expected, f"the graph synchronizes with the host ({host_sync})"
+            )
         try:
-            graph = record(self.compiled, inputs, copied, self.recorder, _device(inputs))
+            graph = record(self.compiled, inputs, copied, self.recorder, device)
             replayed = graph(inputs)
         except (CaptureRefused, UnsupportedOutput) as exc:
             return self._give_up(key, expected, str(exc))
-        except Exception as exc:  # e.g. a CPU sync (.item()) is not allowed while capturing
+        except Exception as exc:  # e.g. a host sync torch does not report while capturing
             return self._give_up(key, expected, f"capture failed: {type(exc).__name__}: {exc}")
         mismatch = describe_mismatch(expected, replayed)
         if mismatch is not None:

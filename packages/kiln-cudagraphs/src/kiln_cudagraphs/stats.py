@@ -13,7 +13,8 @@ class CudaGraphStats:
     ``warmups``: first calls of a new input key, run eagerly; ``captures``: graphs recorded
     (re-recordings included); ``replays``: calls answered by a replay; ``eager_calls``:
     calls run without a graph after the warm-up, with ``reasons`` counting them per reason;
-    ``failed_captures``: recordings that raised or differed from eager.
+    ``failed_captures``: recordings given up (the eager run synchronised with the host,
+    the capture raised, or its replay differed from eager).
     """
 
     warmups: int = 0
