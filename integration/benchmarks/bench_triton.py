@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -279,19 +281,33 @@ def cuda_graph_times(model, inputs, kiln, stats: dict) -> str:
 
 
 def run_models() -> list[list[str]]:
+    """Each model in a process of its own: one model's CUDA graphs, caches and memory
+    pools (kiln's and torch.compile's) must not reach the next (in one process, the model
+    after BERT once failed with an unspecified launch failure)."""
     rows = []
     chosen = os.environ.get("KILN_BENCH_MODELS", "")  # a comma-separated subset of MODELS
-    for name, build in MODELS.items():
+    for name in MODELS:
         if chosen and not any(c and name.startswith(c) for c in chosen.split(",")):
             continue
-        try:
-            rows.append(measure_model(name, build))
-        except Exception as exc:  # a failing model is a row, the others still run
-            rows.append([name, "", "", "", "", "", "", "", f"error: {exc!r}"[:200]])
+        proc = subprocess.run(
+            [sys.executable, __file__, "--model", name], capture_output=True, text=True
+        )
+        found = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+        if found:
+            rows.append(found[-1].strip("| ").split(" | "))
+        else:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            rows.append([name, "", "", "", "", "", "", "", f"error: {last}"[:200]])
         print("| " + " | ".join(rows[-1]) + " |", flush=True)  # kept if a later one hangs
-        gc.collect()
-        torch.cuda.empty_cache()
     return rows
+
+
+def run_one_model(name: str) -> None:
+    try:
+        row = measure_model(name, MODELS[name])
+    except Exception as exc:  # a failing model is a row, the others still run
+        row = [name, "", "", "", "", "", "", "", f"error: {exc!r}"[:200]]
+    print("| " + " | ".join(row) + " |", flush=True)
 
 
 def main() -> str:
@@ -313,4 +329,7 @@ def main() -> str:
 
 
 if __name__ == "__main__":
-    print(main())
+    if sys.argv[1:2] == ["--model"]:
+        run_one_model(sys.argv[2])
+    else:
+        print(main())
