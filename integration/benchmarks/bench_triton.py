@@ -252,7 +252,7 @@ def measure_model(name, build) -> list[str]:
         f"{t_tc * 1e3:.0f}", f"{t_kiln * 1e3:.0f}", "", "",
         f"{t_eager / t_kiln:.2f}", f"{t_tc / t_kiln:.2f}",
         f"{stats['kernels']} kernels in {stats['graphs']} graph(s); max err vs fp32 "
-        f"kiln {err_kiln:.3g} / eager {err_eager:.3g} (|out| {scale:.3g}); compile "
+        f"kiln {err_kiln:.3g} / eager {err_eager:.3g} (outputs up to {scale:.3g}); compile "
         f"kiln {kiln_compile_s:.0f} s, torch.compile {tc_compile_s:.0f} s; {graphs}",
     ]  # fmt: skip
 
