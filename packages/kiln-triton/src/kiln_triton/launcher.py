@@ -124,16 +124,20 @@ class TritonKernel:
             self._launches[sizes] = launch
         if launch is None:  # nothing to compute
             return
-        if launch.runner is not None and not any(a.data_ptr() & 15 for a in args[: self._nargs]):
+        if launch.runner is not None and self._aligned(args):
             launch.runner(*args, *launch.tail)
             return
         launch.call(args)
         if launch.runner is None and launch.split is None and DIRECT_LAUNCH and not INTERPRET:
             self._direct(launch, args)
 
+    def _aligned(self, args: tuple) -> bool:
+        """Whether every tensor argument is 16-byte aligned, as the direct path assumes."""
+        return not any(a.data_ptr() & 15 for a in args[: self._nargs])
+
     def _direct(self, launch: Launch, args: tuple) -> None:
         """Keep the compiled kernel's launcher for the next calls (aligned pointers only)."""
-        if any(a.data_ptr() & 15 for a in args[: self._nargs]):
+        if not self._aligned(args):
             return
         kernel = launch.fn.run(
             *args, *launch.numels, grid=launch.grid, warmup=True, **launch.kwargs

@@ -108,6 +108,7 @@ class KernelRenderer:
             self.pointer[a] = f"{prefix}{sum(p.startswith(prefix) for p in self.pointer.values())}"
         self.space = self._space()
         self.lines: list[str] = []
+        self._loop_plan: LoopPlan | None = None
 
     # -- the iteration space -------------------------------------------------------------------
     def _space(self) -> Space:
@@ -560,7 +561,12 @@ class KernelRenderer:
 
     def loop_plan(self) -> LoopPlan:
         """Where each value and store of the looped variant goes: loop ``k`` (odd position
-        ``2k-1``) or the segment after it (even position ``2k``)."""
+        ``2k-1``) or the segment after it (even position ``2k``). Worked out once."""
+        if self._loop_plan is None:
+            self._loop_plan = self._make_loop_plan()
+        return self._loop_plan
+
+    def _make_loop_plan(self) -> LoopPlan:
         values, stores = self.rec.values, self.rec.stores
         loop: dict[str, int] = {}  # inner value -> the loop it is first computable in
         after: dict[str, int] = {}  # outer value -> the loops it waits for
@@ -664,7 +670,8 @@ class KernelRenderer:
         return before + ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + x for x in inner]
 
     # -- the module ----------------------------------------------------------------------------
-    def meta(self) -> dict:
+    def meta(self, split_count: int = 0) -> dict:
+        """The launcher's metadata; ``split_count``: the split variant's workspace parts."""
         t = self.space.tiling
         numels: dict[str, str] = {}
         if t.kind == "tiled":
@@ -679,7 +686,7 @@ class KernelRenderer:
         return {
             "name": KERNEL,
             "kind": t.kind,
-            "split_parts": len(split_parts(self)) if t.kind == "reduction" else 0,
+            "split_parts": split_count,
             "args": list(self.kernel.args),
             "sizes": [str(s) for s in self.kernel.size_args],
             "stored": [a for a in self.kernel.args if a in stored],
@@ -690,6 +697,7 @@ class KernelRenderer:
 
     def source(self) -> str:
         out = [f"# {self.kernel.header()}", HEADER]
+        parts: list[tuple[str, str]] = []
         if self.space.tiling.kind == "reduction":
             out += self.persistent_function() + ["", ""] + self.looped_function()
             parts = split_parts(self)
@@ -698,7 +706,7 @@ class KernelRenderer:
                 out += ["", ""] + finish_function(self, parts)
         else:
             out += self.pointwise_function()
-        out += ["", "", f"META = {self.meta()!r}"]
+        out += ["", "", f"META = {self.meta(len(parts))!r}"]
         return "\n".join(out) + "\n"
 
 
