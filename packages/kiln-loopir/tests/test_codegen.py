@@ -87,7 +87,8 @@ def test_compiled_graph_exposes_every_stage():
     assert "Reduction(max" in str(compiled.graph)
     assert "kernel0:" in str(compiled.schedule)
     assert "peak" in compiled.memory_plan.format(compiled.schedule)
-    assert compiled.host_source.startswith("def call(args):")
+    assert compiled.host_source.startswith("def call(arg0_1):")
+    assert "def check(arg0_1):" in compiled.host_source
     assert "kernel0(" in compiled.host_source
     assert "CompiledGraph(1 kernels" in repr(compiled)
 

@@ -492,18 +492,22 @@ return (buf2[4, 8] stride=[8, 1] offset=0)""",
         self.assertExpectedInline(
             compiled.host_source,
             """\
-def call(args):
-    arg0_1, arg1_1, arg2_1 = args
-    del args
-    assert_size_stride(arg0_1, (4, 8), (8, 1), 'input 0 (arg0_1)')
-    assert_size_stride(arg1_1, (8, 8), (8, 1), 'input 1 (arg1_1)')
-    assert_size_stride(arg2_1, (8,), (1,), 'input 2 (arg2_1)')
-    buf0 = aten.mm.default(arg0_1, arg1_1)
+aten_mm_default = bind_op(aten.mm.default)
+
+
+def call(arg0_1, arg1_1, arg2_1):
+    buf0 = aten_mm_default(arg0_1, arg1_1)
     buf0 = match_layout(buf0, (4, 8), (8, 1), 'aten.mm.default output buf0')
     buf2 = buf0  # in place
     kernel0(arg2_1, buf0, buf2)
     del buf0
     return (buf2,)
+
+
+def check(arg0_1, arg1_1, arg2_1):
+    assert_size_stride(arg0_1, (4, 8), (8, 1), 'input 0 (arg0_1)')
+    assert_size_stride(arg1_1, (8, 8), (8, 1), 'input 1 (arg1_1)')
+    assert_size_stride(arg2_1, (8,), (1,), 'input 2 (arg2_1)')
 """,
         )
 
@@ -514,14 +518,16 @@ def call(args):
         self.assertExpectedInline(
             canonical_sizes(compiled.host_source),
             """\
-def call(args):
-    arg0_1, = args
-    del args
+def call(arg0_1):
     s0 = arg0_1.size(0)
     s1 = arg0_1.size(1)
     assert_size_stride(arg0_1, (s0, s1), (s1, 1), 'input 0 (arg0_1)')
     buf2 = empty_strided((s0, s1), (s1, 1), torch.float32, 'cpu')
     kernel0(arg0_1, buf2, s0, s1)
     return (buf2, reinterpret(arg0_1, (s1 - 1, s0), (1, s1), 1))
+
+
+def check(arg0_1):
+    pass
 """,
         )

@@ -15,6 +15,7 @@ def test_public_api_is_pinned():
         "CompiledKernel",
         "ComputedNode",
         "ExternNode",
+        "HostProgram",
         "IRError",
         "Kernel",
         "LoopGraph",

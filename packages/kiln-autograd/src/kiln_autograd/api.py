@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -103,7 +103,22 @@ class AOTCompiled:
     def __call__(self, *user_inputs: object) -> object:
         args = self.flat_args(user_inputs)
         runner = self.runners.get(self._key(args)) or self.compile_for(args)
-        return runner(args)
+        return runner(*args)
+
+    def guarded(self) -> Callable:
+        """The callable for a caller that guards its inputs, as capture does: every call
+        matches the example inputs' signature (grad mode, dtypes, devices,
+        ``requires_grad``, and sizes and strides unless dynamic), so no key is computed per
+        call. It is the runner compiled by :func:`aot`, or the compiled graph itself where
+        the runner has nothing to add."""
+        if not self.options.dynamic and _symbolic_placeholders(self.lifted.module):
+            return self  # the caller's guards let sizes vary that this trace fixed: keyed
+        (runner,) = self.runners.values()
+        call = runner.entry_point()
+        if not self.lifted.num_state:
+            return call
+        state = self.lifted.state
+        return lambda *user_inputs: call(*state(), *user_inputs)
 
     def compile_for(self, args: list[object]) -> InferenceRunner | TrainingRunner:
         """Compile the graph for the signature of ``args`` and remember the runner."""
@@ -229,6 +244,13 @@ def partition(joint: JointGraph, partitioner: str = "min_cut") -> PartitionedGra
 
 def _requires_grad(args: Sequence[object]) -> list[bool]:
     return [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+
+
+def _symbolic_placeholders(gm: torch.nn.Module) -> bool:
+    """Whether ``gm``'s inputs were captured with symbolic sizes (``example_value``)."""
+    graph = getattr(gm, "graph", None)
+    nodes = graph.find_nodes(op="placeholder") if graph is not None else ()
+    return is_dynamic([n.meta.get("example_value", n.meta.get("val")) for n in nodes])
 
 
 def _is_int(value: object) -> bool:

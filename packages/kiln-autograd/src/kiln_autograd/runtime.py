@@ -39,13 +39,22 @@ class InferenceRunner:
         self.compiled = compiled
         self.meta = meta
 
-    def __call__(self, args: Sequence[object]) -> object:
+    def __call__(self, *args: object) -> object:
         _refuse_aliased_mutated_inputs(args, self.meta)
         raw = list(self.compiled(*args))
         n_out, n_mut = len(self.meta.outputs), len(self.meta.mutated_inputs)
         _write_back(args, self.meta, raw[n_out : n_out + n_mut])
         bases = raw[n_out + n_mut :]
         return _user_outputs(args, self.meta, raw, plain=raw, bases=bases)
+
+    def entry_point(self) -> Callable:
+        """The compiled graph itself where this runner would add nothing (no input written
+        back, no output regenerated as a view, a tuple returned), else the runner."""
+        meta = self.meta
+        plain = all(o.kind is OutputKind.PLAIN for o in meta.outputs)
+        if plain and meta.returns_sequence and not meta.mutated_inputs and not meta.num_bases:
+            return self.compiled
+        return self
 
 
 class TrainingRunner:
@@ -61,7 +70,7 @@ class TrainingRunner:
         self.meta = joint.meta
         self.function = _make_function(compiled_fw, parts, joint, bw_compiler)
 
-    def __call__(self, args: Sequence[object]) -> object:
+    def __call__(self, *args: object) -> object:
         _refuse_aliased_mutated_inputs(args, self.meta)
         side = _SideChannel()
         returned = self.function.apply(side, *args)
@@ -72,6 +81,9 @@ class TrainingRunner:
         _write_back(args, meta, rest[:n_mut])
         bases = rest[n_mut:]
         return _user_outputs(args, meta, side.raw, plain=plain, bases=bases)
+
+    def entry_point(self) -> Callable:
+        return self
 
 
 class _SideChannel:

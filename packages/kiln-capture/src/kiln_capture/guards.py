@@ -47,13 +47,8 @@ def device_index(device: torch.device) -> int:
     return -1 if device.type == "cpu" else (device.index or 0)
 
 
-def module_has_hooks(module) -> bool:
-    return bool(
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or getattr(module, "_backward_pre_hooks", None)
-    )
+# A module's own hook dicts: a guard reads them inline (a call per module costs more).
+HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def autocast_state():
@@ -84,7 +79,6 @@ class GuardSet:
             ___default_dtype=torch.get_default_dtype,
             ___any_autocast=torch._C._is_any_autocast_enabled,
             ___autocast=autocast_state,
-            ___has_hooks=module_has_hooks,
         )
         grad = torch.is_grad_enabled()
         self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")
@@ -151,7 +145,8 @@ class GuardSet:
 
     def no_hooks(self, source, module) -> None:
         expr = self.bind(source)
-        self.add(f"not ___has_hooks({expr})", f"{expr} has no hooks")
+        hooks = [f"{expr}.{name}" for name in HOOK_DICTS if hasattr(module, name)]
+        self.add(f"not ({' or '.join(hooks)})", f"{expr} has no hooks")
 
     def type(self, source, value) -> None:
         name = self.constant_name("T", type(value))

@@ -15,6 +15,7 @@ from kiln_loopir.codegen import Codegen, resolve_codegen
 from kiln_loopir.compile import (
     CompiledGraph,
     CompiledKernel,
+    HostProgram,
     compile_fx,
     load_host_program,
     schedule_graph,
@@ -47,6 +48,7 @@ __all__ = [
     "CompiledKernel",
     "ComputedNode",
     "ExternNode",
+    "HostProgram",
     "IRError",
     "Kernel",
     "LoopGraph",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,23 +31,61 @@ class CompiledKernel:
     fn: Callable
 
 
+class HostProgram:
+    """A loaded host program.
+
+    ``call(*inputs) -> tuple`` runs the graph; ``check(*inputs)`` checks the layouts of the
+    inputs whose sizes and strides are numbers (``call`` checks the others). Calling the
+    program runs both: that is the entry point for callers that do not guard their inputs.
+    A caller whose guards already pin every input's size and stride calls ``call``.
+    """
+
+    def __init__(self, call: Callable[..., tuple], check: Callable[..., None], source: str):
+        self.call = call
+        self.check = check
+        self.host_source = source
+        code = call.__code__
+        self.input_names = code.co_varnames[: code.co_argcount]
+
+    def __call__(self, *inputs: object) -> tuple:
+        if len(inputs) != len(self.input_names):
+            raise TypeError(
+                f"the compiled graph takes {len(self.input_names)} inputs "
+                f"({', '.join(self.input_names)}), got {len(inputs)}"
+            )
+        self.check(*inputs)
+        return self.call(*inputs)
+
+    def with_last_inputs(self, values: Sequence[object]) -> Callable[..., tuple]:
+        """``call`` with its last inputs bound to ``values`` (the graph's constants): the
+        caller passes the others, and nothing per call is added."""
+        call = self.call
+        if not values:
+            return call
+        bound = types.FunctionType(call.__code__, call.__globals__, call.__name__, tuple(values))
+        bound.host_source = self.host_source  # what the CUDA-graph runtime inspects
+        return bound
+
+
 def load_host_program(
     host_source: str,
     kernels: Mapping[str, Callable],
     constants: Mapping[str, object],
     filename: str = "<kiln-loopir host program>",
-) -> Callable[[list], tuple]:
-    """The ``call(inputs) -> tuple`` function of a host program's source, bound to its
-    kernels (name -> callable), its constants (name -> value) and the runtime helpers."""
+) -> HostProgram:
+    """The functions of a host program's source, bound to its kernels (name -> callable),
+    its constants (name -> value) and the runtime helpers."""
     namespace: dict[str, object] = {
         "torch": torch,
         "aten": torch.ops.aten,
+        "as_strided": torch.as_strided,
         "empty_strided": runtime.empty_strided,
         "reinterpret": runtime.reinterpret,
         "assert_size_stride": runtime.assert_size_stride,
         "match_layout": runtime.match_layout,
         "make_seed": runtime.make_seed,
         "view_layout": runtime.view_layout,
+        "bind_op": runtime.bind_op,
         # sizes such as Max(s0, 1) print as maximum(s0, 1)
         "minimum": symbols.minimum,
         "maximum": symbols.maximum,
@@ -54,7 +93,9 @@ def load_host_program(
     namespace.update(kernels)
     namespace.update(constants)
     exec(compile(host_source, filename, "exec"), namespace)
-    return namespace["call"]  # type: ignore[return-value]
+    call = namespace["call"]
+    call.host_source = host_source  # what the CUDA-graph runtime inspects
+    return HostProgram(call, namespace["check"], host_source)  # type: ignore[arg-type]
 
 
 class CompiledGraph:
@@ -62,7 +103,8 @@ class CompiledGraph:
 
     Call it with the graph's inputs; it returns the outputs as a flat tuple. ``kernels``
     holds the generated kernels (each with its ``source``), ``host_source`` the host
-    program, and ``graph``/``schedule``/``memory_plan`` the stages that made them.
+    program, ``program`` the loaded :class:`HostProgram`, and
+    ``graph``/``schedule``/``memory_plan`` the stages that made them.
     """
 
     def __init__(
@@ -80,19 +122,14 @@ class CompiledGraph:
         self.kernels = kernels
         self.host_source = host_source
         self.codegen = codegen
-        self._call = load_host_program(
+        self.program = load_host_program(
             host_source,
             {k.name: k.fn for k in kernels},
             {c.name: c.value for c in graph.constants},
         )
 
     def __call__(self, *inputs: object) -> tuple:
-        if len(inputs) != len(self.graph.inputs):
-            raise TypeError(
-                f"the compiled graph takes {len(self.graph.inputs)} inputs "
-                f"({', '.join(i.name for i in self.graph.inputs)}), got {len(inputs)}"
-            )
-        return self._call(list(inputs))
+        return self.program(*inputs)
 
     def __repr__(self) -> str:
         return (

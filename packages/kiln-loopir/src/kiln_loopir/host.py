@@ -66,7 +66,7 @@ def format_value(a: object, buffers: dict[str, Buffer]) -> str:
         buf = buffers[a.buffer]
         if a.is_whole(buf):
             return a.buffer
-        return f"reinterpret({a.buffer}, {_tuple(a.size)}, {_tuple(a.stride)}, {py_expr(a.offset)})"
+        return view_source(a.buffer, a.size, a.stride, a.offset)
     if isinstance(a, sympy.Expr):
         return py_expr(a)
     if isinstance(a, list):
@@ -87,33 +87,90 @@ def format_value(a: object, buffers: dict[str, Buffer]) -> str:
     return repr(a)
 
 
+def view_source(base: str, size, stride, offset) -> str:
+    """A view of ``base``'s storage; ``as_strided`` keeps ``base``'s own storage offset."""
+    if offset == 0:
+        return f"as_strided({base}, {_tuple(size)}, {_tuple(stride)})"
+    return f"reinterpret({base}, {_tuple(size)}, {_tuple(stride)}, {py_expr(offset)})"
+
+
 def _target(node: ExternNode) -> str:
     if isinstance(node.target, torch._ops.OpOverload):
-        return f"torch.ops.{node.target}" if node.target.namespace != "aten" else str(node.target)
+        return extern_name(node.target)
     if node.target in (make_seed, view_layout):
         return node.target.__name__
     raise NotImplementedError(f"extern target {node.target!r} has no host-program name")
 
 
+def extern_name(op: torch._ops.OpOverload) -> str:
+    """The host program's name for an extern op: ``aten_addmm_default``, bound once when the
+    program loads (see :func:`extern_bindings`), so a call costs no attribute lookups."""
+    namespace, name = op.namespace, op._schema.name.split("::")[-1]
+    return f"{namespace}_{name}_{op._overloadname}"
+
+
+def extern_bindings(schedule: Schedule) -> list[str]:
+    """``aten_addmm_default = bind_op(aten.addmm.default)`` for each extern op the program
+    calls: the op's compiled entry point, looked up once."""
+    ops: dict[str, str] = {}
+    for step in schedule.steps:
+        if isinstance(step, ExternNode) and isinstance(step.target, torch._ops.OpOverload):
+            op = step.target
+            path = str(op) if op.namespace == "aten" else f"torch.ops.{op}"
+            ops.setdefault(extern_name(op), path)
+    return [f"{name} = bind_op({path})" for name, path in ops.items()]
+
+
+def _is_static(buffer: Buffer) -> bool:
+    return not any(sympy.sympify(e).free_symbols for e in (*buffer.size, *buffer.stride))
+
+
+def _input_check(k: int, inp) -> str:
+    return (
+        f"assert_size_stride({inp.name}, {_tuple(inp.buffer.size)}, "
+        f"{_tuple(inp.buffer.stride)}, {f'input {k} ({inp.name})'!r})"
+    )
+
+
 def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
-    """The host program for ``schedule`` as the source of ``def call(args)``."""
+    """The host program for ``schedule``: the source of ``call(*inputs)`` and
+    ``check(*inputs)``.
+
+    ``call`` runs the graph. It checks the layout of inputs whose sizes are symbols (the
+    sizes it binds come from them); ``check`` checks the inputs whose sizes and strides are
+    numbers, and is what a caller that does not guard its inputs runs first. Extern ops are
+    bound to names once, above the functions.
+    """
+    graph = schedule.graph
+    names = ", ".join(i.name for i in graph.inputs)
+    static = [(k, i) for k, i in enumerate(graph.inputs) if i.buffer and _is_static(i.buffer)]
+    checks = [_input_check(k, inp) for k, inp in static] or ["pass"]
+    body = size_bindings(graph)
+    body += [
+        _input_check(k, inp)
+        for k, inp in enumerate(graph.inputs)
+        if inp.buffer is not None and not _is_static(inp.buffer)
+    ]
+    body += _steps(schedule, plan, bound_after={line.split(" = ")[0] for line in body})
+    header = extern_bindings(schedule)
+    sections = [
+        "\n".join(header) + "\n\n\n" if header else "",
+        _function(f"call({names})", body),
+        "\n\n",
+        _function(f"check({names})", checks),
+    ]
+    return "".join(sections)
+
+
+def _function(signature: str, body: list[str]) -> str:
+    return "\n".join([f"def {signature}:"] + ["    " + line for line in body]) + "\n"
+
+
+def _steps(schedule: Schedule, plan: MemoryPlan, bound_after: set[str]) -> list[str]:
+    """Allocations, launches, extern calls and frees, step by step, then the return."""
     graph = schedule.graph
     buffers = graph.buffers()
-    lines = ["def call(args):"]
     body: list[str] = []
-    names = [i.name for i in graph.inputs]
-    if names:
-        body.append(", ".join(names) + ("," if len(names) == 1 else "") + " = args")
-    body.append("del args")
-    bindings = size_bindings(graph)
-    body += bindings
-    bound_after = {line.split(" = ")[0] for line in bindings}
-    for k, inp in enumerate(graph.inputs):
-        if inp.buffer is not None:
-            body.append(
-                f"assert_size_stride({inp.name}, {_tuple(inp.buffer.size)}, "
-                f"{_tuple(inp.buffer.stride)}, {f'input {k} ({inp.name})'!r})"
-            )
     reused = {old for p in plan.steps for old in p.reuse.values()}
     read = {name for step in schedule.steps for name in step_reads(step)}
     read |= {o.buffer for o in graph.outputs if isinstance(o, TensorRef)}
@@ -131,9 +188,7 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
             if tuple(b.size) == tuple(o.size) and tuple(b.stride) == tuple(o.stride):
                 body.append(f"{new} = {old}{drop}")
             else:
-                body.append(
-                    f"{new} = reinterpret({old}, {_tuple(b.size)}, {_tuple(b.stride)}, 0){drop}"
-                )
+                body.append(f"{new} = {view_source(old, b.size, b.stride, 0)}{drop}")
         if isinstance(step, Kernel):
             args = list(step.args) + [str(s) for s in step.size_args]
             body.append(f"{step.name}({', '.join(args)})")
@@ -166,7 +221,7 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
             body.append("del " + ", ".join(freed))
     outs = [format_value(o, buffers) for o in graph.outputs]
     body.append("return (" + ", ".join(outs) + ("," if len(outs) == 1 else "") + ")")
-    return "\n".join(lines + ["    " + line for line in body]) + "\n"
+    return body
 
 
 def _bind_symbols(binds: list[tuple[sympy.Symbol, str]], call: str) -> list[str]:

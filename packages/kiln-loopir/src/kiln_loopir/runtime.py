@@ -6,11 +6,24 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["assert_size_stride", "empty_strided", "make_seed", "reinterpret", "view_layout"]
+__all__ = [
+    "assert_size_stride",
+    "bind_op",
+    "empty_strided",
+    "make_seed",
+    "reinterpret",
+    "view_layout",
+]
 
 
 def empty_strided(size: Sequence[int], stride: Sequence[int], dtype, device) -> torch.Tensor:
     return torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
+
+
+def bind_op(op: torch._ops.OpOverload):
+    """What the host program calls for ``op``: its compiled entry point, without the Python
+    frame of ``OpOverload.__call__`` (the same function, one call cheaper)."""
+    return getattr(op, "_op", op)
 
 
 def reinterpret(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:

@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 import torch.fx
 
-from kiln_loopir import load_host_program
+from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 1
+FORMAT = 2  # 2: host programs are call(*inputs) and check(*inputs)
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 
 
@@ -169,24 +169,12 @@ class GraphCache:
             log.warning("cannot write cache entry %s (%s)", path, exc)
 
 
-class HostProgram:
-    """A graph loaded from the cache: the host program with its kernels and constants.
-
-    It runs as kiln-loopir's ``CompiledGraph`` does: ``program(*inputs) -> tuple``.
-    """
-
-    def __init__(self, entry: Entry, kernel_fns: Sequence[Callable]) -> None:
-        self.entry = entry
-        self._call = load_host_program(
-            entry.host_source,
-            dict(zip(entry.kernel_names, kernel_fns, strict=True)),
-            entry.constants,
-            "<kiln host program (cached)>",
-        )
-
-    def __call__(self, *inputs: object) -> tuple:
-        if len(inputs) != self.entry.num_inputs:
-            raise TypeError(
-                f"the compiled graph takes {self.entry.num_inputs} inputs, got {len(inputs)}"
-            )
-        return self._call(list(inputs))
+def load_entry(entry: Entry, kernel_fns: Sequence[Callable]) -> HostProgram:
+    """A graph loaded from the cache: its host program bound to the kernels and constants."""
+    program = load_host_program(
+        entry.host_source,
+        dict(zip(entry.kernel_names, kernel_fns, strict=True)),
+        entry.constants,
+        "<kiln host program (cached)>",
+    )
+    return program

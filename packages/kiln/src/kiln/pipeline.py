@@ -29,10 +29,11 @@ import torch.fx
 import kiln_autograd
 import kiln_loopir
 from kiln import logs, runtime
-from kiln.cache import Entry, GraphCache, HostProgram, graph_key
+from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.config import Config, cache_root
 from kiln.constants import WithConstants, lift_constants
 from kiln.frames import Frame
+from kiln_loopir import HostProgram
 from kiln_loopir.compile import graph_device
 
 cache_log = logging.getLogger("kiln.cache")
@@ -93,8 +94,14 @@ def _cache_key(gm, example_inputs, codegen, settings) -> str | None:
         return None
 
 
-def _bind(compiled: Callable, constants: Sequence[torch.Tensor]) -> Callable:
-    return WithConstants(compiled, constants) if constants else compiled
+def entry_point(program: HostProgram, constants: Sequence[torch.Tensor], kind: str) -> Callable:
+    """What runs a graph at each call. A forward graph's inputs are the captured graph's,
+    which capture's guards pin (sizes, strides, dtypes): its host program's ``call`` runs
+    with nothing in between, the constants bound as its last inputs. A backward graph's
+    inputs come from autograd (the incoming gradients): they are checked first."""
+    if kind == "forward":
+        return program.with_last_inputs(constants)
+    return WithConstants(program, constants) if constants else program
 
 
 def _kernels_text(kernels: Sequence[tuple[str, str]]) -> str:
@@ -122,13 +129,14 @@ class AtenCompiler:
         if codegen is None:
             return gm.forward
         try:
-            compiled, entry = self.compile_or_load(gm, example_inputs, codegen)  # 3
+            program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 3
         except CodegenFailed as exc:
             if not self.options.fallback:
                 raise
             _warn_eager(frame, kind, str(exc))
             return gm.forward
         self.show_generated(entry, codegen)  # 4
+        compiled = entry_point(program, constants, kind)
         with frame.stage("runtime"):
             compiled = runtime.wrap_for_mode(compiled, example_inputs, self.options, device)  # 5
         if kind == "backward":  # compiled at the first backward, after capture finished
@@ -153,7 +161,9 @@ class AtenCompiler:
             _warn_eager(self.frame, self.kind, str(exc))
             return None
 
-    def compile_or_load(self, gm, example_inputs, codegen) -> tuple[Callable, Entry]:
+    def compile_or_load(
+        self, gm, example_inputs, codegen
+    ) -> tuple[HostProgram, list[torch.Tensor], Entry]:
         settings = {
             "fusion": self.options.fusion,
             "reuse_memory": self.options.reuse_memory,
@@ -170,7 +180,7 @@ class AtenCompiler:
                 entry = cache.load(key)
                 if entry is not None:
                     fns = observed.compile(entry.kernel_sources)
-                    return _bind(HostProgram(entry, fns), constants), entry
+                    return load_entry(entry, fns), constants, entry
         with self.frame.stage("loopir", f"{self.kind}: lowering and scheduling"):
             compiled = kiln_loopir.compile_fx(
                 lifted,
@@ -190,7 +200,7 @@ class AtenCompiler:
         )
         if cache is not None:
             cache.store(key, entry)
-        return _bind(compiled, constants), entry
+        return compiled.program, constants, entry
 
     def show_generated(self, entry: Entry, codegen: object) -> None:
         frame, kind = self.frame, self.kind
@@ -223,7 +233,11 @@ class AtenCompiler:
 
 
 def aot_backend(config: Config, frame: Frame, generate: bool):
-    """The backend for one captured graph: kiln-autograd with Kiln's aten compilers."""
+    """The backend for one captured graph: kiln-autograd with Kiln's aten compilers.
+
+    Its caller guards every call's inputs (kiln-capture, or TorchDynamo for
+    ``backend="kiln"``), so what it returns is kiln-autograd's guarded entry point: the
+    forward's host program itself where autograd has nothing to add."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[object]):
         with frame.stage("autograd"):
@@ -234,6 +248,6 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                 bw_compiler=AtenCompiler(config, frame, "backward", generate),
                 partitioner=config.options.partitioner,
             )
-        return compiled
+        return compiled.guarded()
 
     return backend
