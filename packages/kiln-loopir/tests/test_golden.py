@@ -6,6 +6,7 @@ printed IR is compared with the text below (regenerate with ``EXPECTTEST_ACCEPT=
 """
 
 import re
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,7 @@ from expecttest import TestCase
 
 from kiln_loopir import Kernel, decompose, eliminate_dead_nodes, fuse, lower, order
 from kiln_loopir import unfused_schedule as unfused
+from kiln_loopir.lowering import matmul
 from kiln_loopir.testing import check_against_eager, trace_aten
 
 
@@ -428,10 +430,11 @@ return (buf2[4] stride=[1] offset=0, buf1[4] stride=[1] offset=0)""",
         )
 
     def test_matmul_bias_gelu(self):
-        graph, after = stages(
-            lambda x, w, b: F.gelu(x @ w + b),
-            [torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)],
-        )
+        with mock.patch.object(matmul, "INLINE_MATMUL_MAX_MNK", 0):  # BLAS-sized, as it were
+            graph, after = stages(
+                lambda x, w, b: F.gelu(x @ w + b),
+                [torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)],
+            )
         self.assertEqual(kinds(after), ["extern", "kernel"])
         self.assertExpectedInline(
             str(graph),
@@ -484,11 +487,47 @@ kernel0: ranges=[4, 8] reduction_ranges=[] nodes=[buf1:outer, buf2:outer]
 return (buf2[4, 8] stride=[8, 1] offset=0)""",
         )
 
-    def test_host_program_of_matmul_bias_gelu(self):
-        compiled = check_against_eager(
-            lambda x, w, b: F.gelu(x @ w + b),
-            [torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)],
+    def test_small_matmul_bias_gelu(self):
+        # a small product on the CPU: a dot reduction over k, bias and gelu in its kernel
+        graph, after = stages(
+            lambda x, w, b: F.gelu(x @ w.t() + b),
+            [torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)],
         )
+        self.assertEqual(kinds(after), ["kernel"])
+        self.assertExpectedInline(
+            str(after),
+            """\
+input arg0_1: float32[4, 8] stride=[8, 1]
+input arg1_1: float32[6, 8] stride=[8, 1]
+input arg2_1: float32[6] stride=[1]
+kernel0: ranges=[4, 6] reduction_ranges=[8] nodes=[buf0:reduction, buf1:outer, buf2:outer]
+    # local: buf0, buf1
+    tmp0 = load(arg0_1, r0 + 8*x0)
+    tmp1 = to_dtype(tmp0, torch.float32)
+    tmp2 = load(arg1_1, r0 + 8*x1)
+    tmp3 = to_dtype(tmp2, torch.float32)
+    tmp4 = mul(tmp1, tmp3)
+    tmp5 = reduction('dot', tmp4, torch.float32)
+    tmp6 = load(arg2_1, x1)
+    tmp7 = add(tmp5, tmp6)
+    tmp8 = constant(0.7071067811865476, torch.float32)
+    tmp9 = mul(tmp7, tmp8)
+    tmp10 = erf(tmp9)
+    tmp11 = constant(0.5, torch.float32)
+    tmp12 = mul(tmp7, tmp11)
+    tmp13 = constant(1.0, torch.float32)
+    tmp14 = add(tmp10, tmp13)
+    tmp15 = mul(tmp12, tmp14)
+    store(buf2, 6*x0 + x1, tmp15)
+return (buf2[4, 6] stride=[6, 1] offset=0)""",
+        )
+
+    def test_host_program_of_matmul_bias_gelu(self):
+        with mock.patch.object(matmul, "INLINE_MATMUL_MAX_MNK", 0):
+            compiled = check_against_eager(
+                lambda x, w, b: F.gelu(x @ w + b),
+                [torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)],
+            )
         self.assertExpectedInline(
             compiled.host_source,
             """\

@@ -3,6 +3,7 @@ place where that is safe; the planned peak is checked against what each plan imp
 
 import torch
 
+from kiln_loopir.lowering import matmul
 from kiln_loopir.testing import check_against_eager
 
 N = 16
@@ -22,7 +23,9 @@ def test_pointwise_chain_unfused_runs_in_place():
     assert compiled.host_source.count("# in place") == 3
 
 
-def test_reuse_of_freed_buffers():
+def test_reuse_of_freed_buffers(monkeypatch):
+    monkeypatch.setattr(matmul, "INLINE_MATMUL_MAX_MNK", 0)  # the products as ATen calls
+
     # each transposing copy reads a matmul result at other points than it writes: no in
     # place there, but the second copy reuses the first matmul's buffer, freed after the
     # first copy (a pooled buffer counts as held until it is reused)

@@ -233,6 +233,8 @@ class CppOpsHandler:
     def _reduction_parts(self, kind, acc, v, vt, is_float, src_dtype):
         is_bool = src_dtype == torch.bool
         lim = f"std::numeric_limits<{vt}>"
+        if kind == "dot":  # a matrix product's sum: in float, as BLAS accumulates
+            return [f"{vt} {acc} = 0;"], [f"{acc} += {v};"], acc
         if kind == "sum":
             at = "double" if is_float else vt
             if is_bool:

@@ -38,7 +38,9 @@ from kiln_loopir.symbols import index_vars, reduction_vars
 # update chains to hide their latency (8 lanes ran 2.5x slower on var_mean of 1024 x 1024)
 LANES = 32
 
-_CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
+_CLAUSE = {
+    "sum": "+", "dot": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&",
+}  # fmt: skip
 _BOOL_CLAUSE = {"sum": "||", "prod": "&&", "max": "||", "min": "&&", "any": "||", "all": "&&"}
 
 
@@ -348,7 +350,7 @@ def column_reduction(kernel, items: list) -> bool:
     loop, rest = items[0], items[1:]
     if not isinstance(loop, ReductionLoop) or any(not isinstance(i, str) for i in rest):
         return False
-    if any(a.kind not in ("sum", "prod", "max", "min") for a in loop.reductions):
+    if any(a.kind not in ("sum", "dot", "prod", "max", "min") for a in loop.reductions):
         return False
     if not all(_ACCUMULATOR.match(line) for line in loop.prologue):
         return False
@@ -379,6 +381,9 @@ def column_reduction_lines(
     size = outer_ranges[-1]
     lanes = COLUMN_LANES
     accs = [_ACCUMULATOR.match(line) for line in loop.prologue]
+    # a whole number of blocks: a fixed trip count, with no tail for the compiler to mask
+    whole = size.isdigit() and int(size) % lanes == 0
+    end = f"{x}_block + {lanes}" if whole else f"std::min<int64_t>({x}_block + {lanes}, {size})"
     bind = [f"{m['type']}& {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
     read = [f"const {m['type']} {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
     points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
@@ -386,7 +391,7 @@ def column_reduction_lines(
     lines += [
         f"for (int64_t {x}_block = 0; {x}_block < {size}; {x}_block += {lanes})",
         "{",
-        f"{ind}const int64_t {x}_end = std::min<int64_t>({x}_block + {lanes}, {size});",
+        f"{ind}const int64_t {x}_end = {end};",
         *[f"{ind}{m['type']} {m['acc']}_lanes[{lanes}];" for m in accs],
         f"{ind}{points}",
         f"{ind}{{",
@@ -400,6 +405,7 @@ def column_reduction_lines(
         *[ind * 3 + line for line in bind + loop.body],
         f"{ind * 2}}}",
         f"{ind}}}",
+        *([f"{ind}#pragma omp simd"] if simd_safe(after) else []),
         f"{ind}{points}",
         f"{ind}{{",
         *[ind * 2 + line for line in read + after],

@@ -33,6 +33,7 @@ from kiln_loopir.symbols import (
 
 REDUCTION_TYPES = (
     "sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford.mean", "welford.m2",
+    "dot",
 )  # fmt: skip
 
 
@@ -155,8 +156,10 @@ class Reduction:
     ``reduction_type`` is one of :data:`REDUCTION_TYPES`; ``welford.mean`` and ``welford.m2``
     are the mean and the sum of squared deviations of one Welford reduction (a backend may
     compute both in one pass when they share a kernel). ``argmax``/``argmin`` give the
-    row-major position in ``reduction_ranges``. ``src_dtype`` is the dtype of the values
-    reduced; the buffer's dtype is the result's.
+    row-major position in ``reduction_ranges``. ``dot`` is a sum (of products, a matrix
+    product's) that accumulates in ``src_dtype`` itself, as BLAS does, where a backend may
+    widen a ``sum``'s accumulator (kiln-cpp sums floats in double). ``src_dtype`` is the
+    dtype of the values reduced; the buffer's dtype is the result's.
     """
 
     ranges: tuple[sympy.Expr, ...]

@@ -1,9 +1,9 @@
 """Lowering: a functional aten FX graph -> a :class:`~kiln_loopir.ir.LoopGraph`.
 
 Each FX node is lowered through the registry (``registry.py``), filled by the modules that
-own the ops: ``pointwise``, ``reductions``, ``views``, ``indexing``, ``random`` and
-``extern``. An op with no lowering runs eagerly through ATen (``extern.fallback``), which
-logs it once per op.
+own the ops: ``pointwise``, ``reductions``, ``matmul``, ``views``, ``indexing``,
+``random`` and ``extern``. An op with no lowering runs eagerly through ATen
+(``extern.fallback``), which logs it once per op.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.fx
 
 from kiln_loopir.ir import Buffer, ExternNode, GraphInput, LoopGraph, TensorRef
-from kiln_loopir.lowering import extern, indexing, pointwise, random, reductions, views
+from kiln_loopir.lowering import extern, indexing, matmul, pointwise, random, reductions, views
 from kiln_loopir.lowering.context import LoweringContext, val_layout
 from kiln_loopir.lowering.registry import (
     LOWERINGS,
@@ -29,7 +29,7 @@ from kiln_loopir.runtime import view_layout
 from kiln_loopir.symbols import data_dependent_symbols, is_data_dependent, to_expr
 
 __all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
-_ = (indexing, pointwise, random, reductions)  # imported for their registrations
+_ = (indexing, matmul, pointwise, random, reductions)  # imported for their registrations
 aten = torch.ops.aten
 log = logging.getLogger("kiln.loopir")
 

@@ -1,8 +1,9 @@
 """Extern kernels: ops run eagerly through ATen by the host program.
 
-Matmul, convolution and attention go to ATen on purpose (their libraries beat generated
-loops); every other op with no lowering falls back here too, and the first fallback of each
-op is logged, so that a missing lowering is visible.
+Convolution and attention go to ATen on purpose (their libraries beat generated loops), and
+so do matrix products above a size (``matmul.py`` decides); every other op with no lowering
+falls back here too, and the first fallback of each op is logged, so that a missing
+lowering is visible.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ log = logging.getLogger("kiln.loopir")
 aten = torch.ops.aten
 
 EXTERN_OPS = (
-    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
     aten.convolution.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_flash_attention.default,

@@ -73,7 +73,7 @@ def reduction(kind: str, value, src_dtype, grid: tuple, nred: int, device=None) 
         # torch's arg-reductions refuse bool: order False < True as 0 < 1
         out = reduction(kind, v.to(torch.uint8), torch.uint8, grid, nred, device)
         return out if kind.startswith("arg") else out.to(torch.bool)
-    if kind == "sum":
+    if kind in ("sum", "dot"):
         out = flat_v.sum(-1)
     elif kind == "prod":
         out = flat_v.prod(-1)
