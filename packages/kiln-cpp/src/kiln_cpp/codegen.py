@@ -10,8 +10,9 @@ import torch
 
 from kiln_cpp import build
 from kiln_cpp.prelude import PRELUDE
-from kiln_cpp.render import render_kernel
+from kiln_cpp.render import render_group, render_kernel
 from kiln_loopir.kernel import Kernel
+from kiln_loopir.launch import LaunchGroup
 
 _SIGNATURE = re.compile(r'extern "C" int (\w+)\(([^)]*)\)')
 
@@ -89,6 +90,10 @@ class CppCodegen:
 
     def render(self, kernel: Kernel) -> str:
         return render_kernel(kernel)
+
+    def render_group(self, group: LaunchGroup) -> str:
+        """Consecutive kernels as one function: the host program makes one foreign call."""
+        return render_group(group)
 
     def compile(self, sources: Sequence[str]) -> list[Callable]:
         if not sources:

@@ -24,6 +24,7 @@ from kiln_cpp.vectorize import (
     transposing,
 )
 from kiln_loopir.kernel import Kernel
+from kiln_loopir.launch import LaunchGroup
 from kiln_loopir.symbols import reduction_vars
 
 # below this many points of the whole iteration space a kernel runs on one thread
@@ -163,4 +164,18 @@ def render_kernel(kernel: Kernel) -> str:
     lines.append(ind + "}")
     lines.append(ind + "return kiln_oob;")
     lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render_group(group: LaunchGroup) -> str:
+    """One ``extern "C"`` function that runs a launch group's kernels in order and returns
+    the first nonzero status (an indirect index out of range)."""
+    params = [f"{pointer_type(group.arg_dtypes[a])} {a}" for a in group.args]
+    params += [f"int64_t {s}" for s in group.size_args]
+    lines = [f"// {group.header()}", f'extern "C" int {group.name}({", ".join(params)}) {{']
+    lines.append("  int status = 0;")
+    for kernel in group.kernels:
+        args = [*kernel.args, *(str(s) for s in kernel.size_args)]
+        lines.append(f"  if ((status = {kernel.name}({', '.join(args)}))) return status;")
+    lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"

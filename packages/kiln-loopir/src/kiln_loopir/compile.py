@@ -16,6 +16,7 @@ from kiln_loopir.decompose import decompose
 from kiln_loopir.host import generate_host, kernel_launch_args
 from kiln_loopir.ir import LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule
+from kiln_loopir.launch import LaunchGroup, launch_groups
 from kiln_loopir.lowering import lower
 from kiln_loopir.memory import MemoryPlan, plan_memory
 from kiln_loopir.scheduler import fuse, order, unfused_schedule
@@ -27,6 +28,16 @@ class CompiledKernel:
 
     name: str
     kernel: Kernel
+    source: str
+    fn: Callable
+
+
+@dataclass(eq=False)
+class CompiledLaunchGroup:
+    """Consecutive kernels started by one call: the group, its source and its callable."""
+
+    name: str
+    group: LaunchGroup
     source: str
     fn: Callable
 
@@ -102,8 +113,10 @@ class CompiledGraph:
     """A graph compiled to kernels and a host program.
 
     Call it with the graph's inputs; it returns the outputs as a flat tuple. ``kernels``
-    holds the generated kernels (each with its ``source``), ``host_source`` the host
-    program, ``program`` the loaded :class:`HostProgram`, and
+    holds the generated kernels (each with its ``source``), ``launch_groups`` the runs of
+    kernels the host program starts with one call (where the code generator chains
+    kernels), ``host_source`` the host program, ``program`` the loaded
+    :class:`HostProgram`, and
     ``graph``/``schedule``/``memory_plan`` the stages that made them.
     """
 
@@ -115,6 +128,7 @@ class CompiledGraph:
         kernels: list[CompiledKernel],
         host_source: str,
         codegen: Codegen,
+        launch_groups: Sequence[CompiledLaunchGroup] = (),
     ) -> None:
         self.graph = graph
         self.schedule = schedule
@@ -122,9 +136,10 @@ class CompiledGraph:
         self.kernels = kernels
         self.host_source = host_source
         self.codegen = codegen
+        self.launch_groups = list(launch_groups)
         self.program = load_host_program(
             host_source,
-            {k.name: k.fn for k in kernels},
+            {k.name: k.fn for k in [*kernels, *self.launch_groups]},
             {c.name: c.value for c in graph.constants},
         )
 
@@ -183,11 +198,17 @@ def compile_fx(
     schedule.verify()
     plan = plan_memory(schedule, reuse=reuse_memory)  # 5. allocation, reuse, in place
     kernel_launch_args(schedule)  # 6. what each kernel is passed
-    sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels
-    fns = backend.compile(sources)
+    groups = launch_groups(schedule) if hasattr(backend, "render_group") else []
+    sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels, launch groups
+    group_sources = [backend.render_group(g) for g in groups]
+    fns = backend.compile(sources + group_sources)
     kernels = [
         CompiledKernel(k.name, k, src, fn)
-        for k, src, fn in zip(schedule.kernels(), sources, fns, strict=True)
+        for k, src, fn in zip(schedule.kernels(), sources, fns[: len(sources)], strict=True)
     ]
-    host_source = generate_host(schedule, plan)  # 8. the host program
-    return CompiledGraph(graph, schedule, plan, kernels, host_source, backend)
+    launchers = [
+        CompiledLaunchGroup(g.name, g, src, fn)
+        for g, src, fn in zip(groups, group_sources, fns[len(sources) :], strict=True)
+    ]
+    host_source = generate_host(schedule, plan, groups)  # 8. the host program
+    return CompiledGraph(graph, schedule, plan, kernels, host_source, backend, launchers)

@@ -4,11 +4,14 @@ strides eager gives them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sympy
 import torch
 
 from kiln_loopir.ir import Buffer, ExternNode, LoopGraph, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
+from kiln_loopir.launch import LaunchGroup
 from kiln_loopir.memory import MemoryPlan
 from kiln_loopir.runtime import make_seed, view_layout
 from kiln_loopir.scheduler import step_reads
@@ -132,7 +135,9 @@ def _input_check(k: int, inp) -> str:
     )
 
 
-def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
+def generate_host(
+    schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchGroup] = ()
+) -> str:
     """The host program for ``schedule``: the source of ``call(*inputs)`` and
     ``check(*inputs)``.
 
@@ -151,7 +156,8 @@ def generate_host(schedule: Schedule, plan: MemoryPlan) -> str:
         for k, inp in enumerate(graph.inputs)
         if inp.buffer is not None and not _is_static(inp.buffer)
     ]
-    body += _steps(schedule, plan, bound_after={line.split(" = ")[0] for line in body})
+    bound_after = {line.split(" = ")[0] for line in body}
+    body += _steps(schedule, plan, groups, bound_after)
     header = extern_bindings(schedule)
     sections = [
         "\n".join(header) + "\n\n\n" if header else "",
@@ -166,11 +172,15 @@ def _function(signature: str, body: list[str]) -> str:
     return "\n".join([f"def {signature}:"] + ["    " + line for line in body]) + "\n"
 
 
-def _steps(schedule: Schedule, plan: MemoryPlan, bound_after: set[str]) -> list[str]:
+def _steps(
+    schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchGroup], bound_after: set[str]
+) -> list[str]:
     """Allocations, launches, extern calls and frees, step by step, then the return."""
     graph = schedule.graph
     buffers = graph.buffers()
     body: list[str] = []
+    group_of = {id(k): g for g in groups for k in g.kernels}
+    deferred: list[str] = []  # names a group's kernels still read: dropped after its call
     reused = {old for p in plan.steps for old in p.reuse.values()}
     read = {name for step in schedule.steps for name in step_reads(step)}
     read |= {o.buffer for o in graph.outputs if isinstance(o, TensorRef)}
@@ -181,14 +191,27 @@ def _steps(schedule: Schedule, plan: MemoryPlan, bound_after: set[str]) -> list[
                 f"{name} = empty_strided({_tuple(b.size)}, {_tuple(b.stride)}, {b.dtype}, "
                 f"{str(b.device)!r})"
             )
+        group = group_of.get(id(step))
         for new, old in {**sp.reuse, **sp.in_place}.items():
             b, o = buffers[new], buffers[old]
             # a kernel working in place still reads the old name: drop it after the launch
             drop = f"; del {old}  # reuse" if new in sp.reuse else "  # in place"
+            if group is not None and new in sp.reuse:
+                drop = "  # reuse"
+                deferred.append(old)
             if tuple(b.size) == tuple(o.size) and tuple(b.stride) == tuple(o.stride):
                 body.append(f"{new} = {old}{drop}")
             else:
                 body.append(f"{new} = {view_source(old, b.size, b.stride, 0)}{drop}")
+        if group is not None:
+            deferred += [n for n in sp.free if n not in reused] + list(sp.in_place.values())
+            if step is group.kernels[-1]:
+                args = list(group.args) + [str(s) for s in group.size_args]
+                body.append(f"{group.name}({', '.join(args)})")
+                if deferred:
+                    body.append("del " + ", ".join(dict.fromkeys(deferred)))
+                deferred = []
+            continue
         if isinstance(step, Kernel):
             args = list(step.args) + [str(s) for s in step.size_args]
             body.append(f"{step.name}({', '.join(args)})")

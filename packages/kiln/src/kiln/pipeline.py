@@ -54,14 +54,19 @@ class ObservedCodegen:
         self.device_types = inner.device_types
         self.frame = frame
         self.kind = kind
+        if hasattr(inner, "render_group"):  # it chains kernels: one call per launch group
+            self.render_group = lambda group: self._rendered(inner.render_group, group)
 
     def render(self, kernel) -> str:
+        return self._rendered(self.inner.render, kernel)
+
+    def _rendered(self, render: Callable, item) -> str:
         with self.frame.stage("render"):
             try:
-                return self.inner.render(kernel)
+                return render(item)
             except Exception as exc:
                 raise CodegenFailed(
-                    f"{self.name} could not render {kernel.name}: {type(exc).__name__}: {exc}"
+                    f"{self.name} could not render {item.name}: {type(exc).__name__}: {exc}"
                 ) from exc
 
     def compile(self, sources: Sequence[str]) -> list[Callable]:
@@ -189,9 +194,10 @@ class AtenCompiler:
                 fusion=self.options.fusion,
                 reuse_memory=self.options.reuse_memory,
             )
+        launchers = [*compiled.kernels, *compiled.launch_groups]
         entry = Entry(
-            kernel_names=[k.name for k in compiled.kernels],
-            kernel_sources=[k.source for k in compiled.kernels],
+            kernel_names=[k.name for k in launchers],
+            kernel_sources=[k.source for k in launchers],
             host_source=compiled.host_source,
             constants={c.name: c.value for c in compiled.graph.constants},
             num_inputs=len(compiled.graph.inputs),
