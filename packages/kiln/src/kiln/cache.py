@@ -33,7 +33,7 @@ from kiln_loopir import load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 1
+FORMAT = 2  # 2: kernels named for their ops (kiln_softmax_1, not kernel1)
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 
 
