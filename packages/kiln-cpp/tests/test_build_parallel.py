@@ -12,7 +12,7 @@ from kiln_cpp import CppCodegen, build
 
 
 def _kernel(value: int) -> str:
-    return f'extern "C" int kernel0(float* a) {{ a[0] = {value}.0f; return 0; }}\n'
+    return f'extern "C" int kiln_fill_0(float* a) {{ a[0] = {value}.0f; return 0; }}\n'
 
 
 @pytest.fixture

@@ -56,4 +56,4 @@ def test_missing_compiler_raises_the_documented_error(fresh_cache, monkeypatch):
 
 def test_compiler_failure_raises_with_its_output(fresh_cache):
     with pytest.raises(CppCompileError, match="failed"):
-        CppCodegen().compile(['extern "C" int kernel0(float* a) { not c++ }'])
+        CppCodegen().compile(['extern "C" int kiln_fill_0(float* a) { not c++ }'])

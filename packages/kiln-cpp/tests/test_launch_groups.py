@@ -21,9 +21,7 @@ def mlp_inputs():
 
 
 def test_a_run_of_kernels_is_one_call_and_equals_eager():
-    compiled = check_against_eager(
-        mlp, mlp_inputs(), codegen=CppCodegen(), run_inputs=mlp_inputs()
-    )
+    compiled = check_against_eager(mlp, mlp_inputs(), codegen=CppCodegen(), run_inputs=mlp_inputs())
     (group,) = compiled.launch_groups
     assert [k.name for k in group.group.kernels] == [k.name for k in compiled.kernels]
     host = compiled.host_source

@@ -37,7 +37,7 @@ def test_an_object_is_used_as_given():
     compiled = compile_fx(trace_aten(lambda x: x.sum(0) + 1, [x]), [x], codegen=backend)
     assert backend.rendered == [k.name for k in compiled.kernels]
     torch.testing.assert_close(compiled(x)[0], x.sum(0) + 1)
-    assert compiled.kernels[0].source.startswith("def kernel0(")
+    assert compiled.kernels[0].source.startswith("def kiln_fused_sum_add_0(")
 
 
 def test_missing_codegen_names_the_device_and_what_to_install(monkeypatch):
@@ -85,11 +85,11 @@ def test_compiled_graph_exposes_every_stage():
     x = torch.randn(3, 4)
     compiled = kiln_loopir.testing.compile_fn(lambda x: (x * 2).softmax(-1), [x])
     assert "Reduction(max" in str(compiled.graph)
-    assert "kernel0:" in str(compiled.schedule)
+    assert "kiln_fused_mul_softmax_0:" in str(compiled.schedule)
     assert "peak" in compiled.memory_plan.format(compiled.schedule)
     assert compiled.host_source.startswith("def call(arg0_1):")
     assert "def check(arg0_1):" in compiled.host_source
-    assert "kernel0(" in compiled.host_source
+    assert "kiln_fused_mul_softmax_0(" in compiled.host_source
     assert "CompiledGraph(1 kernels" in repr(compiled)
 
 

@@ -79,7 +79,7 @@ return (buf3[4, 8] stride=[8, 1] offset=0)""",
             str(after),
             """\
 input arg0_1: float32[4, 8] stride=[8, 1]
-kernel0: ranges=[4, 8] reduction_ranges=[] nodes=[buf0:outer, buf1:outer, buf2:outer, buf3:outer]
+kiln_fused_sin_add_relu_mul_0: ranges=[4, 8] reduction_ranges=[] nodes=[buf0:outer, buf1:outer, buf2:outer, buf3:outer]
     # local: buf0, buf1, buf2
     tmp0 = load(arg0_1, 8*x0 + x1)
     tmp1 = sin(tmp0)
@@ -130,7 +130,7 @@ return (buf2[4, 8] stride=[8, 1] offset=0)""",
             str(after),
             """\
 input arg0_1: float32[4, 8] stride=[8, 1]
-kernel0: ranges=[4] reduction_ranges=[8] nodes=[buf0:reduction, buf1:reduction, buf2:inner]
+kiln_softmax_0: ranges=[4] reduction_ranges=[8] nodes=[buf0:reduction, buf1:reduction, buf2:inner]
     # local: buf0, buf1
     tmp0 = load(arg0_1, r0 + 8*x0)
     tmp1 = to_dtype(tmp0, torch.float32)
@@ -221,7 +221,7 @@ return (buf9[4, 8] stride=[8, 1] offset=0)""",
 input arg0_1: float32[4, 8] stride=[8, 1]
 input arg1_1: float32[8] stride=[1]
 input arg2_1: float32[8] stride=[1]
-kernel0: ranges=[4] reduction_ranges=[8] nodes=[buf0:reduction, buf2:outer, buf3:outer, buf4:outer, buf1:reduction, buf5:inner, buf6:inner, buf7:inner, buf8:inner, buf9:inner]
+kiln_fused_layer_norm_gelu_0: ranges=[4] reduction_ranges=[8] nodes=[buf0:reduction, buf2:outer, buf3:outer, buf4:outer, buf1:reduction, buf5:inner, buf6:inner, buf7:inner, buf8:inner, buf9:inner]
     # local: buf0, buf1, buf2, buf3, buf4, buf5, buf6, buf7, buf8
     tmp0 = load(arg0_1, r0 + 8*x0)
     tmp1 = to_dtype(tmp0, torch.float32)
@@ -271,7 +271,7 @@ return (buf0[8, 4] stride=[1, 8] offset=0)""",
             """\
 input arg0_1: float32[4, 8] stride=[8, 1]
 input arg1_1: float32[8, 4] stride=[4, 1]
-kernel0: ranges=[8, 4] reduction_ranges=[] nodes=[buf0:outer]
+kiln_add_0: ranges=[8, 4] reduction_ranges=[] nodes=[buf0:outer]
     tmp0 = load(arg0_1, x0 + 8*x1)
     tmp1 = load(arg1_1, 4*x0 + x1)
     tmp2 = add(tmp0, tmp1)
@@ -319,7 +319,7 @@ return (buf2[2, 5] stride=[5, 1] offset=0)""",
             """\
 input arg0_1: float32[2, 3] stride=[3, 1]
 input arg1_1: float32[2, 2] stride=[2, 1]
-kernel0: ranges=[2, 5] reduction_ranges=[] nodes=[buf2:outer]
+kiln_fused_add_mul_cat_0: ranges=[2, 5] reduction_ranges=[] nodes=[buf2:outer]
     tmp0 = index_expr(x1, torch.int64)
     tmp1 = index_expr(3, torch.int64)
     tmp2 = ge(tmp0, tmp1)
@@ -374,7 +374,7 @@ return (buf2[4, 3] stride=[3, 1] offset=0)""",
             """\
 input arg0_1: float32[4, 8] stride=[8, 1]
 input arg1_1: int64[4, 3] stride=[3, 1]
-kernel0: ranges=[4, 3] reduction_ranges=[] nodes=[buf1:outer, buf2:outer]
+kiln_fused_exp_gather_mul_0: ranges=[4, 3] reduction_ranges=[] nodes=[buf1:outer, buf2:outer]
     # local: buf1
     tmp0 = load(arg1_1, 3*x0 + x1)
     tmp1 = indirect_indexing(tmp0, 8)
@@ -415,7 +415,7 @@ return (buf2[4] stride=[1] offset=0, buf1[4] stride=[1] offset=0)""",
             str(after),
             """\
 input arg0_1: float32[4, 8] stride=[8, 1]
-kernel0: ranges=[4] reduction_ranges=[8] nodes=[buf0:reduction, buf1:reduction, buf2:outer]
+kiln_var_mean_0: ranges=[4] reduction_ranges=[8] nodes=[buf0:reduction, buf1:reduction, buf2:outer]
     # local: buf0
     tmp0 = load(arg0_1, r0 + 8*x0)
     tmp1 = to_dtype(tmp0, torch.float32)
@@ -470,7 +470,7 @@ input arg1_1: float32[8, 8] stride=[8, 1]
 input arg2_1: float32[8] stride=[1]
 buf0 = extern aten.mm.default(arg0_1[4, 8] stride=[8, 1] offset=0, arg1_1[8, 8] stride=[8, 1] offset=0)
     buf0: float32[4, 8] stride=[8, 1]
-kernel0: ranges=[4, 8] reduction_ranges=[] nodes=[buf1:outer, buf2:outer]
+kiln_fused_add_gelu_0: ranges=[4, 8] reduction_ranges=[] nodes=[buf1:outer, buf2:outer]
     # local: buf1
     tmp0 = load(buf0, 8*x0 + x1)
     tmp1 = load(arg2_1, x1)
@@ -500,7 +500,7 @@ return (buf2[4, 8] stride=[8, 1] offset=0)""",
 input arg0_1: float32[4, 8] stride=[8, 1]
 input arg1_1: float32[6, 8] stride=[8, 1]
 input arg2_1: float32[6] stride=[1]
-kernel0: ranges=[4, 6] reduction_ranges=[8] nodes=[buf0:reduction, buf1:outer, buf2:outer]
+kiln_fused_mm_add_gelu_0: ranges=[4, 6] reduction_ranges=[8] nodes=[buf0:reduction, buf1:outer, buf2:outer]
     # local: buf0, buf1
     tmp0 = load(arg0_1, r0 + 8*x0)
     tmp1 = to_dtype(tmp0, torch.float32)
@@ -538,7 +538,7 @@ def call(arg0_1, arg1_1, arg2_1):
     buf0 = aten_mm_default(arg0_1, arg1_1)
     buf0 = match_layout(buf0, (4, 8), (8, 1), 'aten.mm.default output buf0')
     buf2 = buf0  # in place
-    kernel0(arg2_1, buf0, buf2)
+    kiln_fused_add_gelu_0(arg2_1, buf0, buf2)
     del buf0
     return (buf2,)
 
@@ -562,7 +562,7 @@ def call(arg0_1):
     s1 = arg0_1.size(1)
     assert_size_stride(arg0_1, (s0, s1), (s1, 1), 'input 0 (arg0_1)')
     buf2 = empty_strided((s0, s1), (s1, 1), torch.float32, 'cpu')
-    kernel0(arg0_1, buf2, s0, s1)
+    kiln_softmax_0(arg0_1, buf2, s0, s1)
     return (buf2, reinterpret(arg0_1, (s1 - 1, s0), (1, s1), 1))
 
 

@@ -16,7 +16,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def test_winner_round_trips_through_the_disk_cache(fresh_cache):
-    config = Config("kernel0_looped", (("XBLOCK", 1), ("RBLOCK", 2048)), 8, 1)
+    config = Config("kiln_softmax_looped", (("XBLOCK", 1), ("RBLOCK", 2048)), 8, 1)
     key = autotune.cache_key("abc", {"xnumel": 4, "rnumel": 10000}, (), "H100")
     assert autotune.load_winner(key) is None
     autotune.save_winner(key, config, {"x": 1.0})

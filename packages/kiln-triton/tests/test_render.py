@@ -109,3 +109,28 @@ def test_a_norm_weight_stays_in_l2():
     (src,) = sources(lambda a, w: F.layer_norm(a, (16,), w), torch.randn(4, 16), torch.randn(16))
     weight_loads = [line for line in src.splitlines() if "tl.load(in_ptr1" in line]
     assert weight_loads and all("evict_last" in line for line in weight_loads)
+
+
+def test_functions_are_named_for_the_ops_without_the_index():
+    ln_gelu = lambda x, w, b: F.gelu(F.layer_norm(x, (8,), w, b))  # noqa: E731
+    compiled = compile_fn(ln_gelu, [torch.randn(4, 8), torch.randn(8), torch.randn(8)])
+    (kernel,) = compiled.schedule.kernels()
+    src = TritonCodegen().render(kernel)
+    assert kernel.name == "kiln_fused_layer_norm_gelu_0"
+    assert src.startswith("# kiln_fused_layer_norm_gelu_0: ")
+    assert meta_of(src)["name"] == "kiln_fused_layer_norm_gelu"
+    assert "def kiln_fused_layer_norm_gelu_persistent(" in src
+    assert "def kiln_fused_layer_norm_gelu_looped(" in src
+    (column_sum,) = sources(lambda x: x.sum(0), torch.randn(300, 40))
+    assert "def kiln_sum_split(" in column_sum and "def kiln_sum_split_finish(" in column_sum
+
+
+def test_the_kernel_index_stays_out_of_the_functions():
+    # two layers' worth of one kernel: named apart in the graph (the first line), the same
+    # functions (only META's buffer names differ)
+    srcs = sources(lambda x, y: (x.exp().sum(-1), y.exp().sum(-1)), torch.randn(4, 8),
+                   torch.randn(4, 8))  # fmt: skip
+    heads = [s.split(":", 1)[0] for s in srcs]
+    assert heads == ["# kiln_fused_exp_sum_0", "# kiln_fused_exp_sum_1"]
+    functions = [s.split("\n", 1)[1].split("\nMETA = ", 1)[0] for s in srcs]
+    assert functions[0] == functions[1]

@@ -1,6 +1,7 @@
 """Logs (KILN_LOGS, kiln.set_logs), debug dumps (KILN_DEBUG), stage times and progress."""
 
 import logging
+import re
 
 import pytest
 import torch
@@ -103,7 +104,14 @@ def test_debug_dump_writes_every_stage_with_fixed_names(tmp_path):
     assert "def guard(" in (frame / "guards.py").read_text()
     assert "torch.ops.aten" in (frame / "forward_aten.py").read_text()
     assert "Reduction" in (frame / "forward_loopir.txt").read_text()
-    assert "kernel" in (frame / "forward_loopir_fused.txt").read_text()
+    # kernels are named for their ops, the same in the schedule, the sources and the host
+    kernels = (frame / "forward_kernels.cpp").read_text()
+    names = re.findall(r'extern "C" int (kiln_\w+_\d+)\(', kernels)
+    assert names and len(set(names)) == len(names)
+    for name in names:
+        assert f"{name}: ranges=" in (frame / "forward_loopir_fused.txt").read_text()
+        host = (frame / "forward_host.py").read_text()
+        assert f"{name}(" in host or f"status = {name}(" in kernels  # alone or in a group
     assert "def call(" in (frame / "backward_host.py").read_text()
 
 

@@ -1,15 +1,19 @@
 """The decompose step: rewrite the ops loopir lowers through decompositions (the norms).
 
 The graph is retraced under its own fake mode with ``make_fx`` and a small table from
-``torch._decomp``; ops not in the table are kept as they are.
+``torch._decomp``; ops not in the table are kept as they are. Every node of the result
+records the op it came from in ``meta["original_aten"]`` (``aten.native_layer_norm`` on the
+nodes of a layer norm; the op a node already recorded, where the graph's tracer kept one),
+which kernel names are made of.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 from torch._decomp import get_decompositions
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import make_fx, set_original_aten_op
 
 aten = torch.ops.aten
 
@@ -53,10 +57,22 @@ def decompose(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             "the graph's placeholders carry no fake tensors in meta['val']: trace it with "
             "make_fx(..., tracing_mode='fake' or 'symbolic') first"
         )
-    interpreter = torch.fx.Interpreter(gm)
-    with fake_mode:
+    interpreter = _KeepOrigins(gm)
+    with fake_mode, fx_traceback.preserve_node_meta():
         return make_fx(
             lambda *args: interpreter.run(*args),
             decomposition_table=decomposition_table(),
             tracing_mode="real",
         )(*vals)
+
+
+class _KeepOrigins(torch.fx.Interpreter):
+    """Runs each node with the op it records as its origin (``meta["original_aten"]``), so
+    the nodes it becomes keep that origin rather than the node's own op."""
+
+    def run_node(self, n: torch.fx.Node) -> object:
+        origin = n.meta.get("original_aten")
+        if origin is None:
+            return super().run_node(n)
+        with set_original_aten_op(origin):
+            return super().run_node(n)

@@ -135,9 +135,7 @@ def _input_check(k: int, inp) -> str:
     )
 
 
-def generate_host(
-    schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchGroup] = ()
-) -> str:
+def generate_host(schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchGroup] = ()) -> str:
     """The host program for ``schedule``: the source of ``call(*inputs)`` and
     ``check(*inputs)``.
 

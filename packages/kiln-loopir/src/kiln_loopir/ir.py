@@ -210,10 +210,15 @@ class Scatter(PointLoop):
 
 @dataclass(eq=False)
 class ComputedNode:
-    """A loop nest (Pointwise, Reduction or Scatter) that writes ``buffer``."""
+    """A loop nest (Pointwise, Reduction or Scatter) that writes ``buffer``.
+
+    ``origins`` names the aten ops the node was lowered from (``"aten.gelu.default"``), in
+    order: the FX node's op (the op before decomposition where the graph records it) after
+    those of the producers its inner function inlined. Kernel names are made of them."""
 
     buffer: Buffer
     body: Pointwise | Reduction | Scatter
+    origins: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

@@ -9,6 +9,7 @@ import sympy
 from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
 from kiln_loopir.ir import ComputedNode, ExternNode, LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
+from kiln_loopir.names import kernel_name
 from kiln_loopir.symbols import data_dependent_symbols
 
 
@@ -95,7 +96,7 @@ def unfused_schedule(graph: LoopGraph) -> Schedule:
     count = 0
     for node in graph.nodes:
         if isinstance(node, ComputedNode):
-            steps.append(kernel_of(node, f"kernel{count}"))
+            steps.append(kernel_of(node, kernel_name([node], count)))
             count += 1
         else:
             steps.append(node)
@@ -149,7 +150,9 @@ def fuse(schedule: Schedule) -> Schedule:
         for _, i, j in sorted(candidates):
             if reachable(deps, i, j, skip=[i]):
                 continue
-            fused = try_fuse(steps[i], steps[j], f"kernel{count}")
+            fused = try_fuse(
+                steps[i], steps[j], kernel_name(steps[i].nodes + steps[j].nodes, count)
+            )
             if fused is None:
                 refused.add((steps[i], steps[j]))
                 continue
@@ -229,11 +232,12 @@ def dependencies_by_data(steps: list[Step]) -> dict[int, set[int]]:
 
 
 def _renamed(steps: list[Step]) -> list[Step]:
-    """Kernels numbered in program order (deterministic names in printed output)."""
+    """Kernels named for their ops and numbered in program order (deterministic names in
+    printed output; see :mod:`kiln_loopir.names`)."""
     count = 0
     for step in steps:
         if isinstance(step, Kernel):
-            step.name = f"kernel{count}"
+            step.name = kernel_name(step.nodes, count)
             count += 1
     return steps
 

@@ -7,6 +7,11 @@ reduction: ``persistent`` holds whole rows in registers (``RBLOCK`` covers the r
 every value is computed once), ``looped`` walks the reduction in chunks of ``RBLOCK`` with
 per-lane accumulators; a value that needs a reduction's result starts a new loop, and the
 loads it needs are repeated there.
+
+The functions are named for what the kernel computes, without its index in the graph:
+``kiln_fused_layer_norm_gelu`` (pointwise), ``kiln_softmax_persistent`` and
+``kiln_softmax_looped`` (see :mod:`kiln_loopir.names`); the module's first line names the
+IR kernel (``# kiln_softmax_1: ...``) and is left out of its hash.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import sympy
 import torch
 
 from kiln_loopir.kernel import Kernel
+from kiln_loopir.names import describe
 from kiln_loopir.ops import result_dtype
 from kiln_loopir.symbols import index_vars, py_expr, reduction_vars
 from kiln_triton import ops_table
@@ -30,7 +36,6 @@ from kiln_triton.split import finish_function, split_function, split_parts
 from kiln_triton.tiling import Tiling, choose_tiling, column_major, merge_dims
 from kiln_triton.values import RecordingHandler, Store, Value, record
 
-KERNEL = "kernel"  # the name of the function in every kernel's source
 HEADER = """\
 import triton
 import triton.language as tl
@@ -98,6 +103,10 @@ class Space:
 class KernelRenderer:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
+        # the functions are named for the kernel's ops without its index in the graph
+        # (``kiln_fused_layer_norm_gelu``, ``..._looped``, ``..._split``): profiles read,
+        # and the same kernel in every layer stays one source
+        self.name = describe(kernel.nodes)
         self.rec: RecordingHandler = record(kernel)
         # pointers get canonical names, so the same kernel in every layer of a model is one
         # source (compiled once)
@@ -481,14 +490,14 @@ class KernelRenderer:
     def pointwise_function(self) -> list[str]:
         t, xs = self.space.tiling, self.space.xvars
         if t.kind == "pointwise":
-            head = [self._signature(KERNEL, ["xnumel"], ["XBLOCK"])]
+            head = [self._signature(self.name, ["xnumel"], ["XBLOCK"])]
             body = self._pid_lines() + [
                 "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)",
                 "xmask = xindex < xnumel",
             ]
             body += self._var_defs("xindex", t.ranges, xs)
         else:
-            head = [self._signature(KERNEL, ["ynumel", "xnumel"], ["YBLOCK", "XBLOCK"])]
+            head = [self._signature(self.name, ["ynumel", "xnumel"], ["YBLOCK", "XBLOCK"])]
             body = self._pid_lines() + [
                 "xblocks = tl.cdiv(xnumel, XBLOCK)",
                 "yindex = (pid // xblocks) * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
@@ -525,7 +534,7 @@ class KernelRenderer:
             numels += ["ws_ptr", "rsplit"]
         if finish:
             numels, blocks = numels + ["ws_ptr", "nsplit"], ["XBLOCK", "SPLIT_BLOCK"]
-        head = [self._signature(f"{KERNEL}_{suffix}", numels, blocks)]
+        head = [self._signature(f"{self.name}_{suffix}", numels, blocks)]
         body = self._pid_lines()
         if split:
             body += [
@@ -684,7 +693,7 @@ class KernelRenderer:
         loads = [v.attrs["index"] for v in self.rec.values if v.op == "load"]
         stored = [s.buffer for s in self.rec.stores]
         return {
-            "name": KERNEL,
+            "name": self.name,
             "kind": t.kind,
             "split_parts": split_count,
             "args": list(self.kernel.args),
@@ -722,5 +731,5 @@ def source_hash(source: str) -> str:
 
 
 def kernel_label(source: str) -> str:
-    """The IR kernel's name, from the source's first line (``# kernel3: ranges=...``)."""
-    return source[2:].split(":", 1)[0] if source.startswith("# ") else KERNEL
+    """The IR kernel's name, from the source's first line (``# kiln_softmax_3: ranges=...``)."""
+    return source[2:].split(":", 1)[0] if source.startswith("# ") else "kernel"

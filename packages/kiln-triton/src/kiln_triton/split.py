@@ -1,9 +1,10 @@
 """Split reductions: a reduction with few outputs over many elements (a column sum, the sum
 of a whole tensor) as two launches, so that it fills the GPU.
 
-``kernel_split`` runs ``NSPLIT`` programs per block of outputs; each reduces one chunk of
-the reduction (``rsplit`` elements) and writes its partial results (in float32) to a
-workspace, ``[part, split, output]``. ``kernel_split_finish`` then combines each output's
+``<name>_split`` (``kiln_sum_split`` for a kernel named ``kiln_sum_2``) runs ``NSPLIT``
+programs per block of outputs; each reduces one chunk of the reduction (``rsplit``
+elements) and writes its partial results (in float32) to a workspace,
+``[part, split, output]``. ``<name>_split_finish`` then combines each output's
 partials in a fixed order, so the result does not depend on which program finished first,
 and computes what the kernel does after the reduction. Kernels qualify with one
 reduction loop, no stores inside it, and float sums, maxima, minima or Welford

@@ -146,6 +146,8 @@ class RecordingHandler:
 
     def reduction(self, reduction_type: str, value: Value, src_dtype: torch.dtype) -> Value:
         value = self.to_dtype(value, src_dtype)
+        if reduction_type == "dot":  # a matrix product's sum: Triton's sums accumulate in float
+            reduction_type = "sum"
         if reduction_type in ("argmax", "argmin"):
             out = torch.int64
         elif reduction_type in ("any", "all"):

@@ -33,7 +33,7 @@ from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 2  # 2: host programs are call(*inputs) and check(*inputs)
+FORMAT = 3  # 3: host programs are call/check functions; kernels named for their ops
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 
 

@@ -279,6 +279,15 @@ def _bind_view_symbols(ctx: LoweringContext, base: object, args: tuple, kwargs: 
     ctx.graph.nodes.append(node)
 
 
+def _origin(node: torch.fx.Node) -> str:
+    """The op an FX node stands for: the op it was decomposed from where tracing recorded
+    one (``meta["original_aten"]``, see :func:`kiln_loopir.decompose`), else its own."""
+    op = node.meta.get("original_aten") or node.target
+    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(op)
+    return getattr(op, "__name__", str(op))
+
+
 def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     val = _meta(node)
     if node.target is operator.getitem:
@@ -307,6 +316,7 @@ def _lower_node(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> object:
     if reads_float and getattr(node.target, "overloadpacket", None) not in _FLOAT_OPERAND_OPS:
         raise NotImplementedError(_float_read_use(node))
     ctx.val, ctx.op, ctx.kwargs = val, node.target, kwargs
+    ctx.origin, ctx.inlined_origins = _origin(node), []
     ctx.inlined_now = False
     ctx.arg_vals = tuple(_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args)
     ctx.kwarg_vals = {

@@ -47,6 +47,15 @@ class LoweringContext:
         # so that recomputation stays linear in the graph's size
         self.inliners: set[str] = set()
         self.inlined_now = False
+        # the ops the nodes being added come from: the FX node's, after those of the
+        # producers inlined into them (see :attr:`ComputedNode.origins`)
+        self.origin: str | None = None
+        self.inlined_origins: list[str] = []
+
+    def origins(self) -> tuple[str, ...]:
+        """The origins of a node added now: inlined producers' ops, then the FX node's."""
+        found = [*self.inlined_origins, *([self.origin] if self.origin else [])]
+        return tuple(dict.fromkeys(found))
 
     # -- buffers and nodes -------------------------------------------------------------
     def new_name(self) -> str:
@@ -91,7 +100,8 @@ class LoweringContext:
         else:
             stride = None
         buf = self.new_buffer(dtype, device or self.device, size, stride)
-        self.graph.nodes.append(ComputedNode(buf, Pointwise(buf.size, inner_fn)))
+        body = Pointwise(buf.size, inner_fn)
+        self.graph.nodes.append(ComputedNode(buf, body, self.origins()))
         if self.inlined_now:
             self.inliners.add(buf.name)
         return buf.ref()
@@ -121,7 +131,7 @@ class LoweringContext:
             inner_fn,
             src_dtype,
         )
-        self.graph.nodes.append(ComputedNode(buf, body))
+        self.graph.nodes.append(ComputedNode(buf, body, self.origins()))
         return buf.ref()
 
     def scatter(
@@ -129,7 +139,7 @@ class LoweringContext:
     ) -> None:
         buf = self.buffer(target.buffer)
         body = Scatter(tuple(sympy.sympify(r) for r in ranges), inner_fn, index_fn, accumulate)
-        self.graph.nodes.append(ComputedNode(buf, body))
+        self.graph.nodes.append(ComputedNode(buf, body, self.origins()))
 
     def extern(self, target: object, args: tuple, kwargs: dict, val: object) -> object:
         """Add an ExternNode; returns a TensorRef (or a tuple) matching ``val``'s structure."""
@@ -170,13 +180,17 @@ class LoweringContext:
         if node is None or not isinstance(node.body, Pointwise) or node.name in self.inliners:
             return ref.load
         if ref.is_whole(node.buffer):
-            self.inlined_now = True
+            self._inlined(node)
             return node.body.inner_fn
         remap = _permuting_remap(ref, node.buffer) if through_views else None
         if remap is None:
             return ref.load
-        self.inlined_now = True
+        self._inlined(node)
         return lambda ops, index: node.body.inner_fn(ops, remap(index))
+
+    def _inlined(self, node: ComputedNode) -> None:
+        self.inlined_now = True
+        self.inlined_origins += node.origins
 
     def _producers(self) -> dict[str, ComputedNode]:
         found: dict[str, ComputedNode] = {}
