@@ -149,3 +149,9 @@ def test_compile_checked_sees_the_compiled_graph(tmp_path, monkeypatch):
     fn, found = kiln_checks.compile_checked(lambda a: (a * 2).relu() + 1, lambda f: f(x))
     assert found.frames == 1 and found.host_programs == 1
     torch.testing.assert_close(fn(x), (x * 2).relu() + 1)
+
+
+def test_compile_checked_refuses_a_function_that_compiles_nothing():
+    x = torch.randn(4)
+    with pytest.raises(RuntimeError, match="kiln compiled no graph"):
+        kiln_checks.compile_checked(lambda a: a.tolist(), lambda f: f(x))

@@ -153,6 +153,7 @@ def format_row(row: dict) -> list[str]:
 
 
 def main() -> str:
+    load_before = os.getloadavg()[0]
     rows = []
     for threads in thread_counts():
         proc = subprocess.run(
@@ -174,8 +175,9 @@ def main() -> str:
     header = ["case", "threads", "eager µs", "torch.compile µs", "kiln µs",
               "kiln / torch.compile", "kiln / eager", "kiln compiled"]  # fmt: skip
     intro = (
-        f"torch {torch.__version__}, {os.cpu_count()} cores; µs per call, median of "
-        f"{REPEATS} repeats; ratios are time over time (below 1: kiln is faster)"
+        f"torch {torch.__version__}, {os.cpu_count()} cores (load average {load_before:.1f} "
+        f"before, {os.getloadavg()[0]:.1f} after); µs per call, median of {REPEATS} repeats; "
+        "ratios are time over time (below 1: kiln is faster)"
     )
     return f"{intro}\n\n{markdown_table(header, rows, numeric=6)}"
 

@@ -44,10 +44,15 @@ def read_debug_dir(root: Path) -> Compiled:
 
 
 def compile_checked(
-    model: Callable, first_calls: Callable[[Callable], object], *, mode: str | None = None
+    model: Callable,
+    first_call: Callable[[Callable], object],
+    *,
+    mode: str | None = None,
+    calls: int = 2,
 ) -> tuple[Callable, Compiled]:
-    """``kiln.compile(model, mode=mode)`` and what it compiled during ``first_calls(compiled)``
-    (the calls that capture and compile: a forward, or a training step with its backward).
+    """``kiln.compile(model, mode=mode)`` and what it compiled during ``calls`` runs of
+    ``first_call(compiled)`` (a forward, or a training step with its backward; the second
+    run catches a recompile).
 
     Raises if Kiln warned (a fallback to eager) or compiled no graph.
     """
@@ -59,7 +64,8 @@ def compile_checked(
         with warnings.catch_warnings():
             # "kiln: ... runs eagerly", "kiln-capture runs ... eagerly", mode fallbacks
             warnings.filterwarnings("error", message="kiln", category=RuntimeWarning)
-            first_calls(compiled)
+            for _ in range(calls):
+                first_call(compiled)
         found = read_debug_dir(debug)
     finally:
         shutil.rmtree(debug, ignore_errors=True)
