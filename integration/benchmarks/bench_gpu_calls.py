@@ -72,8 +72,10 @@ def format_row(row: dict) -> list[str]:
     """A table row from a child's result (``profile`` None: no numbers, the note says why)."""
     head = [row["model"], row["input"], row["phase"], row["mode"]]
     prof, wall = row.get("profile"), row.get("wall_us")
-    if prof is None or wall is None:
+    if wall is None:
         return head + [""] * 6 + [row["note"][:240]]
+    if prof is None:
+        return head + [f"{wall:.0f}"] + [""] * 5 + [row["note"][:240]]
     ratio = f"{wall / prof['busy_us']:.2f}" if prof["busy_us"] > 0 else ""
     return head + [
         f"{wall:.0f}",

@@ -168,6 +168,10 @@ def run_case(name: str, size: str, phase: str, emit: Callable[[dict], None]) -> 
             wall = walls[mode]
             calls = max(3, min(20, int(0.2 / max(wall, 1e-6))))
             row["wall_us"] = wall * 1e6
-            profile = profile_calls(lambda fn=ready[mode]: case.step(fn), calls)
-            row["profile"] = {**asdict(profile), "host_launch_calls": profile.host_launch_calls}
+            try:
+                profile = profile_calls(lambda fn=ready[mode]: case.step(fn), calls)
+            except Exception as exc:  # the wall time still stands
+                row["note"] += f"; profiler failed: {type(exc).__name__}: {exc}"
+            else:
+                row["profile"] = {**asdict(profile), "host_launch_calls": profile.host_launch_calls}
         emit(row)
