@@ -14,6 +14,7 @@ from torch.autograd import DeviceType
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "benchmarks"))
 import bench_gpu_calls  # noqa: E402
+import gpu_models  # noqa: E402
 import gpu_timing  # noqa: E402
 import kiln_checks  # noqa: E402
 import timing  # noqa: E402
@@ -155,3 +156,13 @@ def test_compile_checked_refuses_a_function_that_compiles_nothing():
     x = torch.randn(4)
     with pytest.raises(RuntimeError, match="kiln compiled no graph"):
         kiln_checks.compile_checked(lambda a: a.tolist(), lambda f: f(x))
+
+
+def test_gpu_models_build_at_each_size():
+    pytest.importorskip("transformers")
+    model, inputs = gpu_models.build("bert", "throughput", device="cpu", dtype=torch.float32)
+    assert gpu_models.describe_inputs(inputs) == "32x512"
+    with torch.no_grad():
+        out = model(inputs[0][:1, :8])
+    assert out.shape == (1, 8, 768)
+    assert not any(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
