@@ -4,6 +4,11 @@ Runs with the GPU machine's own python3 (torch, triton, transformers and timm ar
 Kiln's packages and the third-party wheels it lacks arrive as wheels built by
 ``nox -s gpu-wheels`` (see docs/development.md for the device command). Writes the logs
 of failing suites and the benchmark tables to ``$OUT`` when that is set.
+
+A run that must fit in a time limit picks a part: ``KILN_GPU_TESTS`` and ``KILN_GPU_BENCH``
+name test suites and benchmarks (comma-separated parts of their names, e.g.
+``KILN_GPU_TESTS=kiln-triton,end-to-end``, ``KILN_GPU_BENCH=gpu_calls``; ``none`` runs
+none; unset runs all). The benchmarks read their own variables (``KILN_BENCH_MODELS`` ...).
 """
 
 from __future__ import annotations
@@ -30,6 +35,15 @@ class SuiteResult:
     note: str = ""
 
 
+def chosen(names: list[str], variable: str) -> list[str]:
+    """The ``names`` that ``$variable`` picks (see the module docstring)."""
+    given = os.environ.get(variable, "").strip()
+    if not given:
+        return names
+    parts = [p.strip() for p in given.split(",") if p.strip() and p.strip() != "none"]
+    return [n for n in names if any(p in n for p in parts)]
+
+
 def test_suites() -> list[tuple[str, list[str]]]:
     """(name, pytest paths) for every package's tests, the end-to-end tests and integration."""
     suites = [
@@ -39,7 +53,8 @@ def test_suites() -> list[tuple[str, list[str]]]:
     ]
     suites.append(("end-to-end", [str(ROOT / "tests")]))
     suites.append(("integration", [str(ROOT / "integration")]))
-    return suites
+    picked = chosen([name for name, _ in suites], "KILN_GPU_TESTS")
+    return [(name, paths) for name, paths in suites if name in picked]
 
 
 def run_suite(name: str, paths: list[str]) -> SuiteResult:
@@ -86,7 +101,9 @@ def run_benchmarks() -> list[SuiteResult]:
     """Every integration/benchmarks/bench_*.py: its table printed, a row in the summary."""
     bench_dir = ROOT / "integration" / "benchmarks"
     results = []
-    for path in sorted(bench_dir.glob("bench_*.py")):
+    paths = sorted(bench_dir.glob("bench_*.py"))
+    picked = chosen([p.stem for p in paths], "KILN_GPU_BENCH")
+    for path in (p for p in paths if p.stem in picked):
         # each in a process of its own: one benchmark's state must not slow another's
         start = time.perf_counter()
         result = SuiteResult(f"bench {path.stem[6:]}")
