@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import re
+from pathlib import Path
 from collections.abc import Callable, Sequence
 
 import torch
 
 from kiln_cpp import build
+from kiln_cpp.host import NativeHost, load_runtime, render_host
 from kiln_cpp.prelude import PRELUDE
 from kiln_cpp.render import render_group, render_kernel
 from kiln_loopir.kernel import Kernel
@@ -71,6 +73,28 @@ def _launcher(name: str, fn: ctypes._CFuncPtr, pointer_args: list[bool]) -> Call
     return namespace[f"launch_{name}"]
 
 
+_HOST_HEADER = (
+    'extern "C" {\n' + (Path(__file__).parent / "host" / "kiln_host.h").read_text() + "}\n"
+)
+
+
+def _load_program(lib: ctypes.CDLL, host: NativeHost):
+    """The runtime's ``Program`` over the library's ``kiln_host_init``/``kiln_host_call``."""
+    runtime = load_runtime()
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    program = runtime.Program(
+        address(lib.kiln_host_init),
+        address(lib.kiln_host_call),
+        host.n_inputs,
+        host.n_outputs,
+        tuple(call.prepared for call in host.externs),
+        "host program",
+    )
+    program.library = lib  # kept loaded while the program lives
+    program.native_source = host.source
+    return program
+
+
 class CppCodegen:
     """Renders kernels as C++ with OpenMP and builds each graph's kernels into one shared
     library with the system compiler, cached on disk (see :mod:`kiln_cpp.build`).
@@ -95,10 +119,20 @@ class CppCodegen:
         """Consecutive kernels as one function: the host program makes one foreign call."""
         return render_group(group)
 
-    def compile(self, sources: Sequence[str]) -> list[Callable]:
-        if not sources:
+    def render_host(self, schedule, plan) -> NativeHost:
+        """The graph's host program as C++ (raises :class:`kiln_cpp.host.HostNotRendered`
+        for a graph it does not cover, :class:`CppCompileError` when the host runtime
+        cannot be built)."""
+        return render_host(schedule, plan, load_runtime())
+
+    def compile(self, sources: Sequence[str], host: NativeHost | None = None) -> list[Callable]:
+        """One callable per source; with ``host``, the loaded host program after them,
+        built into the same library."""
+        if not sources and host is None:
             return []
         source = PRELUDE + "\n" + "\n".join(sources)
+        if host is not None:
+            source += "\n" + _HOST_HEADER + host.source
         path, built = build.build(source)
         self.builds += built
         self.cache_hits += not built
@@ -112,6 +146,8 @@ class CppCodegen:
             name, params = m.group(1), [p for p in m.group(2).split(",") if p.strip()]
             pointers = ["*" in p for p in params]
             kernels.append(CppKernel(name, getattr(lib, name), pointers))
+        if host is not None:
+            kernels.append(_load_program(lib, host))
         return kernels
 
     def __repr__(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,13 +15,16 @@ from kiln_loopir import runtime, symbols
 from kiln_loopir.codegen import Codegen, resolve_codegen
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
-from kiln_loopir.host import generate_host, kernel_launch_args
+from kiln_loopir.host import HostNotRendered, generate_host, kernel_launch_args
 from kiln_loopir.ir import LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.launch import LaunchGroup, launch_groups
 from kiln_loopir.lowering import lower
 from kiln_loopir.memory import MemoryPlan, plan_memory
 from kiln_loopir.scheduler import fuse, order, unfused_schedule
+
+log = logging.getLogger("kiln.loopir")
+HOST_PROGRAMS = ("auto", "python", "native")
 
 
 @dataclass(eq=False)
@@ -49,10 +54,22 @@ class HostProgram:
     inputs whose sizes and strides are numbers (``call`` checks the others). Calling the
     program runs both: that is the entry point for callers that do not guard their inputs.
     A caller whose guards already pin every input's size and stride calls ``call``.
+
+    ``call`` is the native host program where the code generator built one (``native``:
+    kernels and host program in one library, see ``Codegen.render_host``), else the
+    Python one, which stays loaded as ``python_call``.
     """
 
-    def __init__(self, call: Callable[..., tuple], check: Callable[..., None], source: str):
-        self.call = call
+    def __init__(
+        self,
+        call: Callable[..., tuple],
+        check: Callable[..., None],
+        source: str,
+        native: Callable[..., tuple] | None = None,
+    ):
+        self.python_call = call
+        self.native = native
+        self.call = native if native is not None else call
         self.check = check
         self.host_source = source
         code = call.__code__
@@ -73,6 +90,10 @@ class HostProgram:
         call = self.call
         if not values:
             return call
+        if self.native is not None:
+            bound = self.native.bind_last(tuple(values))
+            bound.host_source = self.host_source
+            return bound
         bound = types.FunctionType(call.__code__, call.__globals__, call.__name__, tuple(values))
         bound.host_source = self.host_source  # what the CUDA-graph runtime inspects
         return bound
@@ -83,6 +104,7 @@ def load_host_program(
     kernels: Mapping[str, Callable],
     constants: Mapping[str, object],
     filename: str = "<kiln-loopir host program>",
+    native: Callable[..., tuple] | None = None,
 ) -> HostProgram:
     """The functions of a host program's source, bound to its kernels (name -> callable),
     its constants (name -> value) and the runtime helpers."""
@@ -106,7 +128,11 @@ def load_host_program(
     exec(compile(host_source, filename, "exec"), namespace)
     call = namespace["call"]
     call.host_source = host_source  # what the CUDA-graph runtime inspects
-    return HostProgram(call, namespace["check"], host_source)  # type: ignore[arg-type]
+    if native is not None and constants:
+        native = native.bind_last(tuple(constants.values()))
+    if native is not None:
+        native.host_source = host_source
+    return HostProgram(call, namespace["check"], host_source, native)  # type: ignore[arg-type]
 
 
 class CompiledGraph:
@@ -129,6 +155,7 @@ class CompiledGraph:
         host_source: str,
         codegen: Codegen,
         launch_groups: Sequence[CompiledLaunchGroup] = (),
+        native_host: object = None,
     ) -> None:
         self.graph = graph
         self.schedule = schedule
@@ -137,10 +164,12 @@ class CompiledGraph:
         self.host_source = host_source
         self.codegen = codegen
         self.launch_groups = list(launch_groups)
+        self.native_host = native_host  # the codegen's rendering of it, or None
         self.program = load_host_program(
             host_source,
             {k.name: k.fn for k in [*kernels, *self.launch_groups]},
             {c.name: c.value for c in graph.constants},
+            native=getattr(native_host, "program", None),
         )
 
     def __call__(self, *inputs: object) -> tuple:
@@ -181,11 +210,15 @@ def compile_fx(
     codegen: Codegen | str | None = None,
     fusion: bool = True,
     reuse_memory: bool = True,
+    host_program: str | None = None,
 ) -> CompiledGraph:
     """Compile a functional aten graph (fake-tensor ``meta["val"]`` on its nodes).
 
     ``codegen`` is a codegen object, the name of one (``"reference"`` is built in), or None
     to take the installed one (``kiln.codegen`` entry points) that serves the inputs' device.
+    ``host_program``: ``"auto"`` (default, or ``$KILN_HOST_PROGRAM``) runs the native host
+    program where the codegen builds one and the Python one elsewhere, ``"python"`` always
+    the Python one, ``"native"`` raises where no native one can be built.
     """
     device = graph_device(gm, example_inputs)
     backend = resolve_codegen(codegen, device.type)
@@ -201,7 +234,12 @@ def compile_fx(
     groups = launch_groups(schedule) if hasattr(backend, "render_group") else []
     sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels, launch groups
     group_sources = [backend.render_group(g) for g in groups]
-    fns = backend.compile(sources + group_sources)
+    native = native_host(backend, schedule, plan, host_program)  # 8. the host program
+    if native is None:
+        fns = backend.compile(sources + group_sources)
+    else:
+        fns = backend.compile(sources + group_sources, host=native)
+        native.program = fns.pop()
     kernels = [
         CompiledKernel(k.name, k, src, fn)
         for k, src, fn in zip(schedule.kernels(), sources, fns[: len(sources)], strict=True)
@@ -210,5 +248,34 @@ def compile_fx(
         CompiledLaunchGroup(g.name, g, src, fn)
         for g, src, fn in zip(groups, group_sources, fns[len(sources) :], strict=True)
     ]
-    host_source = generate_host(schedule, plan, groups)  # 8. the host program
-    return CompiledGraph(graph, schedule, plan, kernels, host_source, backend, launchers)
+    host_source = generate_host(schedule, plan, groups)
+    return CompiledGraph(graph, schedule, plan, kernels, host_source, backend, launchers, native)
+
+
+def native_host(backend: Codegen, schedule: Schedule, plan: MemoryPlan, choice: str | None):
+    """The codegen's native host program (``render_host``), or None where the Python one
+    runs: by choice, or because the codegen has none or does not cover the graph (logged)."""
+    choice = choice or os.environ.get("KILN_HOST_PROGRAM", "auto")
+    if choice not in HOST_PROGRAMS:
+        raise ValueError(f"host_program={choice!r}: use one of {HOST_PROGRAMS}")
+    if choice == "python":
+        return None
+    render = getattr(backend, "render_host", None)
+    if render is None:
+        reason = f"{getattr(backend, 'name', backend)} renders no native host program"
+    else:
+        try:
+            native = render(schedule, plan)
+            log.info("host program: native (%s)", getattr(backend, "name", backend))
+            return native
+        except HostNotRendered as exc:
+            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - any other failure: the Python program runs
+            reason = f"{type(exc).__name__}: {exc}"
+            if choice == "auto":
+                log.warning("host program: Python, the native one failed (%s)", reason)
+                return None
+    if choice == "native":
+        raise NotImplementedError(f"no native host program: {reason}")
+    log.info("host program: Python (%s)", reason)
+    return None

@@ -18,6 +18,11 @@ from kiln_loopir.scheduler import step_reads
 from kiln_loopir.symbols import py_expr
 
 
+class HostNotRendered(Exception):
+    """A graph a code generator's native host program does not cover: the Python host
+    program runs it (see ``Codegen.render_host``)."""
+
+
 def _tuple(exprs) -> str:
     items = [py_expr(e) for e in exprs]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"

@@ -56,6 +56,8 @@ class ObservedCodegen:
         self.kind = kind
         if hasattr(inner, "render_group"):  # it chains kernels: one call per launch group
             self.render_group = lambda group: self._rendered(inner.render_group, group)
+        if hasattr(inner, "render_host"):  # it builds host programs natively
+            self.render_host = inner.render_host
 
     def render(self, kernel) -> str:
         return self._rendered(self.inner.render, kernel)
@@ -69,10 +71,14 @@ class ObservedCodegen:
                     f"{self.name} could not render {item.name}: {type(exc).__name__}: {exc}"
                 ) from exc
 
-    def compile(self, sources: Sequence[str]) -> list[Callable]:
+    def compile(self, sources: Sequence[str], host: object = None) -> list[Callable]:
         what = f"{self.kind}: building {len(sources)} kernels with {self.name}"
+        if host is not None:
+            what += " and the native host program"
         with self.frame.stage("build", what):
             try:
+                if host is not None:
+                    return self.inner.compile(sources, host=host)
                 return self.inner.compile(sources)
             except Exception as exc:
                 raise CodegenFailed(

@@ -1,0 +1,130 @@
+"""An extern op call of the C++ host program: the op's arguments in schema order, as the
+runtime prepares them once (``runtime.Extern``), with numbered slots where the program
+passes tensors.
+
+A template item is ``(tag, value)``: ``("t", k)`` the k-th tensor the call passes,
+``("tl", [k, ...])`` a list of them (``"otl"``: of optional tensors, ``None`` for one left
+out), ``("default",)`` the schema's default, ``("none",)``, and numbers, strings, lists of
+numbers, dtypes, devices, layouts and memory formats as themselves (``"i"``, ``"f"``,
+``"b"``, ``"s"``, ``"il"``, ``"fl"``, ``"bl"``, ``"dtype"``, ``"device"``, ``"layout"``,
+``"memory_format"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln_loopir.host import HostNotRendered
+from kiln_loopir.ir import ExternNode, TensorRef
+
+_MISSING = object()
+
+
+@dataclass
+class ExternCall:
+    op_name: str  # "aten.addmm.default"
+    qualified_name: str  # "aten::addmm"
+    overload: str  # "" for default
+    template: list[tuple]
+    n_returns: int
+    tensors: list[str] = field(default_factory=list)  # names the program passes, in order
+    prepared: object = None
+
+    def prepare(self, runtime) -> None:
+        try:
+            self.prepared = runtime.Extern(
+                self.qualified_name, self.overload, self.template, self.n_returns
+            )
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise HostNotRendered(f"{self.op_name}: {exc}") from exc
+
+
+def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``op``'s ``out=`` overload where it takes the same arguments plus one ``out`` tensor
+    and returns it (``aten.addmm.out`` for ``aten.addmm.default``), else None."""
+    if len(op._schema.returns) != 1 or op._overloadname != "default":
+        return None
+    out = getattr(op.overloadpacket, "out", None)
+    if out is None:
+        return None
+    args, out_args = op._schema.arguments, out._schema.arguments
+    same = [(a.name, str(a.type)) for a in args] == [(a.name, str(a.type)) for a in out_args[:-1]]
+    last = out_args[-1] if len(out_args) == len(args) + 1 else None
+    if not same or last is None or last.name != "out" or not last.kwarg_only:
+        return None
+    return out
+
+
+def extern_call(
+    node: ExternNode, tensor_name: Callable[[TensorRef], str], out: str | None = None
+) -> ExternCall:
+    """The call of ``node``'s op; ``tensor_name`` gives the program's name for a tensor
+    argument (making a view first where the argument is one). With ``out`` (the name of
+    the buffer it fills), the op's ``out=`` overload (see :func:`out_variant`)."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        raise HostNotRendered(f"extern {getattr(op, '__name__', op)!r} is not an ATen op")
+    if node.binds:
+        raise HostNotRendered(f"{op} defines sizes from its result")
+    schema = op._schema
+    call = ExternCall(
+        str(op), schema.name, schema.overload_name, [], len(schema.returns)
+    )
+    if any(str(r.type) != "Tensor" for r in schema.returns):
+        raise HostNotRendered(f"{op} returns {[str(r.type) for r in schema.returns]}")
+    positional = list(node.args)
+    for i, arg in enumerate(schema.arguments):
+        if i < len(positional) and not arg.kwarg_only:
+            value = positional[i]
+        else:
+            value = node.kwargs.get(arg.name, _MISSING)
+        if value is _MISSING:
+            call.template.append(("default",))
+            continue
+        call.template.append(_encode(value, str(arg.type), call, tensor_name, str(op)))
+    if out is not None:
+        variant = out_variant(op)
+        call.overload, call.op_name, call.n_returns = "out", str(variant), 0
+        call.tensors.append(out)
+        call.template.append(("t", len(call.tensors) - 1))
+    return call
+
+
+def _slot(ref: TensorRef, call: ExternCall, tensor_name) -> int:
+    call.tensors.append(tensor_name(ref))
+    return len(call.tensors) - 1
+
+
+def _encode(value, arg_type: str, call: ExternCall, tensor_name, op: str) -> tuple:
+    if isinstance(value, TensorRef):
+        return ("t", _slot(value, call, tensor_name))
+    if value is None:
+        return ("none",)
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, (int, sympy.Integer)):
+        return ("f", float(value)) if "float" in arg_type else ("i", int(value))
+    if isinstance(value, (float, sympy.Float)):
+        if "float" in arg_type or "number" in arg_type or "Scalar" in arg_type:
+            return ("f", float(value))
+    if isinstance(value, str):
+        return ("s", value)
+    for kind in (torch.dtype, torch.device, torch.layout, torch.memory_format):
+        if isinstance(value, kind):
+            tag = {torch.dtype: "dtype", torch.device: "device", torch.layout: "layout"}
+            return (tag.get(kind, "memory_format"), value)
+    if isinstance(value, (list, tuple)):
+        if all(v is None or isinstance(v, TensorRef) for v in value) and "Tensor" in arg_type:
+            slots = [None if v is None else _slot(v, call, tensor_name) for v in value]
+            return ("otl" if "Optional[Tensor]" in arg_type else "tl", slots)
+        if all(isinstance(v, bool) for v in value):
+            return ("bl", list(value))
+        if all(isinstance(v, (int, sympy.Integer)) for v in value) and "float" not in arg_type:
+            return ("il", [int(v) for v in value])
+        if all(isinstance(v, (int, float, sympy.Number)) for v in value):
+            return ("fl", [float(v) for v in value])
+    raise HostNotRendered(f"{op}: cannot pass {value!r} as {arg_type}")

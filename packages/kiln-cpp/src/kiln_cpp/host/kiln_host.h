@@ -1,0 +1,35 @@
+/* The interface between a compiled host program and kiln-cpp's host runtime.
+ *
+ * A host program is C++ that includes only this header: the runtime (built once per
+ * installation, linked to libtorch) hands it a table of functions at load time. Tensors
+ * are opaque references; every function that makes one returns NULL on failure, with the
+ * error kept by the runtime, and the host program returns nonzero. */
+#pragma once
+#include <stdint.h>
+
+typedef struct KilnTensor KilnTensor; /* one reference to a tensor */
+typedef struct KilnExtern KilnExtern; /* an ATen op call prepared when the program loads */
+
+typedef struct KilnApi {
+  int version;
+  /* a new tensor with this layout; dtype is a c10::ScalarType, device a c10::DeviceType */
+  KilnTensor* (*empty_strided)(int ndim, const int64_t* size, const int64_t* stride,
+                               int dtype, int device_type, int device_index);
+  /* a view of base's storage, offset elements past base's own storage offset */
+  KilnTensor* (*view)(KilnTensor* base, int ndim, const int64_t* size,
+                      const int64_t* stride, int64_t offset);
+  KilnTensor* (*alias)(KilnTensor* t); /* another reference to the same tensor */
+  void (*release)(KilnTensor* t);
+  void* (*data_ptr)(KilnTensor* t);
+  /* calls op with its tensor slots filled from tensors; its first n_outputs results
+   * (those not NULL in want) are stored in outputs; 0 on success */
+  int (*call_extern)(KilnExtern* op, KilnTensor* const* tensors, KilnTensor** outputs);
+  /* *t itself when its layout is size/stride (ignoring dims of size 1), else a copy in
+   * that layout; NULL when the sizes differ */
+  KilnTensor* (*match_layout)(KilnTensor* t, int ndim, const int64_t* size,
+                              const int64_t* stride, const char* what);
+  /* records that kernel found an indirect index out of range (an IndexError) */
+  void (*index_error)(const char* kernel);
+} KilnApi;
+
+#define KILN_API_VERSION 1

@@ -1,0 +1,255 @@
+"""The host program as C++: the same steps as kiln-loopir's Python host program
+(allocations, reuse, kernel calls, extern ops, frees, the outputs), in the graph's shared
+library beside its kernels, which it calls directly.
+
+It covers graphs whose sizes are all numbers and whose extern ops take arguments the
+runtime can pass (tensors, numbers, lists of them, dtypes, devices; see
+:mod:`kiln_cpp.host.externs`). :func:`render_host` raises :class:`HostNotRendered` for any
+other graph, and the Python host program runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln_cpp.handler import pointer_type
+from kiln_cpp.host.externs import ExternCall, HostNotRendered, extern_call, out_variant
+from kiln_loopir.ir import Buffer, ExternNode, TensorRef
+from kiln_loopir.kernel import Kernel, Schedule
+from kiln_loopir.memory import MemoryPlan
+from kiln_loopir.scheduler import step_reads
+
+PRELUDE = """\
+namespace {
+const KilnApi* kiln_api;
+KilnExtern* kiln_externs[KILN_EXTERNS];
+
+// a tensor the program holds: released when reset or when the call returns
+struct KilnRef {
+  KilnTensor* t = nullptr;
+  bool owned = true;
+  KilnRef() = default;
+  KilnRef(const KilnRef&) = delete;
+  ~KilnRef() { reset(); }
+  void reset(KilnTensor* n = nullptr) {
+    if (t != nullptr && owned) kiln_api->release(t);
+    t = n;
+    owned = true;
+  }
+  void borrow(KilnTensor* n) { reset(); t = n; owned = false; }
+  KilnTensor* get() const { return t; }
+};
+
+inline bool kiln_set(KilnRef& r, KilnTensor* t) { r.reset(t); return t != nullptr; }
+}  // namespace
+
+extern "C" int kiln_host_init(const KilnApi* api, KilnExtern* const* externs) {
+  if (api->version != KILN_API_VERSION) return 1;
+  kiln_api = api;
+  for (int i = 0; i < KILN_EXTERNS; ++i) kiln_externs[i] = externs[i];
+  return 0;
+}
+"""
+
+
+@dataclass
+class NativeHost:
+    """A rendered C++ host program: its source (without the kernels) and what loading it
+    needs: the extern calls to prepare, in order, and how many inputs and outputs."""
+
+    source: str
+    externs: list[ExternCall]
+    n_inputs: int  # the graph's inputs, then its constants
+    n_outputs: int
+    input_names: list[str]
+    program: object = None  # the loaded program, once built
+
+
+@dataclass
+class _Layouts:
+    """Sizes and strides as static arrays, each written once."""
+
+    arrays: dict[tuple[int, ...], str] = field(default_factory=dict)
+
+    def __call__(self, values) -> str:
+        key = tuple(_number(v) for v in values)
+        if not key:
+            return "nullptr"
+        if key not in self.arrays:
+            self.arrays[key] = f"kiln_layout{len(self.arrays)}"
+        return self.arrays[key]
+
+    def lines(self) -> list[str]:
+        return [
+            f"const int64_t {name}[] = {{{', '.join(map(str, key))}}};"
+            for key, name in self.arrays.items()
+        ]
+
+
+def _number(e) -> int:
+    e = sympy.sympify(e)
+    if not e.is_Integer:
+        raise HostNotRendered(f"size {e} is a symbol: the C++ host program needs static sizes")
+    return int(e)
+
+
+def render_host(schedule: Schedule, plan: MemoryPlan, runtime) -> NativeHost:
+    """The C++ host program of ``schedule`` (raises :class:`HostNotRendered`)."""
+    graph = schedule.graph
+    for inp in graph.inputs:
+        if inp.buffer is None:
+            raise HostNotRendered(f"input {inp.name} is a number, not a tensor")
+    for out in graph.outputs:
+        if not isinstance(out, TensorRef):
+            raise HostNotRendered(f"an output is {out!r}, not a tensor")
+    read = {name for step in schedule.steps for name in step_reads(step)}
+    read |= {o.buffer for o in graph.outputs}
+    renderer = _Renderer(graph.buffers(), _Layouts(), runtime, read)
+    inputs = [i.name for i in graph.inputs] + [c.name for c in graph.constants]
+    body = [f"KilnRef {', '.join(inputs)};"] if inputs else []
+    body += [f"{name}.borrow(in[{k}]);" for k, name in enumerate(inputs)]
+    names = sorted(set(renderer.buffers) - set(inputs))
+    if names:
+        body.append(f"KilnRef {', '.join(names)};")
+    reused = {old for p in plan.steps for old in p.reuse.values()}
+    for step, sp in zip(schedule.steps, plan.steps, strict=True):
+        for name in sp.allocate:
+            body += renderer.allocate(name)
+        for new, old in {**sp.reuse, **sp.in_place}.items():
+            body += renderer.alias(new, old)
+            if new in sp.reuse:
+                body.append(f"{old}.reset();  // reused")
+        if isinstance(step, Kernel):
+            body += renderer.kernel(step)
+        else:
+            body += renderer.extern(step)
+        freed = [n for n in sp.free if n not in reused] + list(sp.in_place.values())
+        body += [f"{n}.reset();" for n in dict.fromkeys(freed)]
+    for k, out in enumerate(graph.outputs):
+        body += renderer.output(k, out)
+    body.append("return 0;")
+    head = [
+        "// the host program: static sizes, kernels called directly, ATen ops through the",
+        "// runtime (kiln_host.h)",
+        f"#define KILN_EXTERNS {max(1, len(renderer.externs))}",
+        PRELUDE,
+        "namespace {",
+        *renderer.layouts.lines(),
+        "}  // namespace",
+        "",
+        'extern "C" int kiln_host_call(KilnTensor* const* in, KilnTensor** out) {',
+    ]
+    source = "\n".join(head + ["  " + line for line in body] + ["}", ""])
+    return NativeHost(
+        source, renderer.externs, len(inputs), len(graph.outputs), [i.name for i in graph.inputs]
+    )
+
+
+class _Renderer:
+    def __init__(self, buffers: dict[str, Buffer], layouts: _Layouts, runtime, read) -> None:
+        self.buffers = buffers
+        self.read = read  # buffers something reads: the extern results whose layout matters
+        self.layouts = layouts
+        self.runtime = runtime
+        self.externs: list[ExternCall] = []
+        self.temps = 0
+
+    def _layout_args(self, size, stride) -> str:
+        return f"{len(size)}, {self.layouts(size)}, {self.layouts(stride)}"
+
+    def allocate(self, name: str) -> list[str]:
+        b = self.buffers[name]
+        dtype = self.runtime.scalar_type(b.dtype)
+        device_type, index = self.runtime.device_code(torch.device(b.device))
+        call = (
+            f"kiln_api->empty_strided({self._layout_args(b.size, b.stride)}, {dtype}, "
+            f"{device_type}, {index})"
+        )
+        return [f"if (!kiln_set({name}, {call})) return -1;"]
+
+    def alias(self, new: str, old: str) -> list[str]:
+        b, o = self.buffers[new], self.buffers[old]
+        if tuple(b.size) == tuple(o.size) and tuple(b.stride) == tuple(o.stride):
+            return [f"{new}.reset(kiln_api->alias({old}.get()));"]
+        return [f"if (!kiln_set({new}, {self.view(old, b.size, b.stride, 0)})) return -1;"]
+
+    def view(self, base: str, size, stride, offset) -> str:
+        return (
+            f"kiln_api->view({base}.get(), {self._layout_args(size, stride)}, {_number(offset)})"
+        )
+
+    def kernel(self, kernel: Kernel) -> list[str]:
+        if kernel.size_args:
+            raise HostNotRendered(f"{kernel.name} takes sizes {kernel.size_args}")
+        args = [
+            f"({pointer_type(kernel.arg_dtypes[a])}) kiln_api->data_ptr({a}.get())"
+            for a in kernel.args
+        ]
+        return [
+            f"if ({kernel.name}({', '.join(args)})) {{",
+            f'  kiln_api->index_error("{kernel.name}");',
+            "  return -1;",
+            "}",
+        ]
+
+    def tensor(self, ref: TensorRef, lines: list[str]) -> str:
+        """The name holding ``ref``: its buffer, or a temporary view made in ``lines``."""
+        if ref.is_whole(self.buffers[ref.buffer]):
+            return ref.buffer
+        name = f"view{self.temps}"
+        self.temps += 1
+        lines.append(f"KilnRef {name};")
+        view = self.view(ref.buffer, ref.size, ref.stride, ref.offset)
+        lines.append(f"if (!kiln_set({name}, {view})) return -1;")
+        return name
+
+    def extern(self, node: ExternNode) -> list[str]:
+        lines: list[str] = []
+        out = None
+        if (
+            isinstance(node.target, torch._ops.OpOverload)
+            and out_variant(node.target) is not None
+            and len(node.outputs) == 1
+            and node.outputs[0] is not None
+        ):
+            out = node.outputs[0].name  # filled in place: no allocation by the op, no copy
+            lines += self.allocate(out)
+        call = extern_call(node, lambda ref: self.tensor(ref, lines), out)
+        call.prepare(self.runtime)
+        index = len(self.externs)
+        self.externs.append(call)
+        tensors = ", ".join(f"{t}.get()" for t in call.tensors) or "nullptr"
+        n = max(1, call.n_returns)
+        lines += [
+            "{",
+            f"  KilnTensor* args[] = {{{tensors}}};",
+            f"  KilnTensor* results[{n}] = {{}};",
+            f"  int failed = kiln_api->call_extern(kiln_externs[{index}], args, results);",
+        ]
+        for i in range(call.n_returns):
+            b = node.outputs[i] if i < len(node.outputs) else None
+            lines.append(
+                f"  {b.name}.reset(results[{i}]);" if b is not None
+                else f"  kiln_api->release(results[{i}]);"
+            )
+        lines += ["  if (failed) return -1;", "}"]
+        for b in node.outputs:
+            # an output nothing reads is not checked: some ATen kernels leave one empty
+            if b is None or b.name not in self.read or out is not None:
+                continue
+            what = f"{call.op_name} output {b.name}"
+            match = (
+                f"kiln_api->match_layout({b.name}.get(), "
+                f'{self._layout_args(b.size, b.stride)}, "{what}")'
+            )
+            lines.append(f"if (!kiln_set({b.name}, {match})) return -1;")
+        return lines
+
+    def output(self, k: int, ref: TensorRef) -> list[str]:
+        if ref.is_whole(self.buffers[ref.buffer]):
+            return [f"out[{k}] = kiln_api->alias({ref.buffer}.get());"]
+        view = self.view(ref.buffer, ref.size, ref.stride, ref.offset)
+        return [f"if (!(out[{k}] = {view})) return -1;"]

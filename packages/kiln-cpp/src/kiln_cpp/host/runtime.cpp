@@ -1,0 +1,489 @@
+// kiln-cpp's host runtime: the Python module ``kiln_host_runtime``, built once per
+// installation against libtorch (see runtime.py).
+//
+// - ``Program(init, call, n_inputs, n_outputs, externs, name)`` wraps a compiled host
+//   program (the addresses of its ``kiln_host_init`` and ``kiln_host_call``). Calling it
+//   with tensors runs the program: no Python runs between the call and the kernels.
+// - ``Extern(op, overload, template, n_outputs)`` is an ATen op call prepared once: its
+//   arguments converted to IValues, with slots for the tensors the program passes.
+// - ``scalar_type(dtype)`` and ``device_code(device)`` give the numbers the generated
+//   source writes for a dtype and a device.
+#include <Python.h>
+#include <structmember.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/as_strided.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "kiln_host.h"
+}
+
+namespace {
+
+// -- errors: kept per thread until the Program call that failed raises them ----------------
+enum class ErrorKind { Runtime, Index, Value, Type, NotImplemented };
+thread_local std::string last_error;
+thread_local ErrorKind last_kind = ErrorKind::Runtime;
+
+void keep_error(const std::exception& e) {
+  last_error = e.what();
+  last_kind = ErrorKind::Runtime;
+  if (dynamic_cast<const c10::IndexError*>(&e)) last_kind = ErrorKind::Index;
+  else if (dynamic_cast<const c10::ValueError*>(&e)) last_kind = ErrorKind::Value;
+  else if (dynamic_cast<const c10::TypeError*>(&e)) last_kind = ErrorKind::Type;
+  else if (dynamic_cast<const c10::NotImplementedError*>(&e))
+    last_kind = ErrorKind::NotImplemented;
+  if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) last_error = c10e->what_without_backtrace();
+}
+
+void raise_kept() {
+  PyObject* type = PyExc_RuntimeError;
+  switch (last_kind) {
+    case ErrorKind::Index: type = PyExc_IndexError; break;
+    case ErrorKind::Value: type = PyExc_ValueError; break;
+    case ErrorKind::Type: type = PyExc_TypeError; break;
+    case ErrorKind::NotImplemented: type = PyExc_NotImplementedError; break;
+    default: break;
+  }
+  PyErr_SetString(type, last_error.empty() ? "kiln host program failed" : last_error.c_str());
+  last_error.clear();
+}
+
+at::Tensor* T(KilnTensor* t) { return reinterpret_cast<at::Tensor*>(t); }
+KilnTensor* K(at::Tensor* t) { return reinterpret_cast<KilnTensor*>(t); }
+
+// -- the table the host programs call --------------------------------------------------------
+KilnTensor* api_empty_strided(int ndim, const int64_t* size, const int64_t* stride, int dtype,
+                              int device_type, int device_index) {
+  try {
+    auto options = at::TensorOptions()
+                       .dtype(static_cast<c10::ScalarType>(dtype))
+                       .device(c10::Device(static_cast<c10::DeviceType>(device_type),
+                                           static_cast<c10::DeviceIndex>(device_index)));
+    return K(new at::Tensor(
+        at::empty_strided(c10::IntArrayRef(size, ndim), c10::IntArrayRef(stride, ndim), options)));
+  } catch (const std::exception& e) {
+    keep_error(e);
+    return nullptr;
+  }
+}
+
+KilnTensor* api_view(KilnTensor* base, int ndim, const int64_t* size, const int64_t* stride,
+                     int64_t offset) {
+  try {
+    const at::Tensor& b = *T(base);
+    return K(new at::Tensor(at::as_strided(b, c10::IntArrayRef(size, ndim),
+                                           c10::IntArrayRef(stride, ndim),
+                                           b.storage_offset() + offset)));
+  } catch (const std::exception& e) {
+    keep_error(e);
+    return nullptr;
+  }
+}
+
+KilnTensor* api_alias(KilnTensor* t) { return K(new at::Tensor(*T(t))); }
+
+void api_release(KilnTensor* t) { delete T(t); }
+
+void* api_data_ptr(KilnTensor* t) { return T(t)->data_ptr(); }
+
+KilnTensor* api_match_layout(KilnTensor* t, int ndim, const int64_t* size, const int64_t* stride,
+                             const char* what) {
+  try {
+    const at::Tensor& x = *T(t);
+    if (x.dim() != ndim || x.sizes() != c10::IntArrayRef(size, ndim)) {
+      TORCH_CHECK_VALUE(false, what, " has size ", x.sizes(), " but the graph was compiled for ",
+                        c10::IntArrayRef(size, ndim));
+    }
+    bool same = true;
+    for (int d = 0; d < ndim; ++d) same = same && (size[d] <= 1 || x.stride(d) == stride[d]);
+    if (same) return K(new at::Tensor(x));
+    at::Tensor out = at::empty_strided(c10::IntArrayRef(size, ndim),
+                                       c10::IntArrayRef(stride, ndim), x.options());
+    out.copy_(x);
+    return K(new at::Tensor(std::move(out)));
+  } catch (const std::exception& e) {
+    keep_error(e);
+    return nullptr;
+  }
+}
+
+void api_index_error(const char* kernel) {
+  last_kind = ErrorKind::Index;
+  last_error = std::string(kernel) + ": an index is out of range of the tensor it indexes";
+}
+
+// -- prepared extern calls ---------------------------------------------------------------------
+struct TensorSlot {
+  size_t position;  // in the stack
+  int tensor;       // index into the program's tensors; -1 for None (lists only)
+};
+
+struct ListSlot {
+  size_t position;
+  std::vector<int> tensors;  // -1 for None
+  bool optional_items;
+};
+
+}  // namespace
+
+struct KilnExtern {
+  std::optional<c10::OperatorHandle> op;  // set once found
+  std::vector<c10::IValue> stack;  // the arguments, tensors left as None
+  std::vector<TensorSlot> slots;
+  std::vector<ListSlot> lists;
+  int n_outputs;
+  std::string name;
+};
+
+namespace {
+
+int api_call_extern(KilnExtern* x, KilnTensor* const* tensors, KilnTensor** outputs) {
+  try {
+    std::vector<c10::IValue> stack = x->stack;
+    for (const auto& s : x->slots) stack[s.position] = *T(tensors[s.tensor]);
+    for (const auto& l : x->lists) {
+      if (l.optional_items) {
+        c10::List<std::optional<at::Tensor>> items;
+        for (int i : l.tensors)
+          items.push_back(i < 0 ? std::optional<at::Tensor>() : std::optional(*T(tensors[i])));
+        stack[l.position] = std::move(items);
+      } else {
+        c10::List<at::Tensor> items;
+        for (int i : l.tensors) items.push_back(*T(tensors[i]));
+        stack[l.position] = std::move(items);
+      }
+    }
+    x->op->callBoxed(stack);
+    for (int i = 0; i < x->n_outputs; ++i) {
+      if (outputs[i] != nullptr) continue;  // the program does not want this one
+      outputs[i] = stack[i].isTensor() ? K(new at::Tensor(stack[i].toTensor())) : nullptr;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    keep_error(e);
+    last_error = x->name + ": " + last_error;
+    return 1;
+  }
+}
+
+const KilnApi API = {
+    KILN_API_VERSION, api_empty_strided, api_view,         api_alias,         api_release,
+    api_data_ptr,     api_call_extern,   api_match_layout, api_index_error,
+};
+
+// -- Python -> IValue, for the arguments of an extern call -------------------------------------
+// A template item is a tuple (tag, value): ("t", k) tensor slot k, ("tl", [k|None, ...]) a
+// tensor list ("otl": of optional tensors), ("none",), ("default",), ("i", int), ("f", float),
+// ("b", bool), ("s", str), ("il", [int]), ("fl", [float]), ("bl", [bool]), ("dtype", dtype),
+// ("device", device), ("layout", layout), ("memory_format", memory_format).
+bool to_ivalue(PyObject* item, const c10::Argument& arg, size_t position, KilnExtern* x,
+               c10::IValue* out) {
+  if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 1) {
+    PyErr_SetString(PyExc_TypeError, "an extern template item is a (tag, value) tuple");
+    return false;
+  }
+  std::string tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, 0));
+  PyObject* v = PyTuple_GET_SIZE(item) > 1 ? PyTuple_GET_ITEM(item, 1) : Py_None;
+  if (tag == "none") {
+    *out = c10::IValue();
+  } else if (tag == "default") {
+    if (!arg.default_value()) {
+      PyErr_Format(PyExc_TypeError, "%s: argument %s has no default", x->name.c_str(),
+                   arg.name().c_str());
+      return false;
+    }
+    *out = *arg.default_value();
+  } else if (tag == "t") {
+    x->slots.push_back({position, static_cast<int>(PyLong_AsLong(v))});
+  } else if (tag == "tl" || tag == "otl") {
+    ListSlot l{position, {}, tag == "otl"};
+    for (Py_ssize_t i = 0; i < PyList_Size(v); ++i) {
+      PyObject* k = PyList_GET_ITEM(v, i);
+      l.tensors.push_back(k == Py_None ? -1 : static_cast<int>(PyLong_AsLong(k)));
+    }
+    x->lists.push_back(std::move(l));
+  } else if (tag == "i") {
+    *out = static_cast<int64_t>(PyLong_AsLongLong(v));
+  } else if (tag == "f") {
+    *out = PyFloat_AsDouble(v);
+  } else if (tag == "b") {
+    *out = static_cast<bool>(PyObject_IsTrue(v));
+  } else if (tag == "s") {
+    *out = std::string(PyUnicode_AsUTF8(v));
+  } else if (tag == "il") {
+    std::vector<int64_t> items;
+    for (Py_ssize_t i = 0; i < PyList_Size(v); ++i)
+      items.push_back(PyLong_AsLongLong(PyList_GET_ITEM(v, i)));
+    *out = c10::IValue(items);
+  } else if (tag == "fl") {
+    std::vector<double> items;
+    for (Py_ssize_t i = 0; i < PyList_Size(v); ++i)
+      items.push_back(PyFloat_AsDouble(PyList_GET_ITEM(v, i)));
+    *out = c10::IValue(items);
+  } else if (tag == "bl") {
+    c10::List<bool> items;
+    for (Py_ssize_t i = 0; i < PyList_Size(v); ++i)
+      items.push_back(PyObject_IsTrue(PyList_GET_ITEM(v, i)));
+    *out = c10::IValue(items);
+  } else if (tag == "dtype" && THPDtype_Check(v)) {
+    *out = reinterpret_cast<THPDtype*>(v)->scalar_type;
+  } else if (tag == "device" && THPDevice_Check(v)) {
+    *out = reinterpret_cast<THPDevice*>(v)->device;
+  } else if (tag == "layout" && THPLayout_Check(v)) {
+    *out = reinterpret_cast<THPLayout*>(v)->layout;
+  } else if (tag == "memory_format" && THPMemoryFormat_Check(v)) {
+    *out = reinterpret_cast<THPMemoryFormat*>(v)->memory_format;
+  } else {
+    PyErr_Format(PyExc_TypeError, "%s: cannot pass argument %s (tag %s)", x->name.c_str(),
+                 arg.name().c_str(), tag.c_str());
+    return false;
+  }
+  return !PyErr_Occurred();
+}
+
+void extern_destructor(PyObject* capsule) {
+  delete static_cast<KilnExtern*>(PyCapsule_GetPointer(capsule, "kiln.Extern"));
+}
+
+PyObject* make_extern(PyObject*, PyObject* args) {
+  const char *name, *overload;
+  PyObject* items;
+  int n_outputs;
+  if (!PyArg_ParseTuple(args, "ssO!i", &name, &overload, &PyList_Type, &items, &n_outputs))
+    return nullptr;
+  auto x = std::make_unique<KilnExtern>();
+  try {
+    auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+    if (!handle) {
+      PyErr_Format(PyExc_ValueError, "no ATen operator %s.%s", name, overload);
+      return nullptr;
+    }
+    x->op = *handle;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  x->name = std::string(name) + "." + overload;
+  x->n_outputs = n_outputs;
+  const auto& arguments = x->op->schema().arguments();
+  if (static_cast<size_t>(PyList_Size(items)) != arguments.size()) {
+    PyErr_Format(PyExc_TypeError, "%s takes %zu arguments, the template has %zd",
+                 x->name.c_str(), arguments.size(), PyList_Size(items));
+    return nullptr;
+  }
+  x->stack.resize(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (!to_ivalue(PyList_GET_ITEM(items, i), arguments[i], i, x.get(), &x->stack[i]))
+      return nullptr;
+  }
+  return PyCapsule_New(x.release(), "kiln.Extern", extern_destructor);
+}
+
+// -- Program -----------------------------------------------------------------------------------
+using InitFn = int (*)(const KilnApi*, KilnExtern* const*);
+using CallFn = int (*)(KilnTensor* const*, KilnTensor**);
+
+struct ProgramObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  CallFn call;
+  Py_ssize_t n_inputs;  // passed by the caller
+  Py_ssize_t n_outputs;
+  PyObject* externs;    // tuple of capsules, kept alive
+  PyObject* bound;      // tuple of tensors passed after the caller's (the graph's constants)
+  PyObject* name;
+  PyObject* dict;
+};
+
+PyObject* program_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf,
+                             PyObject* kwnames) {
+  auto* self = reinterpret_cast<ProgramObject*>(self_);
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) {
+    PyErr_SetString(PyExc_TypeError, "a compiled host program takes no keyword arguments");
+    return nullptr;
+  }
+  if (n != self->n_inputs) {
+    PyErr_Format(PyExc_TypeError, "%U takes %zd inputs, got %zd", self->name, self->n_inputs, n);
+    return nullptr;
+  }
+  Py_ssize_t n_bound = PyTuple_GET_SIZE(self->bound);
+  std::vector<KilnTensor*> in(n + n_bound);
+  for (Py_ssize_t i = 0; i < n + n_bound; ++i) {
+    PyObject* a = i < n ? args[i] : PyTuple_GET_ITEM(self->bound, i - n);
+    if (!THPVariable_Check(a)) {
+      PyErr_Format(PyExc_TypeError, "%U: input %zd is a %s, expected a tensor", self->name, i,
+                   Py_TYPE(a)->tp_name);
+      return nullptr;
+    }
+    in[i] = K(const_cast<at::Tensor*>(&THPVariable_Unpack(a)));
+  }
+  std::vector<KilnTensor*> out(self->n_outputs, nullptr);
+  int status = self->call(in.data(), out.data());
+  if (status != 0) {
+    for (auto* t : out) delete T(t);
+    raise_kept();
+    return nullptr;
+  }
+  PyObject* result = PyTuple_New(self->n_outputs);
+  for (Py_ssize_t i = 0; i < self->n_outputs; ++i) {
+    at::Tensor* t = T(out[i]);
+    PyTuple_SET_ITEM(result, i, THPVariable_Wrap(std::move(*t)));
+    delete t;
+  }
+  return result;
+}
+
+void program_dealloc(PyObject* self_) {
+  auto* self = reinterpret_cast<ProgramObject*>(self_);
+  Py_XDECREF(self->externs);
+  Py_XDECREF(self->bound);
+  Py_XDECREF(self->name);
+  Py_XDECREF(self->dict);
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* new_program(CallFn call, Py_ssize_t n_inputs, Py_ssize_t n_outputs, PyObject* externs,
+                      PyObject* bound, PyObject* name) {
+  auto* self = PyObject_New(ProgramObject, &ProgramType);
+  if (self == nullptr) return nullptr;
+  self->vectorcall = program_vectorcall;
+  self->call = call;
+  self->n_inputs = n_inputs;
+  self->n_outputs = n_outputs;
+  Py_INCREF(externs);
+  self->externs = externs;
+  Py_INCREF(bound);
+  self->bound = bound;
+  Py_INCREF(name);
+  self->name = name;
+  self->dict = nullptr;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyObject* program_new(PyTypeObject*, PyObject* args, PyObject*) {
+  unsigned long long init_address, call_address;
+  Py_ssize_t n_inputs, n_outputs;
+  PyObject *externs, *name;
+  if (!PyArg_ParseTuple(args, "KKnnO!U", &init_address, &call_address, &n_inputs, &n_outputs,
+                        &PyTuple_Type, &externs, &name))
+    return nullptr;
+  std::vector<KilnExtern*> prepared;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(externs); ++i) {
+    void* p = PyCapsule_GetPointer(PyTuple_GET_ITEM(externs, i), "kiln.Extern");
+    if (p == nullptr) return nullptr;
+    prepared.push_back(static_cast<KilnExtern*>(p));
+  }
+  auto init = reinterpret_cast<InitFn>(init_address);
+  if (init(&API, prepared.data()) != 0) {
+    PyErr_SetString(PyExc_RuntimeError, "the host program was built for another runtime");
+    return nullptr;
+  }
+  PyObject* empty = PyTuple_New(0);
+  PyObject* self =
+      new_program(reinterpret_cast<CallFn>(call_address), n_inputs, n_outputs, externs, empty, name);
+  Py_DECREF(empty);
+  return self;
+}
+
+PyObject* program_bind_last(PyObject* self_, PyObject* values) {
+  auto* self = reinterpret_cast<ProgramObject*>(self_);
+  if (!PyTuple_Check(values)) {
+    PyErr_SetString(PyExc_TypeError, "bind_last takes a tuple of tensors");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(values);
+  if (n > self->n_inputs) {
+    PyErr_Format(PyExc_TypeError, "%U takes %zd inputs, cannot bind %zd", self->name,
+                 self->n_inputs, n);
+    return nullptr;
+  }
+  PyObject* bound = PySequence_Concat(values, self->bound);
+  if (bound == nullptr) return nullptr;
+  PyObject* result =
+      new_program(self->call, self->n_inputs - n, self->n_outputs, self->externs, bound, self->name);
+  Py_DECREF(bound);
+  return result;
+}
+
+PyObject* program_repr(PyObject* self_) {
+  auto* self = reinterpret_cast<ProgramObject*>(self_);
+  return PyUnicode_FromFormat("CompiledHostProgram(%U, %zd inputs)", self->name, self->n_inputs);
+}
+
+PyMethodDef program_methods[] = {
+    {"bind_last", program_bind_last, METH_O,
+     "The program with its last inputs bound to these tensors (the graph's constants)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyMemberDef program_members[] = {
+    {"name", T_OBJECT, offsetof(ProgramObject, name), READONLY, "the graph's name"},
+    {"n_inputs", T_PYSSIZET, offsetof(ProgramObject, n_inputs), READONLY, "inputs it takes"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+// -- dtype and device numbers ----------------------------------------------------------------
+PyObject* scalar_type(PyObject*, PyObject* dtype) {
+  if (!THPDtype_Check(dtype)) {
+    PyErr_SetString(PyExc_TypeError, "scalar_type takes a torch.dtype");
+    return nullptr;
+  }
+  return PyLong_FromLong(static_cast<long>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+}
+
+PyObject* device_code(PyObject*, PyObject* device) {
+  if (!THPDevice_Check(device)) {
+    PyErr_SetString(PyExc_TypeError, "device_code takes a torch.device");
+    return nullptr;
+  }
+  const c10::Device& d = reinterpret_cast<THPDevice*>(device)->device;
+  return Py_BuildValue("(ii)", static_cast<int>(d.type()), static_cast<int>(d.index()));
+}
+
+PyMethodDef module_methods[] = {
+    {"Extern", make_extern, METH_VARARGS,
+     "Extern(op, overload, template, n_outputs): an ATen op call prepared once."},
+    {"scalar_type", scalar_type, METH_O, "The c10::ScalarType number of a torch.dtype."},
+    {"device_code", device_code, METH_O, "(c10::DeviceType number, index) of a torch.device."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "kiln_host_runtime",
+                          "kiln-cpp's host runtime (see runtime.cpp)", -1, module_methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_kiln_host_runtime() {
+  ProgramType.tp_name = "kiln_host_runtime.Program";
+  ProgramType.tp_basicsize = sizeof(ProgramObject);
+  ProgramType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  ProgramType.tp_new = program_new;
+  ProgramType.tp_dealloc = program_dealloc;
+  ProgramType.tp_call = PyVectorcall_Call;
+  ProgramType.tp_vectorcall_offset = offsetof(ProgramObject, vectorcall);
+  ProgramType.tp_dictoffset = offsetof(ProgramObject, dict);
+  ProgramType.tp_getattro = PyObject_GenericGetAttr;
+  ProgramType.tp_setattro = PyObject_GenericSetAttr;
+  ProgramType.tp_methods = program_methods;
+  ProgramType.tp_members = program_members;
+  ProgramType.tp_repr = program_repr;
+  ProgramType.tp_doc = "Program(init, call, n_inputs, n_outputs, externs, name)";
+  if (PyType_Ready(&ProgramType) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&ProgramType);
+  PyModule_AddObject(m, "Program", reinterpret_cast<PyObject*>(&ProgramType));
+  PyModule_AddIntConstant(m, "API_VERSION", KILN_API_VERSION);
+  return m;
+}

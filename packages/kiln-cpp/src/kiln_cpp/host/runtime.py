@@ -1,0 +1,122 @@
+"""The host runtime: ``runtime.cpp`` built once per installation into a Python module.
+
+It is the one part of kiln-cpp compiled against libtorch's headers (a slow build, about
+15 s); the host programs of graphs include only ``kiln_host.h`` and get the runtime's
+functions as a table when they load, so each graph's build stays as cheap as its kernels'.
+The module lives in ``$KILN_CPP_RUNTIME_DIR``, else ``<user cache>/kiln/runtime/<key>/``,
+keyed by the source, torch's version and ABI, Python's version and the compiler; a build is
+written under a temporary name and renamed into place, under a file lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+from kiln_cpp import build
+from kiln_cpp.errors import CppCompileError
+
+HERE = Path(__file__).parent
+SOURCE = HERE / "runtime.cpp"
+HEADER = HERE / "kiln_host.h"
+MODULE = "kiln_host_runtime"
+
+
+def runtime_dir() -> Path:
+    if os.environ.get("KILN_CPP_RUNTIME_DIR"):
+        return Path(os.environ["KILN_CPP_RUNTIME_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kiln" / "runtime"
+
+
+def _torch_paths() -> tuple[list[str], str]:
+    root = Path(torch.__file__).parent
+    include = root / "include"
+    includes = [str(include), str(include / "torch" / "csrc" / "api" / "include")]
+    return includes, str(root / "lib")
+
+
+def _flags(cxx: str) -> list[str]:
+    includes, lib = _torch_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        "-O2",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{p}" for p in includes),
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{HERE}",
+        f"-L{lib}",
+        f"-Wl,-rpath,{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        "-ltorch_python",
+    ]
+
+
+def _key(cxx: str) -> str:
+    h = hashlib.sha256()
+    for part in (
+        SOURCE.read_text(),
+        HEADER.read_text(),
+        torch.__version__,
+        sys.version,
+        build._compiler_version(cxx),
+        " ".join(_flags(cxx)),
+    ):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def _build(cxx: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".tmp", suffix=".so")
+    os.close(fd)
+    cmd = [cxx, str(SOURCE), "-o", tmp, *_flags(cxx)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CppCompileError(
+                f"building kiln-cpp's host runtime failed (exit {proc.returncode}):\n"
+                f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+            )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def load_runtime() -> types.ModuleType:
+    """The runtime module, built on first use (raises :class:`CppCompileError` when the
+    compiler or torch's headers are missing)."""
+    cxx = build.compiler()
+    entry = runtime_dir() / _key(cxx)
+    target = entry / f"{MODULE}.so"
+    if not target.is_file():
+        entry.mkdir(parents=True, exist_ok=True)
+        with open(entry / "build.lock", "w") as lock:
+            if build.fcntl is not None:
+                build.fcntl.flock(lock, build.fcntl.LOCK_EX)
+            if not target.is_file():
+                _build(cxx, target)
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(target))
+    spec = importlib.util.spec_from_file_location(MODULE, target, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
