@@ -125,6 +125,10 @@ class CppCodegen:
         cannot be built)."""
         return render_host(schedule, plan, load_runtime())
 
+    def load_host(self, data: dict) -> NativeHost:
+        """A host program from :meth:`NativeHost.to_dict` (a cache entry), to compile."""
+        return NativeHost.from_dict(data, load_runtime())
+
     def compile(self, sources: Sequence[str], host: NativeHost | None = None) -> list[Callable]:
         """One callable per source; with ``host``, the loaded host program after them,
         built into the same library."""

@@ -33,7 +33,7 @@ from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 3  # 3: host programs are call/check functions; kernels named for their ops
+FORMAT = 4  # 4: the code generator's native host program, where it built one
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 
 
@@ -48,6 +48,7 @@ class Entry:
     num_inputs: int
     loop_ir: str
     schedule: str
+    native_host: dict | None = None  # the code generator's (its ``load_host`` reads it)
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, **self.__dict__}
@@ -169,12 +170,14 @@ class GraphCache:
             log.warning("cannot write cache entry %s (%s)", path, exc)
 
 
-def load_entry(entry: Entry, kernel_fns: Sequence[Callable]) -> HostProgram:
-    """A graph loaded from the cache: its host program bound to the kernels and constants."""
+def load_entry(entry: Entry, kernel_fns: Sequence[Callable], native=None) -> HostProgram:
+    """A graph loaded from the cache: its host program bound to the kernels and constants
+    (and the native one, built again from the entry, where there is one)."""
     program = load_host_program(
         entry.host_source,
         dict(zip(entry.kernel_names, kernel_fns, strict=True)),
         entry.constants,
         "<kiln host program (cached)>",
+        native=getattr(native, "program", None),
     )
     return program

@@ -14,6 +14,7 @@ from pathlib import Path
 NAMED_BACKENDS = ("auto", "kiln", "aot_eager", "eager")
 MODES = (None, "default", "reduce-overhead", "max-autotune")
 PARTITIONERS = ("min_cut", "default")
+HOST_PROGRAMS = ("auto", "python", "native")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Options:
     max_autotune: bool = False
     # replay graphs through the kiln.runtime plug-in (set by mode="reduce-overhead")
     cudagraphs: bool = False
+    # the host program: "auto" (native where the code generator builds one, logged),
+    # "python" (always the Python one), "native" (fail where none can be built);
+    # default: $KILN_HOST_PROGRAM, else "auto"
+    host_program: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +65,8 @@ def _default_options() -> dict:
         env["debug_dir"] = os.environ["KILN_DEBUG"]
     if os.environ.get("KILN_CACHE", "1").strip().lower() in ("0", "false", "off", "no"):
         env["cache"] = False
+    if os.environ.get("KILN_HOST_PROGRAM"):
+        env["host_program"] = os.environ["KILN_HOST_PROGRAM"]
     return env
 
 
@@ -72,6 +79,12 @@ def _check_option(name: str, value: object, default: object) -> None:
         if value not in PARTITIONERS:
             raise ValueError(
                 f"kiln.compile(options={{'partitioner': {value!r}}}): use one of {PARTITIONERS}"
+            )
+        return
+    if name == "host_program":
+        if value not in HOST_PROGRAMS:
+            raise ValueError(
+                f"kiln.compile(options={{'host_program': {value!r}}}): use one of {HOST_PROGRAMS}"
             )
         return
     if type(value) is not type(default):

@@ -58,6 +58,7 @@ class ObservedCodegen:
             self.render_group = lambda group: self._rendered(inner.render_group, group)
         if hasattr(inner, "render_host"):  # it builds host programs natively
             self.render_host = inner.render_host
+            self.load_host = inner.load_host
 
     def render(self, kernel) -> str:
         return self._rendered(self.inner.render, kernel)
@@ -190,8 +191,11 @@ class AtenCompiler:
             with self.frame.stage("cache_load", f"{self.kind}: loading from the cache"):
                 entry = cache.load(key)
                 if entry is not None:
-                    fns = observed.compile(entry.kernel_sources)
-                    return load_entry(entry, fns), constants, entry
+                    native = self.cached_native_host(entry, observed)
+                    fns = observed.compile(entry.kernel_sources, host=native)
+                    if native is not None:
+                        native.program = fns.pop()
+                    return load_entry(entry, fns, native), constants, entry
         with self.frame.stage("loopir", f"{self.kind}: lowering and scheduling"):
             compiled = kiln_loopir.compile_fx(
                 lifted,
@@ -199,6 +203,7 @@ class AtenCompiler:
                 codegen=observed,
                 fusion=self.options.fusion,
                 reuse_memory=self.options.reuse_memory,
+                host_program=self.options.host_program,
             )
         launchers = [*compiled.kernels, *compiled.launch_groups]
         entry = Entry(
@@ -209,10 +214,24 @@ class AtenCompiler:
             num_inputs=len(compiled.graph.inputs),
             loop_ir=str(compiled.graph),
             schedule=str(compiled.schedule),
+            native_host=compiled.native_host.to_dict() if compiled.native_host else None,
         )
         if cache is not None:
             cache.store(key, entry)
         return compiled.program, constants, entry
+
+    def cached_native_host(self, entry: Entry, observed: ObservedCodegen) -> object | None:
+        """The native host program of a cache entry, to build with its kernels; None where
+        the Python one runs (by choice, or because it cannot be loaded: logged)."""
+        if entry.native_host is None or self.options.host_program == "python":
+            return None
+        try:
+            return observed.load_host(entry.native_host)
+        except Exception as exc:  # noqa: BLE001 - the Python host program runs the graph
+            if self.options.host_program == "native":
+                raise CodegenFailed(f"no native host program: {exc}") from exc
+            cache_log.warning("host program: Python, the cached native one failed (%s)", exc)
+            return None
 
     def show_generated(self, entry: Entry, codegen: object) -> None:
         frame, kind = self.frame, self.kind

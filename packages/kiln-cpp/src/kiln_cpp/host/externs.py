@@ -37,7 +37,8 @@ class ExternCall:
     def prepare(self, runtime) -> None:
         try:
             self.prepared = runtime.Extern(
-                self.qualified_name, self.overload, self.template, self.n_returns
+                self.qualified_name, self.overload, [_decode(t) for t in self.template],
+                self.n_returns,
             )
         except (TypeError, ValueError, RuntimeError) as exc:
             raise HostNotRendered(f"{self.op_name}: {exc}") from exc
@@ -94,6 +95,20 @@ def extern_call(
     return call
 
 
+_NAMED = {torch.dtype: "dtype", torch.layout: "layout", torch.memory_format: "memory_format"}
+
+
+def _decode(item: tuple) -> tuple:
+    """A template item as the runtime takes it: dtypes, devices, layouts and memory
+    formats as torch's objects (the template keeps their names, so it stores as data)."""
+    tag = item[0]
+    if tag == "device":
+        return (tag, torch.device(item[1]))
+    if tag in _NAMED.values():
+        return (tag, getattr(torch, item[1]))
+    return item
+
+
 def _slot(ref: TensorRef, call: ExternCall, tensor_name) -> int:
     call.tensors.append(tensor_name(ref))
     return len(call.tensors) - 1
@@ -113,10 +128,11 @@ def _encode(value, arg_type: str, call: ExternCall, tensor_name, op: str) -> tup
             return ("f", float(value))
     if isinstance(value, str):
         return ("s", value)
-    for kind in (torch.dtype, torch.device, torch.layout, torch.memory_format):
+    if isinstance(value, torch.device):
+        return ("device", str(value))
+    for kind, tag in _NAMED.items():
         if isinstance(value, kind):
-            tag = {torch.dtype: "dtype", torch.device: "device", torch.layout: "layout"}
-            return (tag.get(kind, "memory_format"), value)
+            return (tag, str(value).removeprefix("torch."))
     if isinstance(value, (list, tuple)):
         if all(v is None or isinstance(v, TensorRef) for v in value) and "Tensor" in arg_type:
             slots = [None if v is None else _slot(v, call, tensor_name) for v in value]

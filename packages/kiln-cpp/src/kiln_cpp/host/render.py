@@ -67,6 +67,28 @@ class NativeHost:
     input_names: list[str]
     program: object = None  # the loaded program, once built
 
+    def to_dict(self) -> dict:
+        """Plain data (for an on-disk cache); :meth:`from_dict` makes it again."""
+        externs = [
+            {k: v for k, v in call.__dict__.items() if k != "prepared"} for call in self.externs
+        ]
+        return {
+            "source": self.source,
+            "externs": externs,
+            "n_inputs": self.n_inputs,
+            "n_outputs": self.n_outputs,
+            "input_names": list(self.input_names),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, runtime) -> NativeHost:
+        externs = [ExternCall(**fields) for fields in data["externs"]]
+        for call in externs:
+            call.prepare(runtime)
+        return cls(
+            data["source"], externs, data["n_inputs"], data["n_outputs"], data["input_names"]
+        )
+
 
 @dataclass
 class _Layouts:

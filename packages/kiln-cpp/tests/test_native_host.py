@@ -1,0 +1,128 @@
+"""The native host program: kernels and host program in one library, run through the host
+runtime, against eager and the Python host program."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from kiln_loopir import compile_fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+
+def _compile(fn, inputs, host_program="native", tracing_mode="fake"):
+    gm = make_fx(fn, tracing_mode=tracing_mode)(*inputs)
+    return compile_fx(gm, inputs, codegen="cpp", host_program=host_program)
+
+
+def mlp(x, *params):
+    for i in range(0, len(params), 2):
+        x = torch.relu(torch.addmm(params[i + 1], x, params[i].t()))
+    return (x,)
+
+
+def _mlp_inputs(batch=1, width=32, layers=4):
+    params = []
+    for _ in range(layers):
+        params += [torch.randn(width, width) / width**0.5, torch.randn(width)]
+    return [torch.randn(batch, width), *params]
+
+
+def test_mlp_runs_natively_and_matches_eager():
+    inputs = _mlp_inputs()
+    compiled = _compile(mlp, inputs)
+    assert compiled.program.native is not None
+    assert type(compiled.program.call).__name__ == "Program"
+    assert "kiln_host_call" in compiled.native_host.source
+    fresh = _mlp_inputs()
+    (got,) = compiled.program.call(*fresh)
+    torch.testing.assert_close(got, mlp(*fresh)[0])
+    (checked,) = compiled(*fresh)  # with the layout checks first
+    torch.testing.assert_close(checked, got)
+
+
+def test_matches_the_python_host_program():
+    inputs = _mlp_inputs(batch=8, width=64)
+    native = _compile(mlp, inputs)
+    python = _compile(mlp, inputs, host_program="python")
+    assert python.program.native is None and native.program.native is not None
+    fresh = _mlp_inputs(batch=8, width=64)
+    torch.testing.assert_close(native(*fresh)[0], python(*fresh)[0])
+
+
+def attention_block(x, w_qkv, b_qkv, w_out):
+    qkv = torch.addmm(b_qkv, x, w_qkv)  # large enough to stay an ATen call
+    q, k, v = (t.reshape(1, 64, 4, 32).transpose(1, 2) for t in qkv.split(128, dim=1))
+    a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    y = a.transpose(1, 2).reshape(64, 128) @ w_out
+    return torch.tanh(y) + x, x.t()
+
+
+def test_extern_ops_views_and_outputs_that_view_inputs():
+    def inputs():
+        return [torch.randn(64, 128), torch.randn(128, 384) / 12, torch.randn(384),
+                torch.randn(128, 128) / 12]
+
+    compiled = _compile(attention_block, inputs())
+    assert compiled.program.native is not None
+    source = compiled.native_host.source
+    assert "call_extern" in source
+    assert any(call.overload == "out" for call in compiled.native_host.externs)  # addmm.out
+    fresh = inputs()
+    got = compiled(*fresh)
+    want = attention_block(*fresh)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert got[1].stride() == want[1].stride()
+    assert got[1].data_ptr() == fresh[0].data_ptr()  # a view of the input, as eager
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_an_index_out_of_range_raises_index_error():
+    def gather(table, idx):
+        return (table[idx] * 2,)
+
+    table, idx = torch.randn(10, 8), torch.randint(0, 10, (6,))
+    compiled = _compile(gather, [table, idx])
+    assert compiled.program.native is not None
+    torch.testing.assert_close(compiled(table, idx)[0], table[idx] * 2)
+    with pytest.raises(IndexError, match="out of range"):
+        compiled.program.call(table, torch.tensor([0, 1, 2, 3, 4, 99]))
+
+
+def test_bad_calls_name_the_problem():
+    inputs = _mlp_inputs()
+    call = _compile(mlp, inputs).program.call
+    with pytest.raises(TypeError, match="takes 9 inputs, got 1"):
+        call(inputs[0])
+    with pytest.raises(TypeError, match="input 0 is a float"):
+        call(1.0, *inputs[1:])
+
+
+def test_constants_are_bound_after_the_inputs():
+    def shifted(x):
+        return (x + torch.tensor([1.0, 2.0, 3.0, 4.0]),)
+
+    x = torch.randn(3, 4)
+    compiled = _compile(shifted, [x])
+    assert compiled.graph.constants, "the traced graph keeps the tensor as a constant"
+    assert compiled.program.native is not None
+    fresh = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(fresh)[0], shifted(fresh)[0])
+
+
+def test_symbolic_sizes_run_the_python_host_program(caplog):
+    x = torch.randn(5, 8)
+    with caplog.at_level(logging.INFO, logger="kiln.loopir"):
+        compiled = _compile(lambda a: (a.sin() * 2,), [x], host_program="auto",
+                            tracing_mode="symbolic")
+    assert compiled.program.native is None
+    assert any("host program: Python" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(compiled(x)[0], x.sin() * 2)
+    with pytest.raises(NotImplementedError, match="no native host program"):
+        _compile(lambda a: (a.sin() * 2,), [x], tracing_mode="symbolic")
+
+
+def test_an_unknown_choice_is_refused():
+    with pytest.raises(ValueError, match="host_program='fast'"):
+        _compile(mlp, _mlp_inputs(), host_program="fast")
