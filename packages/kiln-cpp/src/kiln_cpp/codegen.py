@@ -78,7 +78,7 @@ _HOST_HEADER = (
 )
 
 
-def _load_program(lib: ctypes.CDLL, host: NativeHost):
+def load_program(lib: ctypes.CDLL, host: NativeHost):
     """The runtime's ``Program`` over the library's ``kiln_host_init``/``kiln_host_call``."""
     runtime = load_runtime()
     address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
@@ -88,6 +88,7 @@ def _load_program(lib: ctypes.CDLL, host: NativeHost):
         host.n_inputs,
         host.n_outputs,
         tuple(call.prepared for call in host.externs),
+        tuple(host.functions),
         "host program",
     )
     program.library = lib  # kept loaded while the program lives
@@ -151,7 +152,7 @@ class CppCodegen:
             pointers = ["*" in p for p in params]
             kernels.append(CppKernel(name, getattr(lib, name), pointers))
         if host is not None:
-            kernels.append(_load_program(lib, host))
+            kernels.append(load_program(lib, host))
         return kernels
 
     def __repr__(self) -> str:

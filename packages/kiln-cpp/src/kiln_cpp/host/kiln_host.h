@@ -30,6 +30,15 @@ typedef struct KilnApi {
                               const int64_t* stride, const char* what);
   /* records that kernel found an indirect index out of range (an IndexError) */
   void (*index_error)(const char* kernel);
+  /* the current CUDA stream of the current device (NULL, with the error kept, on failure) */
+  void* (*cuda_stream)(void);
+  /* cuLaunchKernel of a loaded kernel (a CUfunction) with block (block_x, 1, 1) on stream;
+   * 0 on success */
+  int (*cuda_launch)(void* stream, void* function, uint32_t grid_x, uint32_t grid_y,
+                     uint32_t grid_z, uint32_t block_x, uint32_t shared_bytes, void** params);
 } KilnApi;
 
-#define KILN_API_VERSION 1
+#define KILN_API_VERSION 2
+/* what kiln_host_call returns when this call's inputs need the Python host program
+ * (a tensor not aligned as the kernels were compiled for) */
+#define KILN_RUN_PYTHON 2

@@ -25,7 +25,8 @@ from kiln_loopir.scheduler import step_reads
 PRELUDE = """\
 namespace {
 const KilnApi* kiln_api;
-KilnExtern* kiln_externs[KILN_EXTERNS];
+KilnExtern* kiln_externs[KILN_EXTERNS + 1];
+void* kiln_functions[KILN_FUNCTIONS + 1];
 
 // a tensor the program holds: released when reset or when the call returns
 struct KilnRef {
@@ -46,10 +47,12 @@ struct KilnRef {
 inline bool kiln_set(KilnRef& r, KilnTensor* t) { r.reset(t); return t != nullptr; }
 }  // namespace
 
-extern "C" int kiln_host_init(const KilnApi* api, KilnExtern* const* externs) {
+extern "C" int kiln_host_init(const KilnApi* api, KilnExtern* const* externs,
+                              void* const* functions) {
   if (api->version != KILN_API_VERSION) return 1;
   kiln_api = api;
   for (int i = 0; i < KILN_EXTERNS; ++i) kiln_externs[i] = externs[i];
+  for (int i = 0; i < KILN_FUNCTIONS; ++i) kiln_functions[i] = functions[i];
   return 0;
 }
 """
@@ -65,6 +68,7 @@ class NativeHost:
     n_inputs: int  # the graph's inputs, then its constants
     n_outputs: int
     input_names: list[str]
+    functions: list[int] = field(default_factory=list)  # kernel handles, in this process
     program: object = None  # the loaded program, once built
 
     def to_dict(self) -> dict:
@@ -118,8 +122,13 @@ def _number(e) -> int:
     return int(e)
 
 
-def render_host(schedule: Schedule, plan: MemoryPlan, runtime) -> NativeHost:
-    """The C++ host program of ``schedule`` (raises :class:`HostNotRendered`)."""
+def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) -> NativeHost:
+    """The C++ host program of ``schedule`` (raises :class:`HostNotRendered`).
+
+    Kernels are C++ functions of the same library, called directly; or, with ``launcher``,
+    whatever ``launcher.lines(kernel)`` writes (kiln-triton: a CUDA launch), after the
+    lines of ``launcher.prologue(inputs)``, with ``launcher.functions`` (kernel handles)
+    passed to the program when it loads."""
     graph = schedule.graph
     for inp in graph.inputs:
         if inp.buffer is None:
@@ -129,10 +138,12 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime) -> NativeHost:
             raise HostNotRendered(f"an output is {out!r}, not a tensor")
     read = {name for step in schedule.steps for name in step_reads(step)}
     read |= {o.buffer for o in graph.outputs}
-    renderer = _Renderer(graph.buffers(), _Layouts(), runtime, read)
+    renderer = _Renderer(graph.buffers(), _Layouts(), runtime, read, launcher)
     inputs = [i.name for i in graph.inputs] + [c.name for c in graph.constants]
     body = [f"KilnRef {', '.join(inputs)};"] if inputs else []
     body += [f"{name}.borrow(in[{k}]);" for k, name in enumerate(inputs)]
+    if launcher is not None:
+        body += launcher.prologue(inputs)
     names = sorted(set(renderer.buffers) - set(inputs))
     if names:
         body.append(f"KilnRef {', '.join(names)};")
@@ -156,7 +167,8 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime) -> NativeHost:
     head = [
         "// the host program: static sizes, kernels called directly, ATen ops through the",
         "// runtime (kiln_host.h)",
-        f"#define KILN_EXTERNS {max(1, len(renderer.externs))}",
+        f"#define KILN_EXTERNS {len(renderer.externs)}",
+        f"#define KILN_FUNCTIONS {len(launcher.functions) if launcher else 0}",
         PRELUDE,
         "namespace {",
         *renderer.layouts.lines(),
@@ -166,13 +178,19 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime) -> NativeHost:
     ]
     source = "\n".join(head + ["  " + line for line in body] + ["}", ""])
     return NativeHost(
-        source, renderer.externs, len(inputs), len(graph.outputs), [i.name for i in graph.inputs]
+        source,
+        renderer.externs,
+        len(inputs),
+        len(graph.outputs),
+        [i.name for i in graph.inputs],
+        list(launcher.functions) if launcher else [],
     )
 
 
 class _Renderer:
-    def __init__(self, buffers: dict[str, Buffer], layouts: _Layouts, runtime, read) -> None:
+    def __init__(self, buffers: dict[str, Buffer], layouts: _Layouts, runtime, read, launcher):
         self.buffers = buffers
+        self.launcher = launcher
         self.read = read  # buffers something reads: the extern results whose layout matters
         self.layouts = layouts
         self.runtime = runtime
@@ -204,6 +222,8 @@ class _Renderer:
         )
 
     def kernel(self, kernel: Kernel) -> list[str]:
+        if self.launcher is not None:
+            return self.launcher.lines(kernel)
         if kernel.size_args:
             raise HostNotRendered(f"{kernel.name} takes sizes {kernel.size_args}")
         args = [

@@ -11,7 +11,10 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <dlfcn.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
@@ -123,6 +126,52 @@ void api_index_error(const char* kernel) {
   last_error = std::string(kernel) + ": an index is out of range of the tensor it indexes";
 }
 
+// -- CUDA: the current stream, and kernels launched through the driver ------------------------
+// (no CUDA headers: torch's device guard gives the stream, libcuda's entry point is looked up
+// once, in the libcuda torch has loaded)
+using CuLaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, void*, void**, void**);
+using CuGetErrorString = int (*)(int, const char**);
+
+void* api_cuda_stream() {
+  try {
+    const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    return impl->getStream(impl->getDevice()).native_handle();
+  } catch (const std::exception& e) {
+    keep_error(e);
+    return nullptr;
+  }
+}
+
+void* libcuda_symbol(const char* name) {
+  static void* lib = [] {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return h != nullptr ? h : dlopen("libcuda.so.1", RTLD_NOW);
+  }();
+  return lib != nullptr ? dlsym(lib, name) : nullptr;
+}
+
+int api_cuda_launch(void* stream, void* function, uint32_t gx, uint32_t gy, uint32_t gz,
+                    uint32_t block_x, uint32_t shared, void** params) {
+  static auto launch = reinterpret_cast<CuLaunchKernel>(libcuda_symbol("cuLaunchKernel"));
+  if (launch == nullptr) {
+    last_kind = ErrorKind::Runtime;
+    last_error = "cuLaunchKernel is not in libcuda.so.1: is the CUDA driver installed?";
+    return 1;
+  }
+  if (gx == 0 || gy == 0 || gz == 0) return 0;
+  int status = launch(function, gx, gy, gz, block_x, 1, 1, shared, stream, params, nullptr);
+  if (status != 0) {
+    static auto describe = reinterpret_cast<CuGetErrorString>(libcuda_symbol("cuGetErrorString"));
+    const char* text = nullptr;
+    if (describe != nullptr) describe(status, &text);
+    last_kind = ErrorKind::Runtime;
+    last_error = std::string("cuLaunchKernel failed: ") + (text ? text : std::to_string(status));
+    return 1;
+  }
+  return 0;
+}
+
 // -- prepared extern calls ---------------------------------------------------------------------
 struct TensorSlot {
   size_t position;  // in the stack
@@ -178,8 +227,9 @@ int api_call_extern(KilnExtern* x, KilnTensor* const* tensors, KilnTensor** outp
 }
 
 const KilnApi API = {
-    KILN_API_VERSION, api_empty_strided, api_view,         api_alias,         api_release,
-    api_data_ptr,     api_call_extern,   api_match_layout, api_index_error,
+    KILN_API_VERSION, api_empty_strided, api_view,        api_alias,
+    api_release,      api_data_ptr,      api_call_extern, api_match_layout,
+    api_index_error,  api_cuda_stream,   api_cuda_launch,
 };
 
 // -- Python -> IValue, for the arguments of an extern call -------------------------------------
@@ -291,7 +341,7 @@ PyObject* make_extern(PyObject*, PyObject* args) {
 }
 
 // -- Program -----------------------------------------------------------------------------------
-using InitFn = int (*)(const KilnApi*, KilnExtern* const*);
+using InitFn = int (*)(const KilnApi*, KilnExtern* const*, void* const*);
 using CallFn = int (*)(KilnTensor* const*, KilnTensor**);
 
 struct ProgramObject {
@@ -302,6 +352,7 @@ struct ProgramObject {
   Py_ssize_t n_outputs;
   PyObject* externs;    // tuple of capsules, kept alive
   PyObject* bound;      // tuple of tensors passed after the caller's (the graph's constants)
+  PyObject* fallback;   // the Python host program, for calls it must run (KILN_RUN_PYTHON)
   PyObject* name;
   PyObject* dict;
 };
@@ -331,6 +382,12 @@ PyObject* program_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
   }
   std::vector<KilnTensor*> out(self->n_outputs, nullptr);
   int status = self->call(in.data(), out.data());
+  if (status == KILN_RUN_PYTHON && self->fallback != Py_None) {
+    for (auto* t : out) delete T(t);
+    std::vector<PyObject*> all(args, args + n);
+    for (Py_ssize_t i = 0; i < n_bound; ++i) all.push_back(PyTuple_GET_ITEM(self->bound, i));
+    return PyObject_Vectorcall(self->fallback, all.data(), all.size(), nullptr);
+  }
   if (status != 0) {
     for (auto* t : out) delete T(t);
     raise_kept();
@@ -349,6 +406,7 @@ void program_dealloc(PyObject* self_) {
   auto* self = reinterpret_cast<ProgramObject*>(self_);
   Py_XDECREF(self->externs);
   Py_XDECREF(self->bound);
+  Py_XDECREF(self->fallback);
   Py_XDECREF(self->name);
   Py_XDECREF(self->dict);
   Py_TYPE(self_)->tp_free(self_);
@@ -357,7 +415,7 @@ void program_dealloc(PyObject* self_) {
 PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyObject* new_program(CallFn call, Py_ssize_t n_inputs, Py_ssize_t n_outputs, PyObject* externs,
-                      PyObject* bound, PyObject* name) {
+                      PyObject* bound, PyObject* fallback, PyObject* name) {
   auto* self = PyObject_New(ProgramObject, &ProgramType);
   if (self == nullptr) return nullptr;
   self->vectorcall = program_vectorcall;
@@ -368,6 +426,8 @@ PyObject* new_program(CallFn call, Py_ssize_t n_inputs, Py_ssize_t n_outputs, Py
   self->externs = externs;
   Py_INCREF(bound);
   self->bound = bound;
+  Py_INCREF(fallback);
+  self->fallback = fallback;
   Py_INCREF(name);
   self->name = name;
   self->dict = nullptr;
@@ -377,10 +437,15 @@ PyObject* new_program(CallFn call, Py_ssize_t n_inputs, Py_ssize_t n_outputs, Py
 PyObject* program_new(PyTypeObject*, PyObject* args, PyObject*) {
   unsigned long long init_address, call_address;
   Py_ssize_t n_inputs, n_outputs;
-  PyObject *externs, *name;
-  if (!PyArg_ParseTuple(args, "KKnnO!U", &init_address, &call_address, &n_inputs, &n_outputs,
-                        &PyTuple_Type, &externs, &name))
+  PyObject *externs, *functions, *name;
+  if (!PyArg_ParseTuple(args, "KKnnO!O!U", &init_address, &call_address, &n_inputs, &n_outputs,
+                        &PyTuple_Type, &externs, &PyTuple_Type, &functions, &name))
     return nullptr;
+  std::vector<void*> handles;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(functions); ++i) {
+    handles.push_back(PyLong_AsVoidPtr(PyTuple_GET_ITEM(functions, i)));
+    if (PyErr_Occurred()) return nullptr;
+  }
   std::vector<KilnExtern*> prepared;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(externs); ++i) {
     void* p = PyCapsule_GetPointer(PyTuple_GET_ITEM(externs, i), "kiln.Extern");
@@ -388,13 +453,13 @@ PyObject* program_new(PyTypeObject*, PyObject* args, PyObject*) {
     prepared.push_back(static_cast<KilnExtern*>(p));
   }
   auto init = reinterpret_cast<InitFn>(init_address);
-  if (init(&API, prepared.data()) != 0) {
+  if (init(&API, prepared.data(), handles.data()) != 0) {
     PyErr_SetString(PyExc_RuntimeError, "the host program was built for another runtime");
     return nullptr;
   }
   PyObject* empty = PyTuple_New(0);
-  PyObject* self =
-      new_program(reinterpret_cast<CallFn>(call_address), n_inputs, n_outputs, externs, empty, name);
+  PyObject* self = new_program(reinterpret_cast<CallFn>(call_address), n_inputs, n_outputs,
+                               externs, empty, Py_None, name);
   Py_DECREF(empty);
   return self;
 }
@@ -413,8 +478,8 @@ PyObject* program_bind_last(PyObject* self_, PyObject* values) {
   }
   PyObject* bound = PySequence_Concat(values, self->bound);
   if (bound == nullptr) return nullptr;
-  PyObject* result =
-      new_program(self->call, self->n_inputs - n, self->n_outputs, self->externs, bound, self->name);
+  PyObject* result = new_program(self->call, self->n_inputs - n, self->n_outputs, self->externs,
+                                 bound, self->fallback, self->name);
   Py_DECREF(bound);
   return result;
 }
@@ -424,7 +489,20 @@ PyObject* program_repr(PyObject* self_) {
   return PyUnicode_FromFormat("CompiledHostProgram(%U, %zd inputs)", self->name, self->n_inputs);
 }
 
+PyObject* program_set_fallback(PyObject* self_, PyObject* fallback) {
+  auto* self = reinterpret_cast<ProgramObject*>(self_);
+  if (fallback != Py_None && !PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "set_fallback takes a callable or None");
+    return nullptr;
+  }
+  Py_INCREF(fallback);
+  Py_SETREF(self->fallback, fallback);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef program_methods[] = {
+    {"set_fallback", program_set_fallback, METH_O,
+     "The Python host program (taking every input), for calls the native one hands back."},
     {"bind_last", program_bind_last, METH_O,
      "The program with its last inputs bound to these tensors (the graph's constants)."},
     {nullptr, nullptr, 0, nullptr}};
@@ -478,7 +556,7 @@ PyMODINIT_FUNC PyInit_kiln_host_runtime() {
   ProgramType.tp_methods = program_methods;
   ProgramType.tp_members = program_members;
   ProgramType.tp_repr = program_repr;
-  ProgramType.tp_doc = "Program(init, call, n_inputs, n_outputs, externs, name)";
+  ProgramType.tp_doc = "Program(init, call, n_inputs, n_outputs, externs, functions, name)";
   if (PyType_Ready(&ProgramType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
