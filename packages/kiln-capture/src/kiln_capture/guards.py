@@ -205,9 +205,8 @@ class GuardSet:
         if value.device.type != "cpu":  # the dispatch keys tell CPU from other devices
             checks.append(f"{expr}.get_device() == {device_index(value.device)}")
         checks.append(f"{expr}.dim() == {value.dim()}")
-        checks += [
-            f"{expr}.size({d}) == {value.size(d)}" for d in range(value.dim()) if d not in dynamic_dims
-        ]
+        static = [d for d in range(value.dim()) if d not in dynamic_dims]
+        checks += [f"{expr}.size({d}) == {value.size(d)}" for d in static]
         if value.is_contiguous():
             checks.append(f"{expr}.is_contiguous()")
         checks += [
@@ -340,6 +339,4 @@ def describe_spec(spec: TensorSpec) -> str:
     dtype = str(spec.dtype).replace("torch.", "")
     device = "cpu" if spec.device_index is None else f"device {spec.device_index}"
     grad = ", requires_grad" if spec.requires_grad else ""
-    return (
-        f"{spec.type.__name__}({dtype}, {device}, size={spec.shape}, stride={spec.stride}{grad})"
-    )
+    return f"{spec.type.__name__}({dtype}, {device}, size={spec.shape}, stride={spec.stride}{grad})"

@@ -96,8 +96,7 @@ def chosen() -> list[str]:
     unknown = [n for n in names if n and n not in MATCHERS]
     if unknown:
         raise ValueError(
-            f"KILN_GUARD_TENSORS names unknown tensor matchers {unknown}; "
-            f"known: {sorted(MATCHERS)}"
+            f"KILN_GUARD_TENSORS names unknown tensor matchers {unknown}; known: {sorted(MATCHERS)}"
         )
     return [n for n in names if n and n != "python"] + ["python"]
 
@@ -117,11 +116,13 @@ def build_matcher(specs: list[TensorSpec], examples: list[torch.Tensor]) -> Tens
 
 def python_matcher(specs: list[TensorSpec], examples=None) -> TensorMatcher:
     scope: dict = {"___dispatch_keys": torch._C._dispatch_keys}
+    names: dict[int, str] = {}  # one name per type and dtype
 
     def constant(prefix: str, value) -> str:
-        name = f"___{prefix}{len(scope)}"
-        scope[name] = value
-        return name
+        if id(value) not in names:
+            names[id(value)] = f"___{prefix}{len(names)}"
+            scope[names[id(value)]] = value
+        return names[id(value)]
 
     params = [f"t{i}" for i in range(len(specs))]
     lines = [f"def tensors_match({', '.join(params)}):"]
@@ -196,7 +197,8 @@ def torch_matcher(specs: list[TensorSpec], examples: list[torch.Tensor]) -> Tens
         )
 
     lines = [f"# tensors_match: torch's TensorGuards over {len(specs)} tensors, each as"]
-    lines += [f"#   t{i} ({s.expr}): {', '.join(s.checks(f't{i}', _label))}" for i, s in enumerate(specs)]
+    for i, spec in enumerate(specs):
+        lines.append(f"#   t{i} ({spec.expr}): {', '.join(spec.checks(f't{i}', _label))}")
     return TensorMatcher(tensors_match, "torch", "\n".join(lines) + "\n")
 
 
