@@ -146,8 +146,11 @@ def make_call(fn, bound: bool, entries=()):
         rename = _renamer(n, guard.scope)
         scope.update({rename(k): v for k, v in guard.scope.items() if k.startswith("___")})
         shared = SharedReads(guard.sources, prefix=f"___r{n}_")
-        condition = " and ".join(f"({rename(shared.rewrite(g.code))})" for g in guard.lines)
-        condition = condition or "True"
+        checks = [f"({rename(shared.rewrite(g.code))})" for g in guard.inline_lines]
+        if guard.tensor_exprs:  # the parameters and buffers, in one call after the rest
+            tensors = ", ".join(shared.rewrite(expr) for expr in guard.tensor_exprs)
+            checks.append(rename(f"___tensors_match({tensors})"))
+        condition = " and ".join(checks) or "True"
         fast = entry.result.direct
         if fast is not None:
             compiled, argument_names, index = fast

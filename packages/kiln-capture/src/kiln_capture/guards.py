@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch._guards import Source as TorchSource
 
+from kiln_capture.tensor_match import TensorMatcher, TensorSpec, build_matcher
+
 
 @dataclass(frozen=True)
 class ShapeSource(TorchSource):
@@ -59,6 +61,8 @@ def autocast_state():
 class Guard:
     code: str
     description: str
+    # a tensor of the program's state: checked with the others in one ___tensors_match call
+    tensor: TensorSpec | None = None
 
 
 @dataclass
@@ -69,6 +73,7 @@ class GuardSet:
     scope: dict = field(default_factory=dict)
     seen: set = field(default_factory=set)
     sources: dict = field(default_factory=dict)  # expression -> source, prefixes included
+    examples: dict = field(default_factory=dict)  # expression -> state tensor, until built
 
     def __post_init__(self):
         self.scope.update(
@@ -107,12 +112,12 @@ class GuardSet:
             walk = getattr(walk, "base", None)
         return source.expr()
 
-    def add(self, code: str, description: str, **names) -> None:
+    def add(self, code: str, description: str, tensor: TensorSpec | None = None, **names) -> None:
         if code in self.seen:
             return
         self.seen.add(code)
         self.scope.update(names)
-        self.lines.append(Guard(code, description))
+        self.lines.append(Guard(code, description, tensor))
 
     # --- kinds of guard ---------------------------------------------------------
 
@@ -180,33 +185,35 @@ class GuardSet:
         self.add(f"{expr} is {other_expr}", f"{expr} is {other_expr}")
 
     def tensor(self, source, value: torch.Tensor, dynamic_dims=()) -> None:
-        """Everything a graph specialises on, checked field by field (cheap in CPython)."""
+        """Everything a graph specialises on, checked field by field (cheap in CPython).
+        A parameter or buffer with static sizes is checked with the others in one call
+        (``tensor_match.py``); its line stays, to name it when a call misses."""
+        from kiln_capture.sources import reads_program_state
+
         expr = self.bind(source)
+        if not dynamic_dims:
+            spec = TensorSpec.of(expr, value)
+            grouped = reads_program_state(source) and value.layout is torch.strided
+            if grouped and expr not in self.examples:
+                self.examples[expr] = value
+            code = " and ".join(spec.checks(expr, self.constant_name))
+            self.add(code, f"{expr}: {describe_tensor(value)}", spec if grouped else None)
+            return
         kind = self.constant_name("T", type(value))
         dtype = self.constant_name("dtype", value.dtype)
         checks = [f"type({expr}) is {kind}", f"{expr}.dtype is {dtype}"]
         if value.device.type != "cpu":  # the dispatch keys tell CPU from other devices
             checks.append(f"{expr}.get_device() == {device_index(value.device)}")
-        if dynamic_dims:
-            checks.append(f"{expr}.dim() == {value.dim()}")
-            checks += [
-                f"{expr}.size({d}) == {value.size(d)}"
-                for d in range(value.dim())
-                if d not in dynamic_dims
-            ]
-            if value.is_contiguous():
-                checks.append(f"{expr}.is_contiguous()")
-            about = f"{describe_tensor(value)} with dims {sorted(dynamic_dims)} dynamic"
-        else:
-            checks += [
-                f"{expr}.shape == {tuple(value.shape)}",
-                f"{expr}.stride() == {tuple(value.stride())}",
-            ]
-            about = describe_tensor(value)
+        checks.append(f"{expr}.dim() == {value.dim()}")
+        static = [d for d in range(value.dim()) if d not in dynamic_dims]
+        checks += [f"{expr}.size({d}) == {value.size(d)}" for d in static]
+        if value.is_contiguous():
+            checks.append(f"{expr}.is_contiguous()")
         checks += [
             f"{expr}.requires_grad is {value.requires_grad}",
             f"___dispatch_keys({expr}).raw_repr() == {dispatch_keys(value)}",
         ]
+        about = f"{describe_tensor(value)} with dims {sorted(dynamic_dims)} dynamic"
         self.add(" and ".join(checks), f"{expr}: {about}")
 
 
@@ -228,6 +235,14 @@ class GuardFunction:
     scope: dict
     parameters: str
     sources: dict
+    # the state tensors' expressions, checked in this order by scope["___tensors_match"]
+    tensor_exprs: list[str] = field(default_factory=list)
+    tensors: TensorMatcher | None = None
+
+    @property
+    def inline_lines(self) -> list[Guard]:
+        """The lines checked one by one (the state tensors are checked in one call)."""
+        return [g for g in self.lines if g.tensor is None]
 
     def __call__(self, *args, **kwargs) -> bool:
         return self.check(*args, **kwargs)
@@ -283,14 +298,45 @@ def build_guard_function(fn, guards: GuardSet, extra: list[str] = ()) -> GuardFu
     params = parameter_list(fn, scope)
     lines = [f"def guard({params}):"]
     for guard in guards.lines:
-        lines.append(f"    if not ({guard.code}):  # {guard.description}")
-        lines.append("        return False")
+        if guard.tensor is None:
+            lines.append(f"    if not ({guard.code}):  # {guard.description}")
+            lines.append("        return False")
     for code in extra:
         lines.append(f"    if not ({code}):  # symbolic shapes")
         lines.append("        return False")
+    grouped = [g.tensor for g in guards.lines if g.tensor is not None]
+    matcher = None
+    if grouped:
+        # last: every check on the modules and objects they are read through has passed
+        matcher = build_matcher(grouped, [guards.examples[s.expr] for s in grouped])
+        scope["___tensors_match"] = matcher.check
+        lines.append(f"    if not ___tensors_match(  # {len(grouped)} parameters and buffers")
+        lines += [f"        {spec.expr},  # {describe_spec(spec)}" for spec in grouped]
+        lines.append("    ):")
+        lines.append("        return False")
+    guards.examples.clear()  # the matcher keeps no tensor alive
     lines.append("    return True")
     source = "\n".join(lines) + "\n"
     namespace = dict(scope)
     exec(compile(source, "<kiln guard>", "exec"), namespace)  # noqa: S102
+    if matcher is not None:
+        source += f"\n\n# ___tensors_match, checked by the {matcher.name} tensor matcher:\n"
+        source += matcher.source
     all_lines = list(guards.lines) + [Guard(code, f"symbolic shapes: {code}") for code in extra]
-    return GuardFunction(namespace["guard"], source, all_lines, scope, params, guards.sources)
+    return GuardFunction(
+        namespace["guard"],
+        source,
+        all_lines,
+        scope,
+        params,
+        guards.sources,
+        [spec.expr for spec in grouped],
+        matcher,
+    )
+
+
+def describe_spec(spec: TensorSpec) -> str:
+    dtype = str(spec.dtype).replace("torch.", "")
+    device = "cpu" if spec.device_index is None else f"device {spec.device_index}"
+    grad = ", requires_grad" if spec.requires_grad else ""
+    return f"{spec.type.__name__}({dtype}, {device}, size={spec.shape}, stride={spec.stride}{grad})"

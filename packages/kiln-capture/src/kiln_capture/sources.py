@@ -162,3 +162,12 @@ def object_sources(source: Source) -> list[ObjectSource]:
             found.append(source)
         source = getattr(source, "base", None)
     return found
+
+
+def reads_program_state(source: Source) -> bool:
+    """Whether ``source`` reaches its value through an attribute, a global or a closure
+    cell (a parameter, a buffer, a module's attribute) rather than through the call's
+    arguments and the items of argument containers."""
+    while isinstance(source, ItemSource):
+        source = source.base
+    return not isinstance(source, LocalSource)

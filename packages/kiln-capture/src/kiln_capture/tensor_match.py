@@ -1,0 +1,209 @@
+"""The tensor checks of a guard in one call: ``___tensors_match(t0, t1, ...)``.
+
+A guard checks the parameters and buffers a frame reads (every tensor of the program's
+state, as opposed to its arguments) in one call at its end, after every structural check
+(module types, hooks, attributes) has passed. Each tensor is described by a ``TensorSpec``:
+exactly what a per-tensor guard line checks (type, dtype, device, size, stride,
+``requires_grad``, dispatch keys). A *matcher* turns the specs into the callable:
+
+- ``python`` (the default and the reference): a generated Python function, one readable
+  line per tensor, the same checks as the per-tensor guard line;
+- ``torch``: torch's own C++ ``TensorGuards`` (what TorchDynamo runs), one C call for all
+  the tensors. It serves only static sizes, and only where its answer is the reference's
+  (see ``torch_matcher``); otherwise the Python matcher is used.
+
+A matcher may reject more than the reference (a call then misses and recompiles) but must
+never accept a tensor the reference rejects. Another implementation (a C++ accelerator)
+plugs in with ``register_matcher(name, build)``: ``build(specs, examples)`` returns a
+``TensorMatcher`` or None when it cannot serve those specs, and is tried in the order of
+``KILN_GUARD_TENSORS`` (comma-separated names; ``python`` always ends the list).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a guard requires of one tensor, as read at capture time."""
+
+    expr: str  # the guard expression that reads the tensor
+    type: type
+    dtype: torch.dtype
+    device_index: int | None  # None on the CPU (the dispatch keys tell CPU from others)
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    requires_grad: bool
+    keys: int  # the raw dispatch key set
+
+    @classmethod
+    def of(cls, expr: str, value: torch.Tensor) -> TensorSpec:
+        index = None if value.device.type == "cpu" else (value.device.index or 0)
+        return cls(
+            expr,
+            type(value),
+            value.dtype,
+            index,
+            tuple(value.shape),
+            tuple(value.stride()),
+            value.requires_grad,
+            torch._C._dispatch_keys(value).raw_repr(),
+        )
+
+    def checks(self, name: str, constant: Callable[[str, object], str]) -> list[str]:
+        """The checks on the tensor ``name`` as Python; ``constant(prefix, value)`` names a
+        value in the guard's scope. Shape and stride first: they are what changes."""
+        found = [
+            f"type({name}) is {constant('T', self.type)}",
+            f"{name}.shape == {self.shape}",
+            f"{name}.stride() == {self.stride}",
+            f"{name}.dtype is {constant('dtype', self.dtype)}",
+        ]
+        if self.device_index is not None:
+            found.append(f"{name}.get_device() == {self.device_index}")
+        return [
+            *found,
+            f"{name}.requires_grad is {self.requires_grad}",
+            f"___dispatch_keys({name}).raw_repr() == {self.keys}",
+        ]
+
+
+@dataclass
+class TensorMatcher:
+    """``check(*tensors)`` for tensors in the order of the specs it was built from."""
+
+    check: Callable[..., bool]
+    name: str
+    source: str  # the Python reference as source, or a comment naming the accelerator
+
+
+MATCHERS: dict[str, Callable[[list[TensorSpec], list[torch.Tensor]], TensorMatcher | None]] = {}
+
+
+def register_matcher(name: str, build) -> None:
+    """Make ``build(specs, examples) -> TensorMatcher | None`` selectable as ``name``."""
+    MATCHERS[name] = build
+
+
+def chosen() -> list[str]:
+    names = [n.strip() for n in os.environ.get("KILN_GUARD_TENSORS", "python").split(",")]
+    unknown = [n for n in names if n and n not in MATCHERS]
+    if unknown:
+        raise ValueError(
+            f"KILN_GUARD_TENSORS names unknown tensor matchers {unknown}; known: {sorted(MATCHERS)}"
+        )
+    return [n for n in names if n and n != "python"] + ["python"]
+
+
+def build_matcher(specs: list[TensorSpec], examples: list[torch.Tensor]) -> TensorMatcher:
+    """The first chosen matcher that serves ``specs`` (the Python reference at the end).
+    ``examples`` are the tensors the specs were read from, still unchanged."""
+    for name in chosen():
+        matcher = MATCHERS[name](specs, examples)
+        if matcher is not None:
+            return matcher
+    raise AssertionError("the python matcher serves every spec")
+
+
+# --- the reference: generated Python ----------------------------------------------
+
+
+def python_matcher(specs: list[TensorSpec], examples=None) -> TensorMatcher:
+    scope: dict = {"___dispatch_keys": torch._C._dispatch_keys}
+    names: dict[int, str] = {}  # one name per type and dtype
+
+    def constant(prefix: str, value) -> str:
+        if id(value) not in names:
+            names[id(value)] = f"___{prefix}{len(names)}"
+            scope[names[id(value)]] = value
+        return names[id(value)]
+
+    params = [f"t{i}" for i in range(len(specs))]
+    lines = [f"def tensors_match({', '.join(params)}):"]
+    for name, spec in zip(params, specs, strict=True):
+        lines.append(f"    if not ({' and '.join(spec.checks(name, constant))}):  # {spec.expr}")
+        lines.append("        return False")
+    lines.append("    return True")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<kiln tensor guards>", "exec"), scope)  # noqa: S102
+    return TensorMatcher(scope["tensors_match"], "python", source)
+
+
+register_matcher("python", python_matcher)
+
+
+# --- torch's C++ TensorGuards --------------------------------------------------------
+
+
+def _tls() -> tuple[int, int]:
+    return (
+        torch._C._dispatch_tls_local_include_set().raw_repr(),
+        torch._C._dispatch_tls_local_exclude_set().raw_repr(),
+    )
+
+
+_DEFAULT_TLS: list[tuple[int, int]] = []
+
+
+def default_tls() -> tuple[int, int]:
+    """The dispatch TLS of a fresh thread (this one may be inside inference mode)."""
+    if not _DEFAULT_TLS:
+        thread = threading.Thread(target=lambda: _DEFAULT_TLS.append(_tls()))
+        thread.start()
+        thread.join()
+    return _DEFAULT_TLS[0]
+
+
+def torch_matcher(specs: list[TensorSpec], examples: list[torch.Tensor]) -> TensorMatcher | None:
+    """torch's ``TensorGuards``: the same checks in one C call, with two differences that
+    only make it stricter here: it rejects two arguments that are one tensor (capture
+    guards aliasing with ``is``, so the specs name distinct tensors), and it compares
+    dispatch keys after the thread's local include/exclude sets are applied. Built only
+    while those sets are a fresh thread's, and checked only while they still are: then the
+    keys it cannot see (BackendSelect, ADInplaceOrView, the Autocast keys) follow from the
+    device and the autograd keys it does see, and its answer is the reference's."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        return None
+    tls = _tls()
+    if tls != default_tls():
+        return None
+    if any(e.layout is not torch.strided for e in examples):
+        return None
+    guards = TensorGuards(
+        *examples,
+        dynamic_dims_sizes=[list(s.shape) for s in specs],
+        dynamic_dims_strides=[list(s.stride) for s in specs],
+    )
+    if not guards.check(*examples):  # e.g. a tensor twice: leave it to the reference
+        return None
+    include, exclude = tls
+    include_set = torch._C._dispatch_tls_local_include_set
+    exclude_set = torch._C._dispatch_tls_local_exclude_set
+    tensor_guards = guards.check
+
+    def tensors_match(*tensors):
+        return (
+            include_set().raw_repr() == include
+            and exclude_set().raw_repr() == exclude
+            and tensor_guards(*tensors)
+        )
+
+    lines = [f"# tensors_match: torch's TensorGuards over {len(specs)} tensors, each as"]
+    for i, spec in enumerate(specs):
+        lines.append(f"#   t{i} ({spec.expr}): {', '.join(spec.checks(f't{i}', _label))}")
+    return TensorMatcher(tensors_match, "torch", "\n".join(lines) + "\n")
+
+
+def _label(prefix: str, value) -> str:
+    return str(value).replace("torch.", "") if prefix == "dtype" else value.__name__
+
+
+register_matcher("torch", torch_matcher)
