@@ -7,8 +7,9 @@ import logging
 
 import pytest
 import torch
-from kiln_loopir import compile_fx
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln_loopir import compile_fx
 
 
 def _compile(fn, inputs, host_program="native", tracing_mode="fake"):
@@ -61,8 +62,12 @@ def attention_block(x, w_qkv, b_qkv, w_out):
 
 def test_extern_ops_views_and_outputs_that_view_inputs():
     def inputs():
-        return [torch.randn(64, 128), torch.randn(128, 384) / 12, torch.randn(384),
-                torch.randn(128, 128) / 12]
+        return [
+            torch.randn(64, 128),
+            torch.randn(128, 384) / 12,
+            torch.randn(384),
+            torch.randn(128, 128) / 12,
+        ]
 
     compiled = _compile(attention_block, inputs())
     assert compiled.program.native is not None
@@ -114,8 +119,9 @@ def test_constants_are_bound_after_the_inputs():
 def test_symbolic_sizes_run_the_python_host_program(caplog):
     x = torch.randn(5, 8)
     with caplog.at_level(logging.INFO, logger="kiln.loopir"):
-        compiled = _compile(lambda a: (a.sin() * 2,), [x], host_program="auto",
-                            tracing_mode="symbolic")
+        compiled = _compile(
+            lambda a: (a.sin() * 2,), [x], host_program="auto", tracing_mode="symbolic"
+        )
     assert compiled.program.native is None
     assert any("host program: Python" in r.getMessage() for r in caplog.records)
     torch.testing.assert_close(compiled(x)[0], x.sin() * 2)

@@ -91,8 +91,14 @@ def register_matcher(name: str, build) -> None:
     MATCHERS[name] = build
 
 
+DEFAULT_ORDER = "native,python"  # "native": registered by kiln (kiln-cpp's host runtime)
+
+
 def chosen() -> list[str]:
-    names = [n.strip() for n in os.environ.get("KILN_GUARD_TENSORS", "python").split(",")]
+    given = os.environ.get("KILN_GUARD_TENSORS")
+    names = [n.strip() for n in (given or DEFAULT_ORDER).split(",")]
+    if not given:  # the default names matchers that may not be installed
+        names = [n for n in names if n in MATCHERS]
     unknown = [n for n in names if n and n not in MATCHERS]
     if unknown:
         raise ValueError(

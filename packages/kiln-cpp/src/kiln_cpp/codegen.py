@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import re
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 

@@ -14,6 +14,7 @@ through a runtime plug-in (kiln-cudagraphs: ``kiln.runtime``).
 Kiln is also a ``torch.compile`` backend: ``torch.compile(model, backend="kiln")``.
 """
 
+from kiln import tensor_guards  # noqa: F401 - registers the native tensor matcher
 from kiln.__about__ import __version__
 from kiln._plugins import Plugin, list_backends
 from kiln.api import compile, disable, explain, reset

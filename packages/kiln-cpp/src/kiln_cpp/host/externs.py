@@ -37,7 +37,9 @@ class ExternCall:
     def prepare(self, runtime) -> None:
         try:
             self.prepared = runtime.Extern(
-                self.qualified_name, self.overload, [_decode(t) for t in self.template],
+                self.qualified_name,
+                self.overload,
+                [_decode(t) for t in self.template],
                 self.n_returns,
             )
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -72,9 +74,7 @@ def extern_call(
     if node.binds:
         raise HostNotRendered(f"{op} defines sizes from its result")
     schema = op._schema
-    call = ExternCall(
-        str(op), schema.name, schema.overload_name, [], len(schema.returns)
-    )
+    call = ExternCall(str(op), schema.name, schema.overload_name, [], len(schema.returns))
     if any(str(r.type) != "Tensor" for r in schema.returns):
         raise HostNotRendered(f"{op} returns {[str(r.type) for r in schema.returns]}")
     positional = list(node.args)

@@ -217,9 +217,7 @@ class _Renderer:
         return [f"if (!kiln_set({new}, {self.view(old, b.size, b.stride, 0)})) return -1;"]
 
     def view(self, base: str, size, stride, offset) -> str:
-        return (
-            f"kiln_api->view({base}.get(), {self._layout_args(size, stride)}, {_number(offset)})"
-        )
+        return f"kiln_api->view({base}.get(), {self._layout_args(size, stride)}, {_number(offset)})"
 
     def kernel(self, kernel: Kernel) -> list[str]:
         if self.launcher is not None:
@@ -274,7 +272,8 @@ class _Renderer:
         for i in range(call.n_returns):
             b = node.outputs[i] if i < len(node.outputs) else None
             lines.append(
-                f"  {b.name}.reset(results[{i}]);" if b is not None
+                f"  {b.name}.reset(results[{i}]);"
+                if b is not None
                 else f"  kiln_api->release(results[{i}]);"
             )
         lines += ["  if (failed) return -1;", "}"]

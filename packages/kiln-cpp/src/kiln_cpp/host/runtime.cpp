@@ -512,6 +512,88 @@ PyMemberDef program_members[] = {
     {"n_inputs", T_PYSSIZET, offsetof(ProgramObject, n_inputs), READONLY, "inputs it takes"},
     {nullptr, 0, 0, 0, nullptr}};
 
+// -- TensorsMatch: the tensor checks of a guard, in one call -----------------------------------
+// Each spec is (type, dtype, device index or None, size, stride, requires_grad, dispatch
+// keys): exactly the checks of kiln-capture's reference matcher, read without Python.
+struct TensorSpec {
+  PyObject* type;
+  c10::ScalarType dtype;
+  int device_index;  // -1: not checked (the CPU: the dispatch keys tell it apart)
+  std::vector<int64_t> size, stride;
+  bool requires_grad;
+  uint64_t keys;
+};
+
+struct MatchObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  std::vector<TensorSpec>* specs;
+};
+
+bool tensor_matches(PyObject* obj, const TensorSpec& s) {
+  if (reinterpret_cast<PyObject*>(Py_TYPE(obj)) != s.type || !THPVariable_Check(obj)) return false;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (!t.defined() || t.sizes() != c10::IntArrayRef(s.size)) return false;
+  if (t.layout() != c10::kStrided || t.strides() != c10::IntArrayRef(s.stride)) return false;
+  if (t.scalar_type() != s.dtype) return false;
+  if (s.device_index >= 0 && (t.is_cpu() || t.device().index() != s.device_index)) return false;
+  return t.requires_grad() == s.requires_grad && t.key_set().raw_repr() == s.keys;
+}
+
+PyObject* match_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject*) {
+  auto* self = reinterpret_cast<MatchObject*>(self_);
+  size_t n = PyVectorcall_NARGS(nargsf);
+  if (n != self->specs->size()) Py_RETURN_FALSE;
+  for (size_t i = 0; i < n; ++i) {
+    if (!tensor_matches(args[i], (*self->specs)[i])) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+void match_dealloc(PyObject* self_) {
+  auto* self = reinterpret_cast<MatchObject*>(self_);
+  if (self->specs != nullptr) {
+    for (auto& s : *self->specs) Py_XDECREF(s.type);
+    delete self->specs;
+  }
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+bool int_tuple(PyObject* obj, std::vector<int64_t>* out) {
+  PyObject* seq = PySequence_Fast(obj, "size and stride are sequences of ints");
+  if (seq == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i)
+    out->push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i)));
+  Py_DECREF(seq);
+  return !PyErr_Occurred();
+}
+
+PyObject* match_new(PyTypeObject* type, PyObject* args, PyObject*) {
+  PyObject* items;
+  if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &items)) return nullptr;
+  auto specs = std::make_unique<std::vector<TensorSpec>>();
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); ++i) {
+    PyObject *cls, *dtype, *index, *size, *stride, *grad;
+    unsigned long long keys;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(items, i), "O!O!OOOOK", &PyType_Type, &cls,
+                          &THPDtypeType, &dtype, &index, &size, &stride, &grad, &keys))
+      return nullptr;
+    TensorSpec s{cls, reinterpret_cast<THPDtype*>(dtype)->scalar_type,
+                 index == Py_None ? -1 : static_cast<int>(PyLong_AsLong(index)), {}, {},
+                 PyObject_IsTrue(grad) == 1, keys};
+    if (!int_tuple(size, &s.size) || !int_tuple(stride, &s.stride)) return nullptr;
+    Py_INCREF(cls);
+    specs->push_back(std::move(s));
+  }
+  auto* self = reinterpret_cast<MatchObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = match_vectorcall;
+  self->specs = specs.release();
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyTypeObject MatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 // -- dtype and device numbers ----------------------------------------------------------------
 PyObject* scalar_type(PyObject*, PyObject* dtype) {
   if (!THPDtype_Check(dtype)) {
@@ -558,10 +640,21 @@ PyMODINIT_FUNC PyInit_kiln_host_runtime() {
   ProgramType.tp_repr = program_repr;
   ProgramType.tp_doc = "Program(init, call, n_inputs, n_outputs, externs, functions, name)";
   if (PyType_Ready(&ProgramType) < 0) return nullptr;
+  MatchType.tp_name = "kiln_host_runtime.TensorsMatch";
+  MatchType.tp_basicsize = sizeof(MatchObject);
+  MatchType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  MatchType.tp_new = match_new;
+  MatchType.tp_dealloc = match_dealloc;
+  MatchType.tp_call = PyVectorcall_Call;
+  MatchType.tp_vectorcall_offset = offsetof(MatchObject, vectorcall);
+  MatchType.tp_doc = "TensorsMatch(specs): called with tensors, whether each matches its spec";
+  if (PyType_Ready(&MatchType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&ProgramType);
   PyModule_AddObject(m, "Program", reinterpret_cast<PyObject*>(&ProgramType));
+  Py_INCREF(&MatchType);
+  PyModule_AddObject(m, "TensorsMatch", reinterpret_cast<PyObject*>(&MatchType));
   PyModule_AddIntConstant(m, "API_VERSION", KILN_API_VERSION);
   return m;
 }
