@@ -123,9 +123,9 @@ def _encode(value, arg_type: str, call: ExternCall, tensor_name, op: str) -> tup
         return ("b", value)
     if isinstance(value, (int, sympy.Integer)):
         return ("f", float(value)) if "float" in arg_type else ("i", int(value))
-    if isinstance(value, (float, sympy.Float)):
-        if "float" in arg_type or "number" in arg_type or "Scalar" in arg_type:
-            return ("f", float(value))
+    numeric = "float" in arg_type or "number" in arg_type or "Scalar" in arg_type
+    if isinstance(value, (float, sympy.Float)) and numeric:
+        return ("f", float(value))
     if isinstance(value, str):
         return ("s", value)
     if isinstance(value, torch.device):
