@@ -73,7 +73,7 @@ def _launcher(name: str, fn: ctypes._CFuncPtr, pointer_args: list[bool]) -> Call
     return namespace[f"launch_{name}"]
 
 
-_HOST_HEADER = (
+HOST_HEADER = (
     'extern "C" {\n' + (Path(__file__).parent / "host" / "kiln_host.h").read_text() + "}\n"
 )
 
@@ -137,7 +137,7 @@ class CppCodegen:
             return []
         source = PRELUDE + "\n" + "\n".join(sources)
         if host is not None:
-            source += "\n" + _HOST_HEADER + host.source
+            source += "\n" + HOST_HEADER + host.source
         path, built = build.build(source)
         self.builds += built
         self.cache_hits += not built

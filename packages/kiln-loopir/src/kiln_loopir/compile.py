@@ -128,6 +128,9 @@ def load_host_program(
     exec(compile(host_source, filename, "exec"), namespace)
     call = namespace["call"]
     call.host_source = host_source  # what the CUDA-graph runtime inspects
+    if native is not None:
+        n = call.__code__.co_argcount  # the Python program runs calls the native one hands back
+        native.set_fallback(lambda *inputs: call(*inputs[:n]))
     if native is not None and constants:
         native = native.bind_last(tuple(constants.values()))
     if native is not None:
@@ -234,12 +237,18 @@ def compile_fx(
     groups = launch_groups(schedule) if hasattr(backend, "render_group") else []
     sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels, launch groups
     group_sources = [backend.render_group(g) for g in groups]
-    native = native_host(backend, schedule, plan, host_program)  # 8. the host program
+    render = getattr(backend, "render_host", None)  # 8. the host program, natively
+    native = native_host(backend, lambda: render(schedule, plan), host_program, render)
     if native is None:
         fns = backend.compile(sources + group_sources)
     else:
         fns = backend.compile(sources + group_sources, host=native)
         native.program = fns.pop()
+    build = getattr(backend, "build_host", None)  # (after its kernels, where they plan it)
+    if build is not None and native is None:
+        names = [k.name for k in schedule.kernels()]
+        by_name = dict(zip(names, fns, strict=False))
+        native = native_host(backend, lambda: build(schedule, plan, by_name), host_program, build)
     kernels = [
         CompiledKernel(k.name, k, src, fn)
         for k, src, fn in zip(schedule.kernels(), sources, fns[: len(sources)], strict=True)
@@ -252,20 +261,23 @@ def compile_fx(
     return CompiledGraph(graph, schedule, plan, kernels, host_source, backend, launchers, native)
 
 
-def native_host(backend: Codegen, schedule: Schedule, plan: MemoryPlan, choice: str | None):
-    """The codegen's native host program (``render_host``), or None where the Python one
-    runs: by choice, or because the codegen has none or does not cover the graph (logged)."""
+def native_host(backend: Codegen, make: Callable, choice: str | None, supported: object):
+    """The codegen's native host program (``make()``: its ``render_host`` before the kernels
+    are built, or ``build_host`` after), or None where the Python one runs: by choice, or
+    because the codegen has none (``supported`` is None) or it does not cover the graph
+    (logged)."""
     choice = choice or os.environ.get("KILN_HOST_PROGRAM", "auto")
     if choice not in HOST_PROGRAMS:
         raise ValueError(f"host_program={choice!r}: use one of {HOST_PROGRAMS}")
     if choice == "python":
         return None
-    render = getattr(backend, "render_host", None)
-    if render is None:
-        reason = f"{getattr(backend, 'name', backend)} renders no native host program"
+    if supported is None:
+        if hasattr(backend, "render_host") or hasattr(backend, "build_host"):
+            return None  # the other of the two makes it
+        reason = f"{getattr(backend, 'name', backend)} makes no native host program"
     else:
         try:
-            native = render(schedule, plan)
+            native = make()
             log.info("host program: native (%s)", getattr(backend, "name", backend))
             return native
         except HostNotRendered as exc:

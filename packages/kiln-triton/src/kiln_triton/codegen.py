@@ -115,5 +115,13 @@ class TritonCodegen:
             self.precompiled += precompile(kernels)
         return kernels
 
+    def build_host(self, schedule, plan, kernels: dict) -> object:
+        """The graph's native host program, built after its kernels (see
+        :mod:`kiln_triton.native_host`); raises ``HostNotRendered`` where the Python one
+        runs the graph."""
+        from kiln_triton.native_host import build_host
+
+        return build_host(schedule, plan, kernels)
+
     def __repr__(self) -> str:
         return "TritonCodegen()"

@@ -49,6 +49,7 @@ class Launch:
     # sizes, which skips Triton's per-call specialization (valid while pointers stay
     # 16-byte aligned, as they were when it was compiled)
     runner: object = None
+    compiled: object = None  # the compiled kernel the runner launches
     tail: tuple = ()
     split: SplitLaunch | None = None
 
@@ -147,6 +148,7 @@ class TritonKernel:
         names = launch.fn.arg_names[len(args) + len(launch.numels) :]
         launch.tail = (*launch.numels, *(launch.kwargs[n] for n in names))
         launch.runner = direct_runner(kernel, (*launch.grid, 1, 1)[:3])
+        launch.compiled = kernel
 
     # -- planning -------------------------------------------------------------------------------
     def numels(self, sizes: tuple[int, ...]) -> dict[str, int]:

@@ -59,6 +59,8 @@ class ObservedCodegen:
         if hasattr(inner, "render_host"):  # it builds host programs natively
             self.render_host = inner.render_host
             self.load_host = inner.load_host
+        if hasattr(inner, "build_host"):  # natively, once its kernels are built
+            self.build_host = inner.build_host
 
     def render(self, kernel) -> str:
         return self._rendered(self.inner.render, kernel)

@@ -1,0 +1,174 @@
+"""The native host program on CUDA: kiln-cpp's C++ host program (see
+:mod:`kiln_cpp.host`) with each kernel launched through the CUDA driver.
+
+When a graph's sizes are all numbers, every kernel is planned when the graph compiles: its
+launch configuration is picked (timed, for big kernels) on zero-filled tensors of its
+arguments' layouts, and the compiled kernel is loaded. What a launch needs is then known
+and written into the source: the grid, the block, the shared memory and each parameter
+(pointers, sizes, the null scratch pointers newer Triton appends). The kernel handles are
+handed to the program when it loads. A call whose input tensors are not 16-byte aligned
+(as the kernels were compiled to assume) is handed to the Python host program.
+
+Kernels this does not cover (split reductions, scratch memory, cluster launches, an
+interpreter or launch hooks) raise ``HostNotRendered``: the Python host program runs the
+graph.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from kiln_loopir.host import HostNotRendered
+from kiln_loopir.kernel import Kernel, Schedule
+from kiln_loopir.memory import MemoryPlan
+from kiln_triton.device import INTERPRET
+from kiln_triton.launcher import TritonKernel
+
+C_TYPES = {"i32": "int32_t", "i64": "int64_t", "u32": "uint32_t", "u64": "uint64_t"}
+C_TYPES |= {"fp32": "float", "fp64": "double"}
+
+
+@dataclass
+class PlannedLaunch:
+    """One kernel's launch, as the source writes it."""
+
+    function: int  # index into the program's kernel handles
+    grid: tuple[int, int, int]
+    block: int
+    shared: int
+    params: list[tuple[str, object]]  # (C type, buffer name or value); "void*" for pointers
+
+
+def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKernel]):
+    """The loaded native host program of ``schedule`` (raises ``HostNotRendered``)."""
+    from kiln_cpp import build
+    from kiln_cpp.codegen import HOST_HEADER, load_program
+    from kiln_cpp.host import load_runtime, render_host
+
+    launcher = CudaLauncher(schedule, kernels)
+    host = render_host(schedule, plan, load_runtime(), launcher)
+    path, _ = build.build(HOST_HEADER + host.source)
+    host.program = load_program(build.load(path), host)
+    return host
+
+
+class CudaLauncher:
+    """What :func:`kiln_cpp.host.render_host` asks of a kernel launcher."""
+
+    def __init__(self, schedule: Schedule, kernels: dict[str, TritonKernel]) -> None:
+        if INTERPRET:
+            raise HostNotRendered("Triton's interpreter runs the kernels (TRITON_INTERPRET=1)")
+        self.buffers = schedule.graph.buffers()
+        self.functions: list[int] = []
+        self.launches: dict[str, PlannedLaunch | None] = {}
+        self.pointer_args: set[str] = set()
+        for kernel in schedule.kernels():
+            self.launches[kernel.name] = self._plan(kernel, kernels[kernel.name])
+
+    def _plan(self, kernel: Kernel, fn: TritonKernel) -> PlannedLaunch | None:
+        if kernel.size_args:
+            raise HostNotRendered(f"{kernel.name} takes sizes {kernel.size_args}")
+        scratch = [self._zeros(name) for name in kernel.args]
+        fn(*scratch)  # plans (and times) the launch, compiles and loads the kernel
+        launch = fn._launches.get(())
+        if launch is None:
+            return None  # nothing to compute at these sizes
+        if launch.split is not None:
+            raise HostNotRendered(f"{kernel.name} is a split reduction (two launches)")
+        compiled = getattr(launch, "compiled", None)
+        if launch.runner is None or compiled is None:
+            raise HostNotRendered(f"{kernel.name} has no direct launch (interpreter or hooks)")
+        meta = compiled.metadata
+        for attr, plain in (("num_ctas", 1), ("launch_cooperative_grid", False)):
+            if getattr(meta, attr, plain) != plain:
+                raise HostNotRendered(f"{kernel.name}: {attr}={getattr(meta, attr)}")
+        if getattr(meta, "launch_pdl", False):
+            raise HostNotRendered(f"{kernel.name} launches with programmatic dependencies")
+        for attr in ("global_scratch_size", "profile_scratch_size"):
+            if getattr(meta, attr, 0):
+                raise HostNotRendered(f"{kernel.name} needs {attr}={getattr(meta, attr)}")
+        params = self._params(kernel, launch, compiled)
+        self.functions.append(int(compiled.function))
+        grid = (*launch.grid, 1, 1)[:3]
+        return PlannedLaunch(
+            len(self.functions) - 1, grid, 32 * meta.num_warps, meta.shared, params
+        )
+
+    def _zeros(self, name: str) -> torch.Tensor:
+        b = self.buffers[name]
+        size = tuple(int(s) for s in b.size)
+        stride = tuple(int(s) for s in b.stride)
+        return torch.empty_strided(size, stride, dtype=b.dtype, device=b.device).zero_()
+
+    def _params(self, kernel: Kernel, launch, compiled) -> list[tuple[str, object]]:
+        names = list(launch.fn.arg_names)
+        values = dict(zip(names, [*kernel.args, *launch.numels], strict=False))
+        values.update({n: launch.kwargs[n] for n in names if n in launch.kwargs})
+        signature = dict(compiled.src.signature)
+        params: list[tuple[str, object]] = []
+        for key, kind in signature.items():
+            name = names[key] if isinstance(key, int) else key
+            if kind == "constexpr":
+                continue
+            if kind.startswith("*"):
+                params.append(("void*", values[name]))
+                self.pointer_args.add(values[name])
+            elif kind in C_TYPES:
+                params.append((C_TYPES[kind], values[name]))
+            else:
+                raise HostNotRendered(f"{kernel.name}: parameter {name} of type {kind}")
+        extra = _ptx_params(compiled) - len(params)
+        if extra < 0:
+            raise HostNotRendered(f"{kernel.name}: its PTX takes fewer parameters than expected")
+        params += [("void*", None)] * extra  # scratch pointers, unused at size 0
+        return params
+
+    # -- what render_host asks for --------------------------------------------------------
+    def prologue(self, inputs: list[str]) -> list[str]:
+        lines = ["void* kiln_stream = kiln_api->cuda_stream();"]
+        for name in inputs:
+            if name in self.pointer_args:  # kernels assume 16-byte aligned pointers
+                lines += [
+                    f"if (reinterpret_cast<uintptr_t>(kiln_api->data_ptr({name}.get())) & 15)",
+                    "  return KILN_RUN_PYTHON;",
+                ]
+        return lines
+
+    def lines(self, kernel: Kernel) -> list[str]:
+        planned = self.launches[kernel.name]
+        if planned is None:
+            return [f"// {kernel.name}: nothing to compute at these sizes"]
+        lines = ["{"]
+        for i, (ctype, value) in enumerate(planned.params):
+            if ctype == "void*":
+                init = "nullptr" if value is None else f"kiln_api->data_ptr({value}.get())"
+            else:
+                init = repr(value) if ctype in ("float", "double") else str(int(value))
+            lines.append(f"  {ctype} p{i} = {init};")
+        refs = ", ".join(f"&p{i}" for i in range(len(planned.params))) or "nullptr"
+        gx, gy, gz = planned.grid
+        lines += [
+            f"  void* params[] = {{{refs}}};",
+            f"  if (kiln_api->cuda_launch(kiln_stream, kiln_functions[{planned.function}], "
+            f"{gx}, {gy}, {gz}, {planned.block}, {planned.shared}, params))",
+            "    return -1;",
+            f"}}  // {kernel.name}",
+        ]
+        return lines
+
+
+_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
+
+
+def _ptx_params(compiled) -> int:
+    """The parameters of the compiled kernel's entry point, counted in its PTX."""
+    ptx = compiled.asm.get("ptx") if hasattr(compiled, "asm") else None
+    if not ptx:
+        raise HostNotRendered("the compiled kernel keeps no PTX to count its parameters in")
+    m = _ENTRY.search(ptx if isinstance(ptx, str) else ptx.decode())
+    if m is None:
+        raise HostNotRendered("no .entry in the kernel's PTX")
+    return m.group(2).count(".param")
