@@ -123,5 +123,11 @@ class TritonCodegen:
 
         return build_host(schedule, plan, kernels)
 
+    def rebuild_host(self, data: dict, kernels: dict) -> object:
+        """:meth:`build_host` again from a cache entry (see ``native_host.rebuild_host``)."""
+        from kiln_triton.native_host import rebuild_host
+
+        return rebuild_host(data, kernels)
+
     def __repr__(self) -> str:
         return "TritonCodegen()"

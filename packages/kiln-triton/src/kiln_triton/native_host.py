@@ -55,6 +55,42 @@ def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKe
     return host
 
 
+def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
+    """A native host program from a cache entry (``NativeHost.to_dict``): each kernel
+    planned again (its launch configuration comes from the autotuning cache), which must
+    give the launch the source was written for, else ``HostNotRendered``."""
+    from kiln_cpp import build
+    from kiln_cpp.codegen import HOST_HEADER, load_program
+    from kiln_cpp.host import NativeHost, load_runtime
+
+    if INTERPRET:
+        raise HostNotRendered("Triton's interpreter runs the kernels (TRITON_INTERPRET=1)")
+    host = NativeHost.from_dict(data, load_runtime())
+    for record in host.launches:
+        scratch = [_zeros(*layout) for layout in record["args"]]
+        fn = kernels[record["kernel"]]
+        fn(*scratch)
+        launch = fn._launches.get(())
+        compiled = getattr(launch, "compiled", None)
+        if compiled is None or _shape_of(launch, compiled) != record["launch"]:
+            raise HostNotRendered(f"{record['kernel']} plans another launch than the cached one")
+        host.functions.append(int(compiled.function))
+    path, _ = build.build(HOST_HEADER + host.source)
+    host.program = load_program(build.load(path), host)
+    return host
+
+
+def _zeros(size, stride, dtype: str, device: str) -> torch.Tensor:
+    dtype = getattr(torch, dtype)
+    return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()
+
+
+def _shape_of(launch, compiled) -> list:
+    """What the source bakes in of a launch: grid, block, shared memory."""
+    grid = list((*launch.grid, 1, 1)[:3])
+    return [grid, 32 * compiled.metadata.num_warps, compiled.metadata.shared]
+
+
 class CudaLauncher:
     """What :func:`kiln_cpp.host.render_host` asks of a kernel launcher."""
 
@@ -63,6 +99,7 @@ class CudaLauncher:
             raise HostNotRendered("Triton's interpreter runs the kernels (TRITON_INTERPRET=1)")
         self.buffers = schedule.graph.buffers()
         self.functions: list[int] = []
+        self.records: list[dict] = []  # per handle: the kernel, its arguments' layouts, launch
         self.launches: dict[str, PlannedLaunch | None] = {}
         self.pointer_args: set[str] = set()
         for kernel in schedule.kernels():
@@ -92,16 +129,26 @@ class CudaLauncher:
                 raise HostNotRendered(f"{kernel.name} needs {attr}={getattr(meta, attr)}")
         params = self._params(kernel, launch, compiled)
         self.functions.append(int(compiled.function))
+        self.records.append(
+            {
+                "kernel": kernel.name,
+                "args": [self._layout(name) for name in kernel.args],
+                "launch": _shape_of(launch, compiled),
+            }
+        )
         grid = (*launch.grid, 1, 1)[:3]
         return PlannedLaunch(
             len(self.functions) - 1, grid, 32 * meta.num_warps, meta.shared, params
         )
 
-    def _zeros(self, name: str) -> torch.Tensor:
+    def _layout(self, name: str) -> tuple:
         b = self.buffers[name]
         size = tuple(int(s) for s in b.size)
         stride = tuple(int(s) for s in b.stride)
-        return torch.empty_strided(size, stride, dtype=b.dtype, device=b.device).zero_()
+        return (size, stride, str(b.dtype).removeprefix("torch."), str(b.device))
+
+    def _zeros(self, name: str) -> torch.Tensor:
+        return _zeros(*self._layout(name))
 
     def _params(self, kernel: Kernel, launch, compiled) -> list[tuple[str, object]]:
         names = list(launch.fn.arg_names)

@@ -61,6 +61,7 @@ class ObservedCodegen:
             self.load_host = inner.load_host
         if hasattr(inner, "build_host"):  # natively, once its kernels are built
             self.build_host = inner.build_host
+            self.rebuild_host = inner.rebuild_host
 
     def render(self, kernel) -> str:
         return self._rendered(self.inner.render, kernel)
@@ -197,6 +198,8 @@ class AtenCompiler:
                     fns = observed.compile(entry.kernel_sources, host=native)
                     if native is not None:
                         native.program = fns.pop()
+                    else:
+                        native = self.rebuilt_native_host(entry, observed, fns)
                     return load_entry(entry, fns, native), constants, entry
         with self.frame.stage("loopir", f"{self.kind}: lowering and scheduling"):
             compiled = kiln_loopir.compile_fx(
@@ -227,12 +230,30 @@ class AtenCompiler:
         the Python one runs (by choice, or because it cannot be loaded: logged)."""
         if entry.native_host is None or self.options.host_program == "python":
             return None
+        if not hasattr(observed, "load_host"):
+            return None
         try:
             return observed.load_host(entry.native_host)
         except Exception as exc:  # noqa: BLE001 - the Python host program runs the graph
             if self.options.host_program == "native":
                 raise CodegenFailed(f"no native host program: {exc}") from exc
             cache_log.warning("host program: Python, the cached native one failed (%s)", exc)
+            return None
+
+    def rebuilt_native_host(self, entry: Entry, observed, fns) -> object | None:
+        """The native host program of a cache entry whose code generator builds it after
+        the kernels (kiln-triton); None where the Python one runs (logged)."""
+        if entry.native_host is None or self.options.host_program == "python":
+            return None
+        if not hasattr(observed, "rebuild_host"):
+            return None
+        kernels = dict(zip(entry.kernel_names, fns, strict=True))
+        try:
+            return observed.rebuild_host(entry.native_host, kernels)
+        except Exception as exc:  # noqa: BLE001 - the Python host program runs the graph
+            if self.options.host_program == "native":
+                raise CodegenFailed(f"no native host program: {exc}") from exc
+            cache_log.info("host program: Python, the cached native one is stale (%s)", exc)
             return None
 
     def show_generated(self, entry: Entry, codegen: object) -> None:

@@ -69,6 +69,7 @@ class NativeHost:
     n_outputs: int
     input_names: list[str]
     functions: list[int] = field(default_factory=list)  # kernel handles, in this process
+    launches: list[dict] = field(default_factory=list)  # how a launcher planned them (data)
     program: object = None  # the loaded program, once built
 
     def to_dict(self) -> dict:
@@ -82,6 +83,7 @@ class NativeHost:
             "n_inputs": self.n_inputs,
             "n_outputs": self.n_outputs,
             "input_names": list(self.input_names),
+            "launches": list(self.launches),
         }
 
     @classmethod
@@ -90,7 +92,12 @@ class NativeHost:
         for call in externs:
             call.prepare(runtime)
         return cls(
-            data["source"], externs, data["n_inputs"], data["n_outputs"], data["input_names"]
+            data["source"],
+            externs,
+            data["n_inputs"],
+            data["n_outputs"],
+            data["input_names"],
+            launches=list(data.get("launches", [])),
         )
 
 
@@ -184,6 +191,7 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
         len(graph.outputs),
         [i.name for i in graph.inputs],
         list(launcher.functions) if launcher else [],
+        list(launcher.records) if launcher else [],
     )
 
 
