@@ -21,6 +21,7 @@ def test_public_api_is_pinned():
         "op_set_table",
         "partition",
         "register_decomposition",
+        "rng_state_outputs",
         "static_inputs",
         "trace_inference_graph",
         "trace_joint_graph",

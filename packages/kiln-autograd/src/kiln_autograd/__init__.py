@@ -28,7 +28,7 @@ from kiln_autograd.decompositions import (
 )
 from kiln_autograd.errors import UnsupportedError
 from kiln_autograd.partition import PartitionedGraphs
-from kiln_autograd.static_inputs import STATIC_INPUTS, static_inputs
+from kiln_autograd.static_inputs import STATIC_INPUTS, rng_state_outputs, static_inputs
 from kiln_autograd.trace import JointGraph, TracedGraph
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "op_set_table",
     "partition",
     "register_decomposition",
+    "rng_state_outputs",
     "static_inputs",
     "trace_inference_graph",
     "trace_joint_graph",

@@ -7,6 +7,8 @@ constants): the same tensors at every call, which a runtime may read in place.
 
 from __future__ import annotations
 
+import operator
+
 import torch.fx
 
 STATIC_INPUTS = "kiln_static_inputs"
@@ -46,3 +48,30 @@ def note_static_inputs(gm: torch.fx.GraphModule, state: set[int] | set[str]) -> 
     gm.meta[STATIC_INPUTS] = tuple(
         i for i, name in enumerate(placeholders) if i in state or name in state
     )
+
+
+# Outputs of ATen ops whose values no result depends on and that differ from run to run:
+# the random-number seed and offset of fused attention (unset without dropout).
+_RNG_STATE_OUTPUTS = {
+    "aten._scaled_dot_product_flash_attention.default": (6, 7),
+    "aten._scaled_dot_product_efficient_attention.default": (2, 3),
+    "aten._scaled_dot_product_cudnn_attention.default": (6, 7),
+}
+
+
+def rng_state_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Indices of ``gm``'s outputs that are fused attention's random-number seed or offset:
+    values that two runs of the same graph need not share (a runtime that checks a replay
+    against an eager run skips them)."""
+    (output,) = gm.graph.find_nodes(op="output")
+    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    found = []
+    for i, node in enumerate(values):
+        if not isinstance(node, torch.fx.Node) or node.target is not operator.getitem:
+            continue
+        source, index = node.args
+        if not isinstance(source, torch.fx.Node):
+            continue
+        if index in _RNG_STATE_OUTPUTS.get(str(source.target), ()):
+            found.append(i)
+    return tuple(found)

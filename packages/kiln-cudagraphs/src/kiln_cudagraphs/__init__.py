@@ -41,6 +41,7 @@ def wrap(
     example_inputs: Sequence[object],
     *,
     static_inputs: Collection[int] = (),
+    unchecked_outputs: Collection[int] = (),
     pinned: bool = False,
     max_graphs: int = MAX_GRAPHS,
 ) -> CudaGraphRunner:
@@ -51,10 +52,16 @@ def wrap(
     call's inputs match ``example_inputs`` in shape, stride, dtype and device (the caller
     guards them), so no key is computed per call. ``example_inputs`` are otherwise
     accepted as the contract gives them; graphs are recorded from the real inputs of the
-    calls. At most ``max_graphs`` input keys get a graph.
+    calls. ``unchecked_outputs``: outputs whose values differ between runs (fused
+    attention's random-number seed and offset), left out of the check of a recording
+    against eager. At most ``max_graphs`` input keys get a graph.
     """
     return CudaGraphRunner(
-        compiled, max_graphs=max_graphs, static_inputs=static_inputs, pinned=pinned
+        compiled,
+        max_graphs=max_graphs,
+        static_inputs=static_inputs,
+        unchecked_outputs=unchecked_outputs,
+        pinned=pinned,
     )
 
 

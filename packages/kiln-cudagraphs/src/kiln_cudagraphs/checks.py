@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -82,13 +82,19 @@ def tolerances(dtype: torch.dtype) -> dict[str, float]:
 
 
 def describe_mismatch(
-    expected: Sequence[object], got: Sequence[object], placements: Sequence[object] = ()
+    expected: Sequence[object],
+    got: Sequence[object],
+    placements: Sequence[object] = (),
+    unchecked: Collection[int] = (),
 ) -> str | None:
     """How the replay's outputs differ from the eager run's on the same inputs, or None;
-    ``placements`` (the output plan's) say where each output of the replay lives."""
+    ``placements`` (the output plan's) say where each output of the replay lives; the
+    ``unchecked`` outputs are not compared."""
     if len(expected) != len(got):
         return f"the replay returned {len(got)} outputs and the eager run {len(expected)}"
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        if i in unchecked:
+            continue
         if isinstance(e, torch.Tensor) != isinstance(g, torch.Tensor):
             return f"output {i} is {type(g).__name__} in the replay, {type(e).__name__} eagerly"
         if not isinstance(e, torch.Tensor):

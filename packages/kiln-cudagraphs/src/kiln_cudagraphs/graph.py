@@ -80,6 +80,7 @@ class CudaGraphRecorder:
                     outputs = fn()
             except Exception:
                 _close_generator_capture(index, stream)
+                shared_pool(device).renew()
                 raise
 
         def replay() -> None:  # on the caller's current stream of the graph's device

@@ -34,6 +34,11 @@ class GraphPool:
         self._graphs: list[weakref.ref] = []
         self._owner: dict[int, weakref.ref] = {}  # output data pointer -> its graph
 
+    def renew(self) -> None:
+        """After a capture into the pool failed: torch may still hold the pool as being
+        recorded into, so later captures go to a new one."""
+        self.handle = torch.cuda.graph_pool_handle()
+
     def add(self, graph: PoolMember) -> None:
         """Note ``graph`` as recorded now, and where its outputs live."""
         ref = weakref.ref(graph)

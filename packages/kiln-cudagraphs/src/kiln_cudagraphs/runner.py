@@ -65,6 +65,7 @@ class CudaGraphRunner:
         recorder: Recorder | None = None,
         device_type: str = "cuda",
         static_inputs: Collection[int] = (),
+        unchecked_outputs: Collection[int] = (),
         pinned: bool = False,
     ) -> None:
         if max_graphs < 0:
@@ -75,6 +76,7 @@ class CudaGraphRunner:
         self.recorder = recorder if recorder is not None else CudaGraphRecorder()
         self.device_type = device_type
         self.static_inputs = frozenset(static_inputs)
+        self.unchecked_outputs = frozenset(unchecked_outputs)
         self.pinned = pinned
         self.stats = CudaGraphStats()
         self.entries: dict[tuple, WarmedUp | RecordedGraph | Eager] = {}
@@ -202,7 +204,9 @@ class CudaGraphRunner:
         try:
             graph = record(self.compiled, inputs, in_place, self.recorder, device)
             replayed = graph(inputs)
-            mismatch = describe_mismatch(expected, replayed, graph.outputs.placements)
+            mismatch = describe_mismatch(
+                expected, replayed, graph.outputs.placements, self.unchecked_outputs
+            )
         except (CaptureRefused, UnsupportedOutput) as exc:
             mismatch, reason = None, str(exc)
         except Exception as exc:  # e.g. a host sync torch does not report while capturing

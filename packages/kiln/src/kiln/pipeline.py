@@ -143,9 +143,13 @@ class AtenCompiler:
         self.show_generated(entry, codegen)  # 4
         compiled = entry_point(program, constants, kind)
         with frame.stage("runtime"):
-            static = kiln_autograd.static_inputs(gm) or ()
             compiled = runtime.wrap_for_mode(  # 5
-                compiled, example_inputs, self.options, device, static
+                compiled,
+                example_inputs,
+                self.options,
+                device,
+                static_inputs=kiln_autograd.static_inputs(gm) or (),
+                unchecked_outputs=kiln_autograd.rng_state_outputs(gm),
             )
         if kind == "backward":  # compiled at the first backward, after capture finished
             frame.log_perf("backward compiled")

@@ -2,12 +2,14 @@
 
 ``mode="reduce-overhead"`` replays each compiled graph through a runtime plug-in: an
 object with ``device_types`` (the ``torch.device`` types it serves) and
-``wrap(compiled, example_inputs, *, static_inputs, pinned) -> callable``: ``static_inputs``
-are the indices of the inputs that are module state (kiln-autograd's metadata), ``pinned``
-says that every call's inputs match the example inputs' sizes and strides (no symbolic
-sizes: the caller's guards pin them). Where no loaded plug-in serves the graph's
-device (on the CPU: kiln-cudagraphs serves CUDA devices), the graph runs in
-the default mode and Kiln warns once per device and reason.
+``wrap(compiled, example_inputs, *, static_inputs, unchecked_outputs, pinned)``, which
+returns a callable. ``static_inputs`` are the indices of the inputs that are module state
+(kiln-autograd's metadata); ``unchecked_outputs`` the outputs whose values differ between
+runs (fused attention's random-number seed and offset); ``pinned`` says that every call's
+inputs match the example inputs' sizes and strides (no symbolic sizes: the caller's guards
+pin them). Where no loaded plug-in serves the graph's device (on the CPU: kiln-cudagraphs
+serves CUDA devices), the graph runs in the default mode and Kiln warns once per device
+and reason.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def wrap_for_mode(
     options,
     device: torch.device,
     static_inputs: Sequence[int] = (),
+    unchecked_outputs: Sequence[int] = (),
 ) -> Callable:
     if not options.cudagraphs:
         return compiled
@@ -92,5 +95,6 @@ def wrap_for_mode(
         compiled,
         list(example_inputs),
         static_inputs=tuple(static_inputs),
+        unchecked_outputs=tuple(unchecked_outputs),
         pinned=not _symbolic(example_inputs),
     )
