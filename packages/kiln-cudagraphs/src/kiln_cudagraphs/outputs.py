@@ -23,9 +23,10 @@ OVERWRITTEN = (
     "to keep it. For gradients kept in `.grad` across steps (gradient accumulation), set "
     "`.grad` to None before each backward, or run the step without mode='reduce-overhead'"
 )
-# Makes every tensor on a storage raise ``message`` when its data is accessed: CUDA builds
-# of torch only (None elsewhere, and outputs are copied).
-set_access_error = getattr(torch._C, "_set_storage_access_error_msg", None)
+# ``set_access_error(storage_impl_pointer, message)`` makes every tensor on a storage raise
+# ``message`` when its data is accessed: CUDA builds of torch only (None elsewhere, and
+# outputs are copied).
+set_access_error = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
 
 
 class UnsupportedOutput(Exception):
@@ -102,7 +103,7 @@ class OutputPlan:
                 placement = _input_alias(i, out, index, static_inputs[index])
             self.placements.append(placement)
 
-        self.anchor: torch.Tensor | None = None  # on the storage of the last handed-out outputs
+        self.handed_out: torch.UntypedStorage | None = None  # the last outputs' storage
         self._window = _window(self.spans, self.placements)
 
     def output_pointers(self) -> list[int]:
@@ -121,8 +122,7 @@ class OutputPlan:
         base, nbytes, offsets = self._window
         device = self.spans[0].device
         storage = torch._C._construct_storage_from_data_pointer(base, device, nbytes)
-        anchor = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
-        self.anchor = anchor
+        self.handed_out = storage
         outs = []
         for p, offset in zip(self.placements, offsets, strict=True):
             if offset is None:
@@ -134,9 +134,9 @@ class OutputPlan:
 
     def invalidate(self) -> None:
         """The graph memory is about to be overwritten: what was handed out raises."""
-        if self.anchor is not None:
-            set_access_error(self.anchor, OVERWRITTEN)
-            self.anchor = None
+        if self.handed_out is not None:
+            set_access_error(self.handed_out._cdata, OVERWRITTEN)
+            self.handed_out = None
 
     def fresh(self, inputs: Sequence[object]) -> tuple | list:
         """The outputs of the replay that just ran, in memory of their own."""
