@@ -52,35 +52,45 @@ def the_graph(runner: CudaGraphRunner) -> RecordedGraph:
     return graph
 
 
-def test_replays_equal_eager_on_fresh_inputs_and_kept_results_stay():
+def test_replays_equal_eager_on_fresh_inputs_and_stale_outputs_raise():
     x, w, b = cuda_inputs()
-    wrapped = kiln_cudagraphs.wrap(compiled_graph(block, [x, w, b]), [x, w, b])
+    wrapped = kiln_cudagraphs.wrap(
+        compiled_graph(block, [x, w, b]), [x, w, b], static_inputs={1, 2}
+    )
     xs = [torch.randn_like(x) for _ in range(5)]
-    kept = [wrapped(xi, w, b) for xi in xs]  # all kept: later replays must not touch them
-    for xi, (out, rowsum) in zip(xs, kept, strict=True):
+    kept = []
+    for xi in xs:
+        out, rowsum = wrapped(xi, w, b)
         expected, expected_rowsum = block(xi, w, b)
         torch.testing.assert_close(out, expected, **TOL)
         torch.testing.assert_close(rowsum, expected_rowsum, **TOL)
+        kept.append((out, out.clone()))
     s = kiln_cudagraphs.stats(wrapped)
     assert (s.warmups, s.captures, s.replays, s.eager_calls) == (1, 1, 3, 0), s
-    assert not torch.equal(kept[3][0], kept[4][0])  # different inputs, different results
+    graph = the_graph(wrapped)
+    assert kept[4][0].data_ptr() in graph.outputs.output_pointers()  # not a copy
+    with pytest.raises(RuntimeError, match="overwritten.*Clone it"):
+        kept[3][0].sum()  # the replay of xs[4] wrote over it
+    assert not torch.equal(kept[3][1], kept[4][1])  # clones kept their values
 
 
 def test_parameter_is_read_in_place():
     x, w, b = cuda_inputs()
-    wrapped = kiln_cudagraphs.wrap(compiled_graph(block, [x, w, b]), [x, w, b])
-    xs = [torch.randn_like(x) for _ in range(3)]  # kept: each at an address of its own
-    for xi in xs:
-        wrapped(xi, w, b)
+    wrapped = kiln_cudagraphs.wrap(
+        compiled_graph(block, [x, w, b]), [x, w, b], static_inputs={1, 2}
+    )
+    for _ in range(3):
+        wrapped(torch.randn_like(x), w, b)
     graph = the_graph(wrapped)
     assert set(graph.in_place) == {1, 2} and graph.copied == {0}
     with torch.no_grad():
         w.mul_(-0.5)  # an optimizer step: same memory, new values
     xi = torch.randn_like(x)
     torch.testing.assert_close(wrapped(xi, w, b)[0], block(xi, w, b)[0], **TOL)
-    w2 = torch.randn_like(w)  # a parameter replaced: recorded again, with it copied
+    w2 = torch.randn_like(w)  # a parameter replaced: recorded again, read at its new place
     torch.testing.assert_close(wrapped(xi, w2, b)[0], block(xi, w2, b)[0], **TOL)
-    assert the_graph(wrapped).copied == {0, 1}
+    assert the_graph(wrapped).copied == {0}
+    assert the_graph(wrapped).in_place[1] == w2.data_ptr()
 
 
 def test_each_shape_has_its_graph():
@@ -229,3 +239,46 @@ def test_kiln_compile_reduce_overhead_training(kiln_with_plugins):
         torch.testing.assert_close(p.grad, q.grad, **TOL, msg=name)
     after = kiln_cudagraphs.stats()
     assert after.replays - before.replays >= 2, after  # forward and backward graphs
+
+
+def encoder():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), layer).cuda()
+
+
+def test_kiln_compile_reduce_overhead_training_step_replays_forward_and_backward(
+    kiln_with_plugins,
+):
+    kiln = kiln_with_plugins
+    model = encoder()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, mode="reduce-overhead", options={"cache": False})
+    before = kiln_cudagraphs.stats()
+    for _ in range(5):
+        x = torch.randn(4, 12, 16, device="cuda")
+        for m in (model, reference):
+            m.zero_grad(set_to_none=True)
+        loss = compiled(x).square().mean()
+        loss.backward()
+        expected = reference(x).square().mean()
+        expected.backward()
+        torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+    after = kiln_cudagraphs.stats()
+    assert after.failed_captures == before.failed_captures, after.reasons
+    assert after.eager_calls == before.eager_calls, after.reasons
+    assert after.replays - before.replays >= 6, after  # forward and backward, 3 steps
+
+
+def test_kiln_compile_output_overwritten_by_the_next_call_raises(kiln_with_plugins):
+    kiln = kiln_with_plugins
+    model = mlp().eval()
+    compiled = kiln.compile(model, mode="reduce-overhead", options={"cache": False})
+    with torch.no_grad():
+        outs = [compiled(torch.randn(16, 32, device="cuda")) for _ in range(4)]
+        assert kiln_cudagraphs.stats().replays > 0
+        with pytest.raises(RuntimeError, match="overwritten"):
+            outs[2].sum()
+        outs[3].sum()  # the latest output is valid

@@ -8,13 +8,19 @@ import pytest
 import torch
 
 import kiln_cudagraphs
-from kiln_cudagraphs import CudaGraphRunner
+from kiln_cudagraphs import CudaGraphRunner, outputs
 from kiln_cudagraphs.graph import RecordedGraph
+from kiln_cudagraphs.pool import GraphPool
+from kiln_cudagraphs.runner import MAX_RECORDINGS
 
 
 class RerunRecorder:
-    def __init__(self):
+    def __init__(self, pool=None):
         self.recorded = 0
+        self.graph_pool = pool or GraphPool()
+
+    def pool(self, device):
+        return self.graph_pool
 
     def run_eagerly(self, fn, device):
         return fn(), None
@@ -49,8 +55,30 @@ class SyncingRecorder(RerunRecorder):
         return fn(), "called a synchronizing CUDA operation"
 
 
+class AccessErrors:
+    """Stands in for torch's ``_set_storage_data_ptr_access_error_msg`` (CUDA builds only):
+    notes the storages made to raise."""
+
+    def __init__(self):
+        self.storages = []
+
+    def __call__(self, storage_impl, message):
+        assert "overwritten" in message and "Clone it" in message
+        self.storages.append(storage_impl)
+
+
+@pytest.fixture
+def access_errors(monkeypatch):
+    fake = AccessErrors()
+    monkeypatch.setattr(outputs, "set_access_error", fake)
+    return fake
+
+
 def mlp(x, w, b):
     return (torch.relu(x @ w + b), x.shape[0])
+
+
+PARAMS = {1, 2}  # mlp's w and b, as kiln-autograd's metadata names them
 
 
 def runner(fn=mlp, **kw):
@@ -65,11 +93,11 @@ def graph_of(r: CudaGraphRunner) -> RecordedGraph:
 
 
 def test_warm_up_then_record_then_replay_fresh_inputs():
-    r = runner()
+    r = runner(static_inputs=PARAMS)
     w, b = torch.randn(8, 5), torch.randn(5)
-    xs = [torch.randn(4, 8) for _ in range(5)]  # kept alive: each has memory of its own
-    results = [r(x, w, b) for x in xs]
-    for x, (out, n) in zip(xs, results, strict=True):
+    for _ in range(5):
+        x = torch.randn(4, 8)  # dropped after the call: its memory may be reused
+        out, n = r(x, w, b)
         expected, n_expected = mlp(x, w, b)
         torch.testing.assert_close(out, expected)
         assert n == n_expected == 4
@@ -77,11 +105,33 @@ def test_warm_up_then_record_then_replay_fresh_inputs():
     assert (s.warmups, s.captures, s.replays, s.eager_calls) == (1, 1, 3, 0)
     graph = graph_of(r)
     assert graph.copied == {0}  # the fresh input is copied, the parameters read in place
-    assert set(graph.in_place) == {1, 2}
+    assert graph.in_place == {1: w.data_ptr(), 2: b.data_ptr()}
 
 
-def test_results_kept_are_not_overwritten_by_the_next_replay():
+def test_inputs_not_named_static_are_copied_whatever_their_address():
     r = runner()
+    w, b = torch.randn(8, 5), torch.randn(5)
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        r(x, w, b)
+    assert graph_of(r).copied == {0, 1, 2}
+    w.mul_(2)  # a copied input is read anew at every call
+    torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+
+
+def test_static_input_updated_in_place_is_read_in_place():
+    r = runner(static_inputs=PARAMS)
+    w, b = torch.randn(8, 5), torch.randn(5)
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        r(x, w, b)
+    w.add_(1.0)  # an optimizer step
+    torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    assert kiln_cudagraphs.stats(r).captures == 1
+
+
+def test_outputs_are_copied_where_torch_cannot_make_stale_ones_raise():
+    r = runner(static_inputs=PARAMS)
     w, b = torch.randn(8, 5), torch.randn(5)
     xs = [torch.randn(4, 8) for _ in range(4)]
     kept = [r(x, w, b)[0] for x in xs]
@@ -89,8 +139,59 @@ def test_results_kept_are_not_overwritten_by_the_next_replay():
         torch.testing.assert_close(out, mlp(x, w, b)[0])
 
 
-def test_parameter_moved_elsewhere_records_again_with_it_copied():
-    r = runner()
+def test_outputs_are_handed_out_over_graph_memory_and_invalidated_by_the_next_replay(
+    access_errors,
+):
+    r = runner(static_inputs=PARAMS)
+    w, b = torch.randn(8, 5), torch.randn(5)
+    x = torch.randn(4, 8)
+    r(x, w, b)
+    first = r(x, w, b)[0]  # recorded: the checked replay's outputs
+    torch.testing.assert_close(first, mlp(x, w, b)[0])
+    (pointer,) = graph_of(r).outputs.output_pointers()
+    assert first.data_ptr() == pointer  # no copy
+    assert access_errors.storages == []
+    x2 = torch.randn(4, 8)
+    second = r(x2, w, b)[0]
+    assert access_errors.storages == [first.untyped_storage()._cdata]
+    assert second.data_ptr() == pointer
+    torch.testing.assert_close(second, mlp(x2, w, b)[0])
+    assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
+
+
+def test_a_graph_reads_another_graphs_outputs_in_place(access_errors):
+    """A training step: the backward graph reads what the forward graph saved."""
+    pool = GraphPool()
+    forward = runner(lambda x, w: (x @ w, torch.tanh(x @ w)), static_inputs={1},
+                     recorder=RerunRecorder(pool))  # fmt: skip
+    backward = runner(lambda saved, g: ((1 - saved * saved) * g,), recorder=RerunRecorder(pool))
+    w = torch.randn(8, 5)
+    for _ in range(5):
+        x, g = torch.randn(4, 8), torch.randn(4, 5)
+        _, saved = forward(x, w)
+        (grad,) = backward(saved, g)
+        t = torch.tanh(x @ w)
+        torch.testing.assert_close(grad, (1 - t * t) * g)
+    bw = graph_of(backward)
+    assert bw.copied == {1} and set(bw.in_place) == {0}  # the saved tensor is not copied
+    assert kiln_cudagraphs.stats(backward).captures == 1
+    assert kiln_cudagraphs.stats(forward).replays == 3
+
+
+def test_an_output_fed_back_is_copied():
+    r = runner(lambda h, w: (torch.tanh(h @ w),), static_inputs={1})
+    w = torch.randn(6, 6) / 3
+    h = torch.randn(2, 6)
+    expected = h
+    for _ in range(6):
+        (h,) = r(h, w)
+        expected = torch.tanh(expected @ w)
+        torch.testing.assert_close(h, expected)
+    assert graph_of(r).copied == {0}
+
+
+def test_parameter_moved_elsewhere_records_again_reading_it_in_place():
+    r = runner(static_inputs=PARAMS)
     x, b = torch.randn(4, 8), torch.randn(5)
     w = torch.randn(8, 5)
     for _ in range(3):
@@ -98,14 +199,34 @@ def test_parameter_moved_elsewhere_records_again_with_it_copied():
     w2 = torch.randn(8, 5)  # e.g. a parameter replaced by a new tensor
     out, _ = r(x, w2, b)
     torch.testing.assert_close(out, mlp(x, w2, b)[0])
-    assert graph_of(r).copied == {1}
-    out, _ = r(x, w, b)  # copied from now on: either tensor works
-    torch.testing.assert_close(out, mlp(x, w, b)[0])
+    assert graph_of(r).copied == {0} and graph_of(r).in_place[1] == w2.data_ptr()
+    torch.testing.assert_close(r(x, w2, b)[0], mlp(x, w2, b)[0])
     assert kiln_cudagraphs.stats(r).captures == 2
 
 
+def test_inputs_that_keep_moving_end_in_eager_calls():
+    r = runner(static_inputs=PARAMS)
+    x, b = torch.randn(4, 8), torch.randn(5)
+    ws = [torch.randn(8, 5) for _ in range(10)]
+    for w in ws:
+        torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    s = kiln_cudagraphs.stats(r)
+    assert s.captures == 1 + MAX_RECORDINGS
+    assert any("moved" in reason for reason in s.reasons)
+
+
+def test_pinned_inputs_compute_no_key():
+    r = runner(static_inputs=PARAMS, pinned=True)
+    w, b = torch.randn(8, 5), torch.randn(5)
+    for _ in range(4):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    assert list(r.entries) == [()]
+    assert kiln_cudagraphs.stats(r).replays == 2
+
+
 def test_each_shape_gets_its_graph_up_to_the_bound(caplog):
-    r = runner(max_graphs=2)
+    r = runner(max_graphs=2, static_inputs=PARAMS)
     w, b = torch.randn(8, 5), torch.randn(5)
     with caplog.at_level(logging.WARNING, "kiln.cudagraphs"):
         for rows in (1, 2, 3, 1, 2, 3, 3):
@@ -248,3 +369,22 @@ def test_process_totals_add_up():
 def test_stats_of_something_else_is_explained():
     with pytest.raises(TypeError, match="returned by kiln_cudagraphs.wrap"):
         kiln_cudagraphs.stats(mlp)
+
+
+def test_unchecked_outputs_are_left_out_of_the_replay_check():
+    counter = iter(range(1000))
+
+    def with_state(x):  # output 1 differs at every run, as attention's rng state does
+        return (x * 2, torch.tensor(next(counter)))
+
+    strict = runner(with_state)
+    x = torch.randn(4)
+    for _ in range(3):
+        strict(x)
+    (reason,) = kiln_cudagraphs.stats(strict).reasons
+    assert "output 1 (torch.int64 (), in graph memory) differs" in reason
+    lenient = runner(with_state, unchecked_outputs={1})
+    for _ in range(4):
+        torch.testing.assert_close(lenient(x)[0], x * 2)
+    s = kiln_cudagraphs.stats(lenient)
+    assert (s.captures, s.replays, s.failed_captures) == (1, 2, 0)

@@ -38,7 +38,7 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
             """
             device_types = ("cuda",)
 
-            def wrap(compiled, example_inputs):
+            def wrap(compiled, example_inputs, **hints):
                 return ("replayed", compiled, example_inputs)
             """
         )

@@ -28,12 +28,14 @@ from kiln_autograd.decompositions import (
 )
 from kiln_autograd.errors import UnsupportedError
 from kiln_autograd.partition import PartitionedGraphs
+from kiln_autograd.static_inputs import STATIC_INPUTS, rng_state_outputs, static_inputs
 from kiln_autograd.trace import JointGraph, TracedGraph
 
 __all__ = [
     "AOTCompiled",
     "JointGraph",
     "PartitionedGraphs",
+    "STATIC_INPUTS",
     "TracedGraph",
     "UnsupportedError",
     "__version__",
@@ -42,6 +44,8 @@ __all__ = [
     "op_set_table",
     "partition",
     "register_decomposition",
+    "rng_state_outputs",
+    "static_inputs",
     "trace_inference_graph",
     "trace_joint_graph",
     "verify_op_set",

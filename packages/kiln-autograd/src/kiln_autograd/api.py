@@ -20,6 +20,7 @@ from kiln_autograd.fake import fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
 from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
 from kiln_autograd.runtime import Compiler, InferenceRunner, TrainingRunner, example_values
+from kiln_autograd.static_inputs import captured_state_inputs, note_static_inputs
 from kiln_autograd.trace import (
     JointGraph,
     TracedGraph,
@@ -80,7 +81,10 @@ def aot(
         partitioner=partitioner,
         dynamic=dynamic or is_dynamic(example_inputs),
     )
-    compiled = AOTCompiled(lift(gm), list(example_inputs), options)
+    lifted = lift(gm)
+    state = captured_state_inputs(gm, list(example_inputs))
+    static = frozenset(range(lifted.num_state)) | {lifted.num_state + i for i in state}
+    compiled = AOTCompiled(lifted, list(example_inputs), options, static)
     compiled.compile_for(compiled.flat_args(example_inputs))
     return compiled
 
@@ -89,11 +93,16 @@ class AOTCompiled:
     """The callable :func:`aot` returns: one compiled runner per input signature."""
 
     def __init__(
-        self, lifted: LiftedModule, example_inputs: list[object], options: Options
+        self,
+        lifted: LiftedModule,
+        example_inputs: list[object],
+        options: Options,
+        static_inputs: frozenset[int] = frozenset(),
     ) -> None:
         self.lifted = lifted
         self.example_inputs = example_inputs
         self.options = options
+        self.static_inputs = static_inputs  # flat inputs that are module state
         self.runners: dict[tuple, InferenceRunner | TrainingRunner] = {}
 
     def flat_args(self, user_inputs: Sequence[object]) -> list[object]:
@@ -129,6 +138,7 @@ class AOTCompiled:
             requires_grad=_requires_grad(args),
             grad_enabled=torch.is_grad_enabled(),
             options=self.options,
+            static_inputs=self.static_inputs,
         )
         self.runners[self._key(args)] = runner
         return runner
@@ -174,8 +184,10 @@ def compile_signature(
     requires_grad: Sequence[bool],
     grad_enabled: bool,
     options: Options,
+    static_inputs: frozenset[int] = frozenset(),
 ) -> InferenceRunner | TrainingRunner:
-    """The pipeline for one input signature, top to bottom."""
+    """The pipeline for one input signature, top to bottom. ``static_inputs`` (module
+    state) are noted on each graph for the compilers (``kiln_autograd.static_inputs``)."""
     fake_args, fake_mode = fake_inputs(args, requires_grad, dynamic=options.dynamic)
     with fake_mode:
         meta = analyze(lifted.call_raw, fake_args, grad_enabled=grad_enabled)
@@ -185,6 +197,7 @@ def compile_signature(
         graph = trace_inference(lifted.call_raw, fake_args, meta, fake_mode, table)
         verify_op_set(graph.gm, "inference graph")
         log.debug("inference graph:\n%s", graph)
+        note_static_inputs(graph.gm, set(static_inputs))
         compiled = options.fw_compiler(graph.gm, example_values(graph.gm))
         return InferenceRunner(compiled, meta)
 
@@ -192,6 +205,9 @@ def compile_signature(
     verify_op_set(joint.gm, "joint graph")
     parts = PARTITIONERS[options.partitioner](joint)
     log.debug("%s partition saves %d bytes:\n%s", options.partitioner, parts.saved_bytes(), parts)
+    note_static_inputs(parts.fw, set(static_inputs))
+    primals = [n.name for n in joint.gm.graph.nodes if n.op == "placeholder"]
+    note_static_inputs(parts.bw, {primals[i] for i in static_inputs})
     compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
     return TrainingRunner(compiled_fw, parts, joint, options.bw_compiler)
 

@@ -4,8 +4,9 @@ kiln-cudagraphs registers this module in the ``kiln.runtime`` entry-point group 
 ``cudagraphs``: ``device_types`` names the devices it serves and ``wrap(compiled,
 example_inputs)`` returns a callable that runs ``compiled`` (``compiled(*inputs)`` returns
 a flat tuple or list) through one CUDA graph per input key. Each key is warmed up eagerly,
-recorded on a side stream into a memory pool shared by the wrapper's graphs, checked once
-against eager, then replayed; outputs come back as fresh tensors. Where a graph would be
+recorded on a side stream into the memory pool every graph of the device shares, checked
+once against eager, then replayed; outputs are handed out over the graph's memory and
+raise once a later replay has overwritten them (clone what you keep). Where a graph would be
 wrong (inputs off the GPU, inputs requiring grad under grad mode, random seeds drawn on
 the host, a call that synchronises with the host, a capture that fails or differs from
 eager, too many keys) the call runs ``compiled`` itself and the ``kiln.cudagraphs`` logger
@@ -16,7 +17,7 @@ says why, once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from kiln_cudagraphs.__about__ import __version__
 from kiln_cudagraphs.runner import MAX_GRAPHS, CudaGraphRunner
@@ -36,14 +37,32 @@ device_types = ("cuda",)
 
 
 def wrap(
-    compiled: Callable, example_inputs: Sequence[object], *, max_graphs: int = MAX_GRAPHS
+    compiled: Callable,
+    example_inputs: Sequence[object],
+    *,
+    static_inputs: Collection[int] = (),
+    unchecked_outputs: Collection[int] = (),
+    pinned: bool = False,
+    max_graphs: int = MAX_GRAPHS,
 ) -> CudaGraphRunner:
     """``compiled`` replayed through CUDA graphs: the ``kiln.runtime`` contract.
 
-    ``example_inputs`` are accepted as the contract gives them; graphs are recorded from
-    the real inputs of the calls. At most ``max_graphs`` input keys get a graph.
+    ``static_inputs``: indices of the inputs that are parameters, buffers or constants
+    (kiln-autograd's metadata says which): read in place, never copied. ``pinned``: every
+    call's inputs match ``example_inputs`` in shape, stride, dtype and device (the caller
+    guards them), so no key is computed per call. ``example_inputs`` are otherwise
+    accepted as the contract gives them; graphs are recorded from the real inputs of the
+    calls. ``unchecked_outputs``: outputs whose values differ between runs (fused
+    attention's random-number seed and offset), left out of the check of a recording
+    against eager. At most ``max_graphs`` input keys get a graph.
     """
-    return CudaGraphRunner(compiled, max_graphs=max_graphs)
+    return CudaGraphRunner(
+        compiled,
+        max_graphs=max_graphs,
+        static_inputs=static_inputs,
+        unchecked_outputs=unchecked_outputs,
+        pinned=pinned,
+    )
 
 
 def stats(wrapped: CudaGraphRunner | None = None) -> CudaGraphStats:

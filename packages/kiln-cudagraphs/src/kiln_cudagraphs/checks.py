@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -81,11 +81,20 @@ def tolerances(dtype: torch.dtype) -> dict[str, float]:
     return {"rtol": 1e-7, "atol": 1e-7}
 
 
-def describe_mismatch(expected: Sequence[object], got: Sequence[object]) -> str | None:
-    """How the replay's outputs differ from the eager run's on the same inputs, or None."""
+def describe_mismatch(
+    expected: Sequence[object],
+    got: Sequence[object],
+    placements: Sequence[object] = (),
+    unchecked: Collection[int] = (),
+) -> str | None:
+    """How the replay's outputs differ from the eager run's on the same inputs, or None;
+    ``placements`` (the output plan's) say where each output of the replay lives; the
+    ``unchecked`` outputs are not compared."""
     if len(expected) != len(got):
         return f"the replay returned {len(got)} outputs and the eager run {len(expected)}"
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        if i in unchecked:
+            continue
         if isinstance(e, torch.Tensor) != isinstance(g, torch.Tensor):
             return f"output {i} is {type(g).__name__} in the replay, {type(e).__name__} eagerly"
         if not isinstance(e, torch.Tensor):
@@ -98,7 +107,11 @@ def describe_mismatch(expected: Sequence[object], got: Sequence[object]) -> str 
                 f"{e.dtype} {tuple(e.shape)} in the eager run"
             )
         if not _close(e, g):
-            return f"output {i} differs from the eager run on the same inputs{_worst(e, g)}"
+            where = f", {_where(placements[i])}" if i < len(placements) else ""
+            return (
+                f"output {i} ({e.dtype} {tuple(e.shape)}{where}) differs from the eager run "
+                f"on the same inputs{_worst(e, g)}"
+            )
     return None
 
 
@@ -108,9 +121,17 @@ def _close(e: torch.Tensor, g: torch.Tensor) -> bool:
     return torch.equal(g, e)
 
 
+def _where(placement: object) -> str:
+    index = getattr(placement, "index", None)
+    if index is not None:
+        return f"a view of input {index}"
+    return "in graph memory"
+
+
 def _worst(e: torch.Tensor, g: torch.Tensor) -> str:
     if e.numel() == 0 or e.dtype == torch.bool:
         return ""
     diff = (g - e).abs() if e.is_complex() else (g.double() - e.double()).abs()
     diff = diff.double().nan_to_num(nan=float("inf"))
-    return f" (by up to {diff.max().item():.3g})"
+    wrong = int((~torch.isclose(g, e, equal_nan=True, **tolerances(e.dtype))).sum().item())
+    return f" (by up to {diff.max().item():.3g}; {wrong} of {e.numel()} elements)"

@@ -1,10 +1,11 @@
 """Recording one CUDA graph of a compiled callable, and replaying it.
 
-A recorder does two things with ``fn`` (no arguments: it calls the compiled callable):
-``run_eagerly(fn, device)`` runs it and says whether it synchronised with the host (no
-capture can hold that), and ``recorder(fn, device)`` records it into ``(replay,
-static_outputs)``. :class:`CudaGraphRecorder` captures into a ``torch.cuda.CUDAGraph`` on
-a side stream, with one memory pool for all the graphs of one wrapper; the runner takes any
+A recorder does three things: ``run_eagerly(fn, device)`` runs ``fn`` (no arguments: it
+calls the compiled callable) and says whether it synchronised with the host (no capture
+can hold that), ``recorder(fn, device)`` records it into ``(replay, static_outputs)``, and
+``pool(device)`` is the :class:`~kiln_cudagraphs.pool.GraphPool` it records into.
+:class:`CudaGraphRecorder` captures into a ``torch.cuda.CUDAGraph`` on a side stream, into
+the one pool of the device that every graph of the process shares; the runner takes any
 other recorder with the same methods.
 """
 
@@ -17,6 +18,7 @@ from typing import Protocol
 import torch
 
 from kiln_cudagraphs.outputs import OutputPlan
+from kiln_cudagraphs.pool import GraphPool, shared_pool
 from kiln_cudagraphs.syncs import run_watching_host_syncs
 
 log = logging.getLogger("kiln.cudagraphs")
@@ -33,6 +35,8 @@ class Recorder(Protocol):
         self, fn: Callable[[], Sequence[object]], device: torch.device
     ) -> tuple[Callable[[], None], Sequence[object]]: ...
 
+    def pool(self, device: torch.device) -> GraphPool: ...
+
 
 class CaptureRefused(Exception):
     """The inputs cannot be given to a graph (the message says why)."""
@@ -40,12 +44,14 @@ class CaptureRefused(Exception):
 
 class CudaGraphRecorder:
     """Runs ``fn`` once on a side stream of the inputs' device, then captures it there, as
-    ``torch.cuda.graph`` documents, into one memory pool shared by every graph it records
-    (safe: each replay's outputs are copied out before the next replay)."""
+    ``torch.cuda.graph`` documents, into the memory pool of the device shared by every
+    graph of the process (``pool.py`` says why that is safe)."""
 
     def __init__(self) -> None:
-        self.pool: tuple[int, int] | None = None
         self.streams: dict[int, torch.cuda.Stream] = {}
+
+    def pool(self, device: torch.device) -> GraphPool:
+        return shared_pool(device)
 
     def run_eagerly(
         self, fn: Callable[[], Sequence[object]], device: torch.device
@@ -58,8 +64,7 @@ class CudaGraphRecorder:
     ) -> tuple[Callable[[], None], Sequence[object]]:
         index = _index(device)
         with torch.cuda.device(index):
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
+            pool = shared_pool(device).handle
             if index not in self.streams:
                 self.streams[index] = torch.cuda.Stream()
             stream = self.streams[index]
@@ -71,10 +76,11 @@ class CudaGraphRecorder:
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
                     outputs = fn()
             except Exception:
                 _close_generator_capture(index, stream)
+                shared_pool(device).renew()
                 raise
 
         def replay() -> None:  # on the caller's current stream of the graph's device
@@ -103,8 +109,12 @@ def _close_generator_capture(index: int, stream: torch.cuda.Stream) -> None:
 
 
 class RecordedGraph:
-    """One recorded graph: the buffers its copied inputs go to, the data pointers of the
-    inputs it reads in place, and how its outputs are handed out."""
+    """One recorded graph: the inputs it reads where they are (``in_place``: index ->
+    data pointer), the buffers its copied inputs go to, and how its outputs are handed out.
+
+    Inputs are read in place when they are static (parameters, buffers: the caller says
+    which) or outputs of another graph of the pool (a forward graph's results that the
+    backward graph reads); every other tensor input is copied into its buffer."""
 
     def __init__(
         self,
@@ -112,11 +122,16 @@ class RecordedGraph:
         buffers: dict[int, torch.Tensor],
         in_place: dict[int, int],
         outputs: OutputPlan,
+        pool: GraphPool,
     ) -> None:
         self.replay = replay
         self.buffers = buffers
         self.in_place = in_place
         self.outputs = outputs
+        self.pool = pool
+        self._indices = list(in_place)
+        self._pointers = list(in_place.values())
+        self._copies = (list(buffers.values()), list(buffers))
 
     @property
     def copied(self) -> frozenset[int]:
@@ -124,35 +139,70 @@ class RecordedGraph:
 
     def moved_inputs(self, inputs: Sequence[object]) -> list[int]:
         """The in-place inputs whose memory is not where the graph reads it."""
+        if _pointers_equal is not None and _pointers_equal(
+            list(inputs), self._pointers, self._indices
+        ):
+            return []
         return [i for i, ptr in self.in_place.items() if inputs[i].data_ptr() != ptr]
 
+    def owns(self, x: object) -> bool:
+        """Whether tensor ``x`` is one of this graph's outputs."""
+        return self.pool.owner(x.data_ptr()) is self
+
+    def pool_inputs(self, inputs: Sequence[object]) -> list[int]:
+        """The copied inputs that are now outputs of another graph of the pool: a graph
+        recorded again would read them where they are."""
+        return [
+            i
+            for i in self.buffers
+            if (owner := self.pool.owner(inputs[i].data_ptr())) is not None and owner is not self
+        ]
+
     def __call__(self, inputs: Sequence[object]) -> tuple | list:
-        for i, buffer in self.buffers.items():
-            buffer.copy_(inputs[i])
+        buffers, indices = self._copies
+        if buffers:
+            torch._foreach_copy_(buffers, [inputs[i] for i in indices])
+        self.pool.replaying(self)
         self.replay()
-        return self.outputs.fresh(inputs)
+        return self.outputs.hand_out(inputs)
+
+    # --- as a member of the pool ---------------------------------------------------
+
+    def invalidate_outputs(self) -> None:
+        self.outputs.invalidate()
+
+    def output_pointers(self) -> list[int]:
+        return self.outputs.output_pointers()
+
+
+# One C++ call comparing many data pointers (CUDA builds of torch), else None.
+_pointers_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
 def record(
     compiled: Callable,
     inputs: Sequence[object],
-    copied: Collection[int],
+    in_place: Collection[int],
     recorder: Recorder,
     device: torch.device,
 ) -> RecordedGraph:
-    """Record ``compiled`` on ``inputs``: the ``copied`` tensor inputs go through static
-    buffers, the other tensor inputs are read in place."""
+    """Record ``compiled`` on ``inputs``: the ``in_place`` tensor inputs are read where
+    they are, the other tensor inputs go through static buffers."""
     static = list(inputs)
     buffers = {}
-    for i in sorted(copied):
-        static[i] = buffers[i] = _static_buffer(i, inputs[i])
-    in_place = {
+    for i, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and i not in in_place:
+            static[i] = buffers[i] = _static_buffer(i, x)
+    read_in_place = {
         i: x.data_ptr()
         for i, x in enumerate(inputs)
         if isinstance(x, torch.Tensor) and i not in buffers
     }
     replay, static_outputs = recorder(lambda: compiled(*static), device)
-    return RecordedGraph(replay, buffers, in_place, OutputPlan(static_outputs, static))
+    pool = recorder.pool(device)
+    graph = RecordedGraph(replay, buffers, read_in_place, OutputPlan(static_outputs, static), pool)
+    pool.add(graph)
+    return graph
 
 
 def _static_buffer(index: int, x: torch.Tensor) -> torch.Tensor:

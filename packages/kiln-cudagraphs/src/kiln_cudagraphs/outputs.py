@@ -16,6 +16,18 @@ import torch
 
 _ALIGN = 16  # bytes: copies start on this boundary, as the graph's memory did
 
+OVERWRITTEN = (
+    "accessing a tensor output of a kiln CUDA graph that a later replay has overwritten: "
+    "an output stays valid until the next call of the same compiled graph (or of a graph "
+    "recorded after it on the same device). Clone it (`out.clone()`) before calling again "
+    "to keep it. For gradients kept in `.grad` across steps (gradient accumulation), set "
+    "`.grad` to None before each backward, or run the step without mode='reduce-overhead'"
+)
+# ``set_access_error(storage_impl_pointer, message)`` makes every tensor on a storage raise
+# ``message`` when its data is accessed: CUDA builds of torch only (None elsewhere, and
+# outputs are copied).
+set_access_error = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+
 
 class UnsupportedOutput(Exception):
     """An output the replay could not hand out as the eager run does."""
@@ -91,6 +103,41 @@ class OutputPlan:
                 placement = _input_alias(i, out, index, static_inputs[index])
             self.placements.append(placement)
 
+        self.handed_out: torch.UntypedStorage | None = None  # the last outputs' storage
+        self._window = _window(self.spans, self.placements)
+
+    def output_pointers(self) -> list[int]:
+        """Where the outputs in graph memory start."""
+        return [
+            self.spans[p.group].data_ptr() + p.offset * p.dtype.itemsize
+            for p in self.placements
+            if isinstance(p, GraphMemory)
+        ]
+
+    def hand_out(self, inputs: Sequence[object]) -> tuple | list:
+        """The outputs of the replay that just ran: over graph memory, where torch can make
+        them raise once overwritten (see :meth:`invalidate`), else copied."""
+        if set_access_error is None or self._window is None:
+            return self.fresh(inputs)
+        base, nbytes, offsets = self._window
+        device = self.spans[0].device
+        storage = torch._C._construct_storage_from_data_pointer(base, device, nbytes)
+        self.handed_out = storage
+        outs = []
+        for p, offset in zip(self.placements, offsets, strict=True):
+            if offset is None:
+                outs.append(_place(p, (), inputs))
+            else:
+                out = torch.empty(0, dtype=p.dtype, device=device)
+                outs.append(out.set_(storage, offset, p.size, p.stride))
+        return self.container(outs)
+
+    def invalidate(self) -> None:
+        """The graph memory is about to be overwritten: what was handed out raises."""
+        if self.handed_out is not None:
+            set_access_error(self.handed_out._cdata, OVERWRITTEN)
+            self.handed_out = None
+
     def fresh(self, inputs: Sequence[object]) -> tuple | list:
         """The outputs of the replay that just ran, in memory of their own."""
         copies = [span.clone() for span in self.spans]
@@ -111,6 +158,25 @@ def _spans(
         where.update({i: (len(spans), start) for i in group})
         spans.append(span)
     return spans, where
+
+
+def _window(
+    spans: Sequence[torch.Tensor], placements: Sequence[Placement]
+) -> tuple[int, int, list[int | None]] | None:
+    """``(base, nbytes, offsets)``: one address range holding every span, and each output's
+    offset in it, in elements of its dtype (None: not in graph memory)."""
+    if not spans:
+        return None
+    base = min(span.data_ptr() for span in spans)  # spans start on 16-byte boundaries
+    end = max(span.data_ptr() + span.numel() for span in spans)
+    offsets: list[int | None] = []
+    for p in placements:
+        if not isinstance(p, GraphMemory):
+            offsets.append(None)
+            continue
+        start = spans[p.group].data_ptr() - base
+        offsets.append(start // p.dtype.itemsize + p.offset)
+    return base, end - base, offsets
 
 
 def _storage(t: torch.Tensor) -> int:

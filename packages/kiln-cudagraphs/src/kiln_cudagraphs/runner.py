@@ -4,7 +4,7 @@ replayed at every later call, or the compiled callable itself where a graph is u
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,20 +17,20 @@ from kiln_cudagraphs.graph import (
     Recorder,
     record,
 )
-from kiln_cudagraphs.keys import input_key, tensor_pointers
+from kiln_cudagraphs.keys import input_key
 from kiln_cudagraphs.outputs import UnsupportedOutput
+from kiln_cudagraphs.pool import GraphPool
 from kiln_cudagraphs.stats import PROCESS_TOTALS, CudaGraphStats
 
 log = logging.getLogger("kiln.cudagraphs")
 
 MAX_GRAPHS = 8  # input keys per wrapper; calls with further keys run eagerly
+MAX_RECORDINGS = 4  # per key: recordings again (an input moved), then the key runs eagerly
 
 
 @dataclass(frozen=True)
 class WarmedUp:
-    """A key seen once: the data pointers its tensor inputs had."""
-
-    pointers: dict[int, int]
+    """A key seen once."""
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,17 @@ class CudaGraphRunner:
     """Runs ``compiled`` through CUDA graphs, one per input key (see the package docs).
 
     The first call of a key runs eagerly (lazy initialisation, autotuning and library
-    handles happen outside capture). The second runs eagerly too (its result is returned)
-    under torch's sync debug mode: a key whose run synchronises with the host runs eagerly
-    from then on, without a capture being attempted. Otherwise it records the graph,
-    replays it once on the same inputs and keeps it only if the replay matches the eager
-    result; tensor inputs whose data pointer was the same in both calls are read in place,
-    the others are copied into static buffers before each replay. Later calls replay; an
-    in-place input found elsewhere makes the key record again with that input copied.
+    handles happen outside capture). The second runs eagerly too under torch's sync debug
+    mode: a key whose run synchronises with the host runs eagerly from then on, without a
+    capture being attempted. Otherwise it records the graph, replays it once on the same
+    inputs and keeps it only if the replay matches the eager run. The ``static_inputs``
+    (parameters, buffers: indices the caller gives) and inputs that are outputs of another
+    graph of the pool are read in place; the others are copied into static buffers before
+    each replay. Later calls replay; an in-place input found elsewhere, or a copied input
+    found to be another graph's output, makes the key record again.
+
+    ``pinned=True``: the caller guarantees that every call's inputs match in shape,
+    stride, dtype and device (capture's guards do), so no key is computed per call.
     """
 
     def __init__(
@@ -60,6 +64,9 @@ class CudaGraphRunner:
         max_graphs: int = MAX_GRAPHS,
         recorder: Recorder | None = None,
         device_type: str = "cuda",
+        static_inputs: Collection[int] = (),
+        unchecked_outputs: Collection[int] = (),
+        pinned: bool = False,
     ) -> None:
         if max_graphs < 0:
             raise ValueError(f"max_graphs={max_graphs}: give 0 (never record) or more")
@@ -68,9 +75,14 @@ class CudaGraphRunner:
         self.max_graphs = max_graphs
         self.recorder = recorder if recorder is not None else CudaGraphRecorder()
         self.device_type = device_type
+        self.static_inputs = frozenset(static_inputs)
+        self.unchecked_outputs = frozenset(unchecked_outputs)
+        self.pinned = pinned
         self.stats = CudaGraphStats()
         self.entries: dict[tuple, WarmedUp | RecordedGraph | Eager] = {}
+        self.recordings: dict[tuple, int] = {}
         self.refusal = host_random_reason(compiled)  # holds for every call
+        self._refusals: dict[bool, str | None] = {}  # pinned: per grad mode
         self._logged: set[str] = set()
 
     @property
@@ -79,25 +91,26 @@ class CudaGraphRunner:
         return sum(isinstance(e, RecordedGraph) for e in self.entries.values())
 
     def __call__(self, *inputs: object) -> object:
-        reason = self.refusal or call_refusal(inputs, self.device_type)
+        reason = self.refusal or self._call_refusal(inputs)
         if reason is not None:
             return self._run_eagerly(inputs, reason)
-        try:
-            key = input_key(inputs)
-        except TypeError as exc:
-            return self._run_eagerly(inputs, str(exc))
+        if self.pinned:
+            key = ()
+        else:
+            try:
+                key = input_key(inputs)
+            except TypeError as exc:
+                return self._run_eagerly(inputs, str(exc))
         entry = self.entries.get(key)
         if isinstance(entry, RecordedGraph):
             moved = entry.moved_inputs(inputs)
-            if not moved:
+            now_in_pool = entry.pool_inputs(inputs)
+            if not moved and not now_in_pool:
                 self._count("replays")
                 return entry(inputs)
-            return self._record(key, inputs, entry.copied | set(moved))
+            return self._record_again(key, inputs, entry, moved, now_in_pool)
         if isinstance(entry, WarmedUp):
-            pointers = tensor_pointers(inputs)
-            return self._record(
-                key, inputs, {i for i in pointers if pointers[i] != entry.pointers[i]}
-            )
+            return self._record(key, inputs)
         if isinstance(entry, Eager):
             return self._run_eagerly(inputs, entry.reason)
         if len(self.entries) >= self.max_graphs:
@@ -106,35 +119,107 @@ class CudaGraphRunner:
                 f"more than {self.max_graphs} input shapes (max_graphs): further shapes "
                 "run without graphs",
             )
-        self.entries[key] = WarmedUp(tensor_pointers(inputs))
+        self.entries[key] = WarmedUp()
         self._count("warmups")
         return self.compiled(*inputs)
 
+    def _call_refusal(self, inputs: Sequence[object]) -> str | None:
+        if not self.pinned:
+            return call_refusal(inputs, self.device_type)
+        grad = torch.is_grad_enabled()
+        if grad not in self._refusals:
+            self._refusals[grad] = call_refusal(inputs, self.device_type)
+        return self._refusals[grad]
+
     # --- the steps ------------------------------------------------------------------
 
-    def _record(self, key: tuple, inputs: Sequence[object], copied: set[int]) -> object:
-        """Run eagerly (this call's result) watching for host syncs, record, check one
-        replay against it."""
-        self.entries.pop(key, None)  # a graph recorded before frees its memory first
+    def _record_again(
+        self,
+        key: tuple,
+        inputs: Sequence[object],
+        graph: RecordedGraph,
+        moved: list[int],
+        now_in_pool: list[int],
+    ) -> object:
+        """A static input moved (a parameter replaced: read at its new place), an input
+        read from another graph left it (copied from now on), or a copied input is now
+        another graph's output (read in place from now on)."""
+        in_place = (set(graph.in_place) - set(moved)) | set(now_in_pool)
+        in_place |= {i for i in moved if i in self.static_inputs}
+        self.recordings[key] = self.recordings.get(key, 0) + 1
+        if self.recordings[key] > MAX_RECORDINGS:
+            self.entries.pop(key)
+            graph.pool.remove(graph)
+            return self._give_up(
+                key,
+                self.compiled(*inputs),
+                f"inputs read in place moved {MAX_RECORDINGS} times: the graph would be "
+                "recorded at every call",
+            )
+        return self._record(key, inputs, in_place)
+
+    def _in_place(self, inputs: Sequence[object], pool: GraphPool) -> set[int]:
+        """Static inputs, and inputs that are outputs of a graph of the pool."""
+        return {
+            i
+            for i, x in enumerate(inputs)
+            if isinstance(x, torch.Tensor)
+            and (i in self.static_inputs or pool.owner(x.data_ptr()) is not None)
+        }
+
+    def _record(
+        self, key: tuple, inputs: Sequence[object], in_place: set[int] | None = None
+    ) -> object:
+        """Run eagerly watching for host syncs, record, check one replay against the eager
+        run; the replay's outputs are this call's result. A graph recorded before for the
+        key is dropped once the new one is recorded (inputs that are its outputs are
+        copied, not read in place)."""
         device = _device(inputs)
+        pool = self.recorder.pool(device)
+        old = self.entries.pop(key, None)
+        if in_place is None:
+            in_place = self._in_place(inputs, pool)
+        if isinstance(old, RecordedGraph):
+            in_place = {i for i in in_place if i in self.static_inputs or not old.owns(inputs[i])}
+        try:
+            return self._record_new(key, inputs, in_place, device, pool)
+        finally:
+            if isinstance(old, RecordedGraph):
+                pool.remove(old)
+
+    def _record_new(
+        self,
+        key: tuple,
+        inputs: Sequence[object],
+        in_place: set[int],
+        device: torch.device,
+        pool: GraphPool,
+    ) -> object:
         expected, host_sync = self.recorder.run_eagerly(lambda: self.compiled(*inputs), device)
         if host_sync is not None:  # no capture is attempted: a failed one harms the process
             return self._give_up(
                 key, expected, f"the graph synchronizes with the host ({host_sync})"
             )
+        graph = None
         try:
-            graph = record(self.compiled, inputs, copied, self.recorder, device)
+            graph = record(self.compiled, inputs, in_place, self.recorder, device)
             replayed = graph(inputs)
+            mismatch = describe_mismatch(
+                expected, replayed, graph.outputs.placements, self.unchecked_outputs
+            )
         except (CaptureRefused, UnsupportedOutput) as exc:
-            return self._give_up(key, expected, str(exc))
+            mismatch, reason = None, str(exc)
         except Exception as exc:  # e.g. a host sync torch does not report while capturing
-            return self._give_up(key, expected, f"capture failed: {type(exc).__name__}: {exc}")
-        mismatch = describe_mismatch(expected, replayed)
-        if mismatch is not None:
-            return self._give_up(key, expected, f"the replay is not the eager result: {mismatch}")
-        self.entries[key] = graph
-        self._count("captures")
-        return expected
+            mismatch, reason = None, f"capture failed: {type(exc).__name__}: {exc}"
+        else:
+            if mismatch is None:
+                self.entries[key] = graph
+                self._count("captures")
+                return replayed
+            reason = f"the replay is not the eager result: {mismatch}"
+        if graph is not None:
+            pool.remove(graph)
+        return self._give_up(key, expected, reason)
 
     def _give_up(self, key: tuple, expected: object, reason: str) -> object:
         self.entries[key] = Eager(reason)

@@ -153,7 +153,14 @@ class AtenCompiler:
         self.show_generated(entry, codegen)  # 4
         compiled = entry_point(program, constants, kind)
         with frame.stage("runtime"):
-            compiled = runtime.wrap_for_mode(compiled, example_inputs, self.options, device)  # 5
+            compiled = runtime.wrap_for_mode(  # 5
+                compiled,
+                example_inputs,
+                self.options,
+                device,
+                static_inputs=kiln_autograd.static_inputs(gm) or (),
+                unchecked_outputs=kiln_autograd.rng_state_outputs(gm),
+            )
         if kind == "backward":  # compiled at the first backward, after capture finished
             frame.log_perf("backward compiled")
         return compiled

@@ -2,9 +2,14 @@
 
 ``mode="reduce-overhead"`` replays each compiled graph through a runtime plug-in: an
 object with ``device_types`` (the ``torch.device`` types it serves) and
-``wrap(compiled, example_inputs) -> callable``. Where no loaded plug-in serves the graph's
-device (on the CPU: kiln-cudagraphs serves CUDA devices), the graph runs in
-the default mode and Kiln warns once per device and reason.
+``wrap(compiled, example_inputs, *, static_inputs, unchecked_outputs, pinned)``, which
+returns a callable. ``static_inputs`` are the indices of the inputs that are module state
+(kiln-autograd's metadata); ``unchecked_outputs`` the outputs whose values differ between
+runs (fused attention's random-number seed and offset); ``pinned`` says that every call's
+inputs match the example inputs' sizes and strides (no symbolic sizes: the caller's guards
+pin them). Where no loaded plug-in serves the graph's device (on the CPU: kiln-cudagraphs
+serves CUDA devices), the graph runs in the default mode and Kiln warns once per device
+and reason.
 """
 
 from __future__ import annotations
@@ -52,8 +57,24 @@ def find_runtime(device_type: str) -> tuple[object | None, str]:
     return None, "; ".join(reasons) or "no kiln.runtime plug-in is installed"
 
 
+def _symbolic(example_inputs: Sequence[object]) -> bool:
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt | torch.SymFloat):
+            return True
+        if isinstance(x, torch.Tensor) and any(
+            isinstance(n, torch.SymInt) for n in (*x.shape, *x.stride())
+        ):
+            return True
+    return False
+
+
 def wrap_for_mode(
-    compiled: Callable, example_inputs: Sequence[object], options, device: torch.device
+    compiled: Callable,
+    example_inputs: Sequence[object],
+    options,
+    device: torch.device,
+    static_inputs: Sequence[int] = (),
+    unchecked_outputs: Sequence[int] = (),
 ) -> Callable:
     if not options.cudagraphs:
         return compiled
@@ -70,4 +91,10 @@ def wrap_for_mode(
             f"{device.type!r} ({reason}): graphs run in the default mode"
         )
         return compiled
-    return plugin.wrap(compiled, list(example_inputs))
+    return plugin.wrap(
+        compiled,
+        list(example_inputs),
+        static_inputs=tuple(static_inputs),
+        unchecked_outputs=tuple(unchecked_outputs),
+        pinned=not _symbolic(example_inputs),
+    )

@@ -1,0 +1,77 @@
+"""Which inputs of a compiled graph are the module's state (parameters, buffers, tensor
+constants): the same tensors at every call, which a runtime may read in place.
+
+:func:`~kiln_autograd.aot` notes them on each graph it hands to a compiler, in
+``gm.meta[STATIC_INPUTS]``; :func:`static_inputs` reads them back.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch.fx
+
+STATIC_INPUTS = "kiln_static_inputs"
+
+
+def static_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...] | None:
+    """Indices of ``gm``'s inputs that are lifted state, or None where ``gm`` did not come
+    from :func:`~kiln_autograd.aot`."""
+    meta = getattr(gm, "meta", None)
+    return meta.get(STATIC_INPUTS) if isinstance(meta, dict) else None
+
+
+# How capture names an input read from a module's parameters or buffers (its placeholder's
+# meta["source"], e.g. "self._modules['fc']._parameters['weight']").
+_STATE_SOURCES = ("._parameters[", "._buffers[")
+
+
+def captured_state_inputs(gm: torch.nn.Module, example_inputs: list[object]) -> set[int]:
+    """The inputs of a captured graph that are module state passed as inputs: parameters
+    (an ``nn.Parameter`` example) and inputs whose capture source is a module's
+    ``_parameters`` or ``_buffers`` entry."""
+    graph = getattr(gm, "graph", None)
+    nodes = list(graph.find_nodes(op="placeholder")) if graph is not None else []
+    found = {i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)}
+    for i, node in enumerate(nodes):
+        source = node.meta.get("source")
+        if isinstance(source, str) and any(s in source for s in _STATE_SOURCES):
+            found.add(i)
+    return found
+
+
+def note_static_inputs(gm: torch.fx.GraphModule, state: set[int] | set[str]) -> None:
+    """Note which inputs of ``gm`` are state: those at the indices ``state`` (ints: the
+    forward and inference graphs), or those whose placeholder has one of the names (the
+    backward graph, whose saved inputs keep the names of the forward's)."""
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    gm.meta[STATIC_INPUTS] = tuple(
+        i for i, name in enumerate(placeholders) if i in state or name in state
+    )
+
+
+# Outputs of ATen ops whose values no result depends on and that differ from run to run:
+# the random-number seed and offset of fused attention (unset without dropout).
+_RNG_STATE_OUTPUTS = {
+    "aten._scaled_dot_product_flash_attention.default": (6, 7),
+    "aten._scaled_dot_product_efficient_attention.default": (2, 3),
+    "aten._scaled_dot_product_cudnn_attention.default": (6, 7),
+}
+
+
+def rng_state_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Indices of ``gm``'s outputs that are fused attention's random-number seed or offset:
+    values that two runs of the same graph need not share (a runtime that checks a replay
+    against an eager run skips them)."""
+    (output,) = gm.graph.find_nodes(op="output")
+    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    found = []
+    for i, node in enumerate(values):
+        if not isinstance(node, torch.fx.Node) or node.target is not operator.getitem:
+            continue
+        source, index = node.args
+        if not isinstance(source, torch.fx.Node):
+            continue
+        if index in _RNG_STATE_OUTPUTS.get(str(source.target), ()):
+            found.append(i)
+    return tuple(found)

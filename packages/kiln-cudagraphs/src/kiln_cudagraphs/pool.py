@@ -1,0 +1,82 @@
+"""The memory pool every graph of one device is recorded into, and what a replay overwrites.
+
+All graphs of a device share one pool (a training step's forward and backward graphs
+among them), so that one graph's outputs can be the next graph's inputs, read where they
+are. A graph's outputs are held for as long as the graph is, so no later capture places
+anything over them; but a later capture may place its outputs in memory that an earlier
+graph used for its intermediates and frees inside its own replay. So a replay of graph
+``g`` overwrites the outputs of ``g`` and may overwrite those of every graph recorded
+after ``g`` in the same pool: :meth:`GraphPool.replaying` makes the tensors those graphs
+handed out raise when read (see ``outputs.py``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Protocol
+
+import torch
+
+
+class PoolMember(Protocol):
+    def invalidate_outputs(self) -> None:
+        """Make the outputs handed out so far raise when read."""
+        ...
+
+    def output_pointers(self) -> list[int]: ...
+
+
+class GraphPool:
+    """One memory pool and the graphs recorded into it, in the order they were recorded."""
+
+    def __init__(self, handle: object = None) -> None:
+        self.handle = handle
+        self._graphs: list[weakref.ref] = []
+        self._owner: dict[int, weakref.ref] = {}  # output data pointer -> its graph
+
+    def renew(self) -> None:
+        """After a capture into the pool failed: torch may still hold the pool as being
+        recorded into, so later captures go to a new one."""
+        self.handle = torch.cuda.graph_pool_handle()
+
+    def add(self, graph: PoolMember) -> None:
+        """Note ``graph`` as recorded now, and where its outputs live."""
+        ref = weakref.ref(graph)
+        self._graphs.append(ref)
+        for pointer in graph.output_pointers():
+            self._owner[pointer] = ref
+
+    def remove(self, graph: PoolMember) -> None:
+        """``graph`` is dropped: its memory goes back to the pool, so what it handed out
+        must not be read any more."""
+        graph.invalidate_outputs()
+        self._graphs = [r for r in self._graphs if r() is not None and r() is not graph]
+        self._owner = {p: r for p, r in self._owner.items() if r() is not None and r() is not graph}
+
+    def owner(self, pointer: int) -> PoolMember | None:
+        """The graph whose output lives at ``pointer`` (the start of a tensor), or None."""
+        ref = self._owner.get(pointer)
+        return ref() if ref is not None else None
+
+    def replaying(self, graph: PoolMember) -> None:
+        """``graph`` replays next: invalidate what it and every later graph handed out."""
+        later = False
+        for ref in self._graphs:
+            member = ref()
+            if member is graph:
+                later = True
+            if later and member is not None:
+                member.invalidate_outputs()
+
+
+_POOLS: dict[object, GraphPool] = {}
+
+
+def shared_pool(device: torch.device) -> GraphPool:
+    """The process's pool for the CUDA device ``device``."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pool = _POOLS.get(index)
+    if pool is None:
+        with torch.cuda.device(index):
+            pool = _POOLS[index] = GraphPool(torch.cuda.graph_pool_handle())
+    return pool
