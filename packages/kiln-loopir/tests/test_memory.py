@@ -53,7 +53,8 @@ def test_extern_chain_frees_dead_results():
     def fn(x, w):
         return torch.mm(torch.mm(torch.mm(x, w), w), w)
 
-    compiled = check_against_eager(fn, [torch.randn(N, N), torch.randn(N, N)])
+    # w scaled so the chain stays near 1: the test is about buffers, not rounding
+    compiled = check_against_eager(fn, [torch.randn(N, N), torch.randn(N, N) / N**0.5])
     plan = compiled.memory_plan
     assert plan.naive_peak_bytes == 3 * NBYTES
     assert plan.peak_bytes == 2 * NBYTES  # an input and a result of each matmul
