@@ -139,6 +139,11 @@ class RecordedGraph:
 
     def moved_inputs(self, inputs: Sequence[object]) -> list[int]:
         """The in-place inputs whose memory is not where the graph reads it."""
+        if self._indices and len(inputs) <= max(self._indices):
+            raise RuntimeError(
+                f"a CUDA graph recorded reading input {max(self._indices)} in place was "
+                f"called with {len(inputs)} inputs: report this to kiln-cudagraphs"
+            )
         if _pointers_equal is not None and _pointers_equal(
             list(inputs), self._pointers, self._indices
         ):

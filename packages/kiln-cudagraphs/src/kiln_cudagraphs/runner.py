@@ -95,7 +95,7 @@ class CudaGraphRunner:
         if reason is not None:
             return self._run_eagerly(inputs, reason)
         if self.pinned:
-            key = ()
+            key = (len(inputs),)  # the caller's guards pin the rest
         else:
             try:
                 key = input_key(inputs)
