@@ -130,7 +130,9 @@ class RecordedGraph:
         self.outputs = outputs
         self.pool = pool
         self._indices = list(in_place)
-        self._pointers = list(in_place.values())
+        # torch's check reads the pointer of input i at position i: a list as long as the inputs
+        width = max(in_place, default=-1) + 1
+        self._pointers = [in_place.get(i) for i in range(width)]
         self._copies = (list(buffers.values()), list(buffers))
 
     @property

@@ -98,7 +98,7 @@ KilnTensor* api_alias(KilnTensor* t) { return K(new at::Tensor(*T(t))); }
 
 void api_release(KilnTensor* t) { delete T(t); }
 
-void* api_data_ptr(KilnTensor* t) { return T(t)->data_ptr(); }
+void* api_data_ptr(KilnTensor* t) { return T(t)->defined() ? T(t)->data_ptr() : nullptr; }
 
 KilnTensor* api_match_layout(KilnTensor* t, int ndim, const int64_t* size, const int64_t* stride,
                              const char* what) {
@@ -216,7 +216,8 @@ int api_call_extern(KilnExtern* x, KilnTensor* const* tensors, KilnTensor** outp
     x->op->callBoxed(stack);
     for (int i = 0; i < x->n_outputs; ++i) {
       if (outputs[i] != nullptr) continue;  // the program does not want this one
-      outputs[i] = stack[i].isTensor() ? K(new at::Tensor(stack[i].toTensor())) : nullptr;
+      // an undefined tensor (None) flows on as one, as it does through Python
+      outputs[i] = K(new at::Tensor(stack[i].isTensor() ? stack[i].toTensor() : at::Tensor()));
     }
     return 0;
   } catch (const std::exception& e) {
@@ -373,6 +374,11 @@ PyObject* program_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
   std::vector<KilnTensor*> in(n + n_bound);
   for (Py_ssize_t i = 0; i < n + n_bound; ++i) {
     PyObject* a = i < n ? args[i] : PyTuple_GET_ITEM(self->bound, i - n);
+    if (a == Py_None) {  // an undefined tensor, as ATen's Python bindings pass None
+      static at::Tensor undefined;
+      in[i] = K(&undefined);
+      continue;
+    }
     if (!THPVariable_Check(a)) {
       PyErr_Format(PyExc_TypeError, "%U: input %zd is a %s, expected a tensor", self->name, i,
                    Py_TYPE(a)->tp_name);
