@@ -132,3 +132,13 @@ def test_symbolic_sizes_run_the_python_host_program(caplog):
 def test_an_unknown_choice_is_refused():
     with pytest.raises(ValueError, match="host_program='fast'"):
         _compile(mlp, _mlp_inputs(), host_program="fast")
+
+
+def test_none_for_a_tensor_argument_is_an_undefined_tensor():
+    from kiln_cpp.host import load_runtime
+    from kiln_cpp.host.externs import _encode
+
+    assert _encode(None, "Tensor", None, None, "op") == ("undefined",)
+    assert _encode(None, "Optional[Tensor]", None, None, "op") == ("none",)
+    # the runtime prepares it (an ATen binding turns None into an undefined tensor too)
+    load_runtime().Extern("aten::add", "Tensor", [("t", 0), ("undefined",), ("default",)], 1)

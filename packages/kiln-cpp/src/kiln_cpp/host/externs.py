@@ -4,7 +4,8 @@ passes tensors.
 
 A template item is ``(tag, value)``: ``("t", k)`` the k-th tensor the call passes,
 ``("tl", [k, ...])`` a list of them (``"otl"``: of optional tensors, ``None`` for one left
-out), ``("default",)`` the schema's default, ``("none",)``, and numbers, strings, lists of
+out), ``("default",)`` the schema's default, ``("none",)``, ``("undefined",)`` (an
+undefined tensor: what ``None`` passes for a ``Tensor`` argument), and numbers, strings, lists of
 numbers, dtypes, devices, layouts and memory formats as themselves (``"i"``, ``"f"``,
 ``"b"``, ``"s"``, ``"il"``, ``"fl"``, ``"bl"``, ``"dtype"``, ``"device"``, ``"layout"``,
 ``"memory_format"``).
@@ -119,8 +120,8 @@ def _slot(ref: TensorRef, call: ExternCall, tensor_name) -> int:
 def _encode(value, arg_type: str, call: ExternCall, tensor_name, op: str) -> tuple:
     if isinstance(value, TensorRef):
         return ("t", _slot(value, call, tensor_name))
-    if value is None:
-        return ("none",)
+    if value is None:  # Python's None for a Tensor argument is an undefined tensor
+        return ("undefined",) if arg_type == "Tensor" else ("none",)
     if isinstance(value, bool):
         return ("b", value)
     if isinstance(value, (int, sympy.Integer)):

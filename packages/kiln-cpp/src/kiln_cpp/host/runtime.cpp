@@ -248,6 +248,8 @@ bool to_ivalue(PyObject* item, const c10::Argument& arg, size_t position, KilnEx
   PyObject* v = PyTuple_GET_SIZE(item) > 1 ? PyTuple_GET_ITEM(item, 1) : Py_None;
   if (tag == "none") {
     *out = c10::IValue();
+  } else if (tag == "undefined") {
+    *out = at::Tensor();
   } else if (tag == "default") {
     if (!arg.default_value()) {
       PyErr_Format(PyExc_TypeError, "%s: argument %s has no default", x->name.c_str(),
