@@ -6,11 +6,10 @@ state, as opposed to its arguments) in one call at its end, after every structur
 exactly what a per-tensor guard line checks (type, dtype, device, size, stride,
 ``requires_grad``, dispatch keys). A *matcher* turns the specs into the callable:
 
-- ``python`` (the default and the reference): a generated Python function, one readable
+- ``python`` (the reference, and the fallback): a generated Python function, one readable
   line per tensor, the same checks as the per-tensor guard line;
-- ``torch``: torch's own C++ ``TensorGuards`` (what TorchDynamo runs), one C call for all
-  the tensors. It serves only static sizes, and only where its answer is the reference's
-  (see ``torch_matcher``); otherwise the Python matcher is used.
+- ``native``: registered by kiln where kiln-cpp's host runtime builds: the same checks in
+  one C++ call for all the tensors (``kiln.tensor_guards``). Tried first by default.
 
 A matcher may reject more than the reference (a call then misses and recompiles) but must
 never accept a tensor the reference rejects. Another implementation (a C++ accelerator)
@@ -22,7 +21,6 @@ plugs in with ``register_matcher(name, build)``: ``build(specs, examples)`` retu
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -142,74 +140,3 @@ def python_matcher(specs: list[TensorSpec], examples=None) -> TensorMatcher:
 
 
 register_matcher("python", python_matcher)
-
-
-# --- torch's C++ TensorGuards --------------------------------------------------------
-
-
-def _tls() -> tuple[int, int]:
-    return (
-        torch._C._dispatch_tls_local_include_set().raw_repr(),
-        torch._C._dispatch_tls_local_exclude_set().raw_repr(),
-    )
-
-
-_DEFAULT_TLS: list[tuple[int, int]] = []
-
-
-def default_tls() -> tuple[int, int]:
-    """The dispatch TLS of a fresh thread (this one may be inside inference mode)."""
-    if not _DEFAULT_TLS:
-        thread = threading.Thread(target=lambda: _DEFAULT_TLS.append(_tls()))
-        thread.start()
-        thread.join()
-    return _DEFAULT_TLS[0]
-
-
-def torch_matcher(specs: list[TensorSpec], examples: list[torch.Tensor]) -> TensorMatcher | None:
-    """torch's ``TensorGuards``: the same checks in one C call, with two differences that
-    only make it stricter here: it rejects two arguments that are one tensor (capture
-    guards aliasing with ``is``, so the specs name distinct tensors), and it compares
-    dispatch keys after the thread's local include/exclude sets are applied. Built only
-    while those sets are a fresh thread's, and checked only while they still are: then the
-    keys it cannot see (BackendSelect, ADInplaceOrView, the Autocast keys) follow from the
-    device and the autograd keys it does see, and its answer is the reference's."""
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-    except ImportError:
-        return None
-    tls = _tls()
-    if tls != default_tls():
-        return None
-    if any(e.layout is not torch.strided for e in examples):
-        return None
-    guards = TensorGuards(
-        *examples,
-        dynamic_dims_sizes=[list(s.shape) for s in specs],
-        dynamic_dims_strides=[list(s.stride) for s in specs],
-    )
-    if not guards.check(*examples):  # e.g. a tensor twice: leave it to the reference
-        return None
-    include, exclude = tls
-    include_set = torch._C._dispatch_tls_local_include_set
-    exclude_set = torch._C._dispatch_tls_local_exclude_set
-    tensor_guards = guards.check
-
-    def tensors_match(*tensors):
-        return (
-            include_set().raw_repr() == include
-            and exclude_set().raw_repr() == exclude
-            and tensor_guards(*tensors)
-        )
-
-    lines = [f"# tensors_match: torch's TensorGuards over {len(specs)} tensors, each as"]
-    for i, spec in enumerate(specs):
-        lines.append(f"#   t{i} ({spec.expr}): {', '.join(spec.checks(f't{i}', _label))}")
-    return TensorMatcher(tensors_match, "torch", "\n".join(lines) + "\n")
-
-
-def _label(prefix: str, value) -> str:
-    return str(value).replace("torch.", "") if prefix == "dtype" else value.__name__
-
-
-register_matcher("torch", torch_matcher)
