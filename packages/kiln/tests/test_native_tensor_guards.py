@@ -2,10 +2,10 @@
 parameters and buffers of a guard, and it rejects every change the reference rejects."""
 
 import torch
-from kiln_capture.tensor_match import TensorSpec, build_matcher, python_matcher
 
 import kiln
 from kiln.tensor_guards import native_matcher
+from kiln_capture.tensor_match import TensorSpec, build_matcher, python_matcher
 
 
 def _specs(tensors):
