@@ -19,7 +19,7 @@ ALLOWED = {
     "kiln-capture": set(),
     "kiln-autograd": set(),
     "kiln-loopir": set(),
-    "kiln-triton": {"kiln-loopir"},
+    "kiln-triton": {"kiln-loopir", "kiln-cpp"},  # kiln-cpp: the native host program
     "kiln-cpp": {"kiln-loopir"},
     "kiln-cudagraphs": set(),
     "kiln": {

@@ -9,8 +9,7 @@ and written into the source: the grid, the block, the shared memory and each par
 handed to the program when it loads. A call whose input tensors are not 16-byte aligned
 (as the kernels were compiled to assume) is handed to the Python host program.
 
-It needs kiln-cpp (its host runtime and compiler driver), which kiln installs beside
-kiln-triton; without it the Python host program runs every graph.
+It is kiln-cpp's host program and runtime (kiln-triton depends on kiln-cpp for them).
 
 Kernels this does not cover (split reductions, scratch memory, cluster launches, an
 interpreter or launch hooks) raise ``HostNotRendered``: the Python host program runs the
@@ -47,7 +46,6 @@ class PlannedLaunch:
 
 def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKernel]):
     """The loaded native host program of ``schedule`` (raises ``HostNotRendered``)."""
-    _require_kiln_cpp()
     from kiln_cpp import build
     from kiln_cpp.codegen import HOST_HEADER, load_program
     from kiln_cpp.host import load_runtime, render_host
@@ -63,7 +61,6 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
     """A native host program from a cache entry (``NativeHost.to_dict``): each kernel
     planned again (its launch configuration comes from the autotuning cache), which must
     give the launch the source was written for, else ``HostNotRendered``."""
-    _require_kiln_cpp()
     from kiln_cpp import build
     from kiln_cpp.codegen import HOST_HEADER, load_program
     from kiln_cpp.host import NativeHost, load_runtime
@@ -83,13 +80,6 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
     path, _ = build.build(HOST_HEADER + host.source)
     host.program = load_program(build.load(path), host)
     return host
-
-
-def _require_kiln_cpp() -> None:
-    try:
-        import kiln_cpp.host  # noqa: F401
-    except ImportError as exc:
-        raise HostNotRendered(f"kiln-cpp is not installed ({exc})") from exc
 
 
 def _zeros(size, stride, dtype: str, device: str) -> torch.Tensor:
