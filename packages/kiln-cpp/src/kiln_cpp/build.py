@@ -52,12 +52,17 @@ BUILD_THREADS = max(1, min(8, os.cpu_count() or 1))
 LIBRARY = "kernels.so"
 
 
+def user_cache(variable: str, folder: str) -> Path:
+    """``$variable``, else ``$XDG_CACHE_HOME/kiln/<folder>`` (``~/.cache/kiln/<folder>``)."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kiln" / folder
+
+
 def cache_dir() -> Path:
     """``$KILN_CPP_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln/cpp`` (``~/.cache/kiln/cpp``)."""
-    if os.environ.get("KILN_CPP_CACHE_DIR"):
-        return Path(os.environ["KILN_CPP_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kiln" / "cpp"
+    return user_cache("KILN_CPP_CACHE_DIR", "cpp")
 
 
 def compiler() -> str:

@@ -632,31 +632,35 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "kiln_host_runtime",
 
 }  // namespace
 
+// a type whose instances are called through their vectorcall slot at ``offset``
+static int ready_callable_type(PyTypeObject* type, const char* name, Py_ssize_t size, newfunc make,
+                        destructor dealloc, Py_ssize_t offset, const char* doc) {
+  type->tp_name = name;
+  type->tp_basicsize = size;
+  type->tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  type->tp_new = make;
+  type->tp_dealloc = dealloc;
+  type->tp_call = PyVectorcall_Call;
+  type->tp_vectorcall_offset = offset;
+  type->tp_doc = doc;
+  return PyType_Ready(type);
+}
+
 PyMODINIT_FUNC PyInit_kiln_host_runtime() {
-  ProgramType.tp_name = "kiln_host_runtime.Program";
-  ProgramType.tp_basicsize = sizeof(ProgramObject);
-  ProgramType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-  ProgramType.tp_new = program_new;
-  ProgramType.tp_dealloc = program_dealloc;
-  ProgramType.tp_call = PyVectorcall_Call;
-  ProgramType.tp_vectorcall_offset = offsetof(ProgramObject, vectorcall);
   ProgramType.tp_dictoffset = offsetof(ProgramObject, dict);
   ProgramType.tp_getattro = PyObject_GenericGetAttr;
   ProgramType.tp_setattro = PyObject_GenericSetAttr;
   ProgramType.tp_methods = program_methods;
   ProgramType.tp_members = program_members;
   ProgramType.tp_repr = program_repr;
-  ProgramType.tp_doc = "Program(init, call, n_inputs, n_outputs, externs, functions, name)";
-  if (PyType_Ready(&ProgramType) < 0) return nullptr;
-  MatchType.tp_name = "kiln_host_runtime.TensorsMatch";
-  MatchType.tp_basicsize = sizeof(MatchObject);
-  MatchType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-  MatchType.tp_new = match_new;
-  MatchType.tp_dealloc = match_dealloc;
-  MatchType.tp_call = PyVectorcall_Call;
-  MatchType.tp_vectorcall_offset = offsetof(MatchObject, vectorcall);
-  MatchType.tp_doc = "TensorsMatch(specs): called with tensors, whether each matches its spec";
-  if (PyType_Ready(&MatchType) < 0) return nullptr;
+  if (ready_callable_type(&ProgramType, "kiln_host_runtime.Program", sizeof(ProgramObject),
+                          program_new, program_dealloc, offsetof(ProgramObject, vectorcall),
+                          "Program(init, call, n_inputs, n_outputs, externs, functions, name)") < 0)
+    return nullptr;
+  if (ready_callable_type(&MatchType, "kiln_host_runtime.TensorsMatch", sizeof(MatchObject),
+                          match_new, match_dealloc, offsetof(MatchObject, vectorcall),
+                          "TensorsMatch(specs): called with tensors, whether each matches") < 0)
+    return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&ProgramType);

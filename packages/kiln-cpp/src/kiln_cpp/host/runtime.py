@@ -34,10 +34,8 @@ MODULE = "kiln_host_runtime"
 
 
 def runtime_dir() -> Path:
-    if os.environ.get("KILN_CPP_RUNTIME_DIR"):
-        return Path(os.environ["KILN_CPP_RUNTIME_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kiln" / "runtime"
+    """``$KILN_CPP_RUNTIME_DIR``, else ``~/.cache/kiln/runtime`` (see ``build.user_cache``)."""
+    return build.user_cache("KILN_CPP_RUNTIME_DIR", "runtime")
 
 
 def _torch_paths() -> tuple[list[str], str]:
