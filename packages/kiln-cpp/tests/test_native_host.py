@@ -142,3 +142,29 @@ def test_none_for_a_tensor_argument_is_an_undefined_tensor():
     assert _encode(None, "Optional[Tensor]", None, None, "op") == ("none",)
     # the runtime prepares it (an ATen binding turns None into an undefined tensor too)
     load_runtime().Extern("aten::add", "Tensor", [("t", 0), ("undefined",), ("default",)], 1)
+
+
+def test_a_runtime_that_cannot_build_fails_once(monkeypatch, tmp_path):
+    from kiln_cpp.errors import CppCompileError
+    from kiln_cpp.host import runtime
+
+    calls = []
+
+    def failing_build(cxx, target):
+        calls.append(target)
+        raise CppCompileError("no Python.h")
+
+    monkeypatch.setattr(runtime, "_FAILED", [])
+    monkeypatch.setattr(runtime, "_build", failing_build)
+    monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path))
+    runtime._load_runtime.cache_clear()
+    try:
+        for _ in range(3):
+            with pytest.raises(CppCompileError, match="no Python.h"):
+                runtime.load_runtime()
+        assert len(calls) == 1
+        # and a graph then runs its Python host program
+        compiled = _compile(mlp, _mlp_inputs(), host_program="auto")
+        assert compiled.program.native is None
+    finally:
+        runtime._load_runtime.cache_clear()

@@ -99,10 +99,23 @@ def _build(cxx: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-@functools.cache
+_FAILED: list[Exception] = []  # the first failure, raised again without building again
+
+
 def load_runtime() -> types.ModuleType:
     """The runtime module, built on first use (raises :class:`CppCompileError` when the
-    compiler or torch's headers are missing)."""
+    compiler or torch's headers are missing: once per process, the same error after)."""
+    if _FAILED:
+        raise _FAILED[0]
+    try:
+        return _load_runtime()
+    except Exception as exc:
+        _FAILED.append(exc)
+        raise
+
+
+@functools.cache
+def _load_runtime() -> types.ModuleType:
     cxx = build.compiler()
     entry = runtime_dir() / _key(cxx)
     target = entry / f"{MODULE}.so"
