@@ -116,17 +116,56 @@ def test_constants_are_bound_after_the_inputs():
     torch.testing.assert_close(compiled(fresh)[0], shifted(fresh)[0])
 
 
-def test_symbolic_sizes_run_the_python_host_program(caplog):
+def test_symbolic_sizes_are_bound_from_the_inputs():
+    def block(x, w):
+        h = torch.relu(x @ w)  # a product too big to inline: an ATen call with a size
+        return h.reshape(-1).softmax(0) * x.shape[0], h.sum(1)
+
+    x, w = torch.randn(40, 64), torch.randn(64, 96)
+    compiled = _compile(block, [x, w], tracing_mode="symbolic")
+    assert compiled.program.native is not None
+    source = compiled.native_host.source
+    assert "kiln_api->size(" in source and "std::array<int64_t" in source
+    for rows in (40, 7, 129):
+        fresh = [torch.randn(rows, 64), w]
+        for got, want in zip(compiled.program.call(*fresh), block(*fresh), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_sizes_pass_to_extern_ops_at_each_call():
+    def padded(x):
+        return (torch.cat([x, x.new_full((x.shape[0], 3), 2.0)], 1) * x.shape[0],)
+
+    x = torch.randn(12, 16)
+    compiled = _compile(padded, [x], tracing_mode="symbolic")
+    assert compiled.program.native is not None
+    assert any(call.sizes for call in compiled.native_host.externs)  # a size the call passes
+    for rows in (12, 3, 50):
+        fresh = torch.randn(rows, 16)
+        torch.testing.assert_close(compiled.program.call(fresh)[0], padded(fresh)[0])
+
+
+def test_inputs_unlike_the_graph_are_refused_by_the_python_program():
     x = torch.randn(5, 8)
+    compiled = _compile(lambda a: (a.sin() * 2,), [x], tracing_mode="symbolic")
+    assert compiled.program.native is not None
+    strided = torch.randn(8, 5).t()  # the graph was traced for contiguous rows
+    with pytest.raises(ValueError, match="stride"):
+        compiled.program.call(strided)
+
+
+def test_sizes_read_from_data_run_the_python_host_program(caplog):
+    def first_n(x, n):
+        return (x[: n.item()] * 2,)
+
+    from kiln_loopir.testing import compile_fn
+
+    x, n = torch.randn(10), torch.tensor(4)
     with caplog.at_level(logging.INFO, logger="kiln.loopir"):
-        compiled = _compile(
-            lambda a: (a.sin() * 2,), [x], host_program="auto", tracing_mode="symbolic"
-        )
+        compiled = compile_fn(first_n, [x, n], codegen="cpp")
     assert compiled.program.native is None
     assert any("host program: Python" in r.getMessage() for r in caplog.records)
-    torch.testing.assert_close(compiled(x)[0], x.sin() * 2)
-    with pytest.raises(NotImplementedError, match="no native host program"):
-        _compile(lambda a: (a.sin() * 2,), [x], tracing_mode="symbolic")
+    torch.testing.assert_close(compiled(x, torch.tensor(7))[0], x[:7] * 2)
 
 
 def test_an_unknown_choice_is_refused():
@@ -136,10 +175,11 @@ def test_an_unknown_choice_is_refused():
 
 def test_none_for_a_tensor_argument_is_an_undefined_tensor():
     from kiln_cpp.host import load_runtime
-    from kiln_cpp.host.externs import _encode
+    from kiln_cpp.host.externs import _Encoder
 
-    assert _encode(None, "Tensor", None, None, "op") == ("undefined",)
-    assert _encode(None, "Optional[Tensor]", None, None, "op") == ("none",)
+    encode = _Encoder(None, None, None, "op")
+    assert encode(None, "Tensor") == ("undefined",)
+    assert encode(None, "Optional[Tensor]") == ("none",)
     # the runtime prepares it (an ATen binding turns None into an undefined tensor too)
     load_runtime().Extern("aten::add", "Tensor", [("t", 0), ("undefined",), ("default",)], 1)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from kiln_loopir.host import HostNotRendered
@@ -100,6 +101,9 @@ class CudaLauncher:
         if INTERPRET:
             raise HostNotRendered("Triton's interpreter runs the kernels (TRITON_INTERPRET=1)")
         self.buffers = schedule.graph.buffers()
+        for b in self.buffers.values():
+            if any(sympy.sympify(e).free_symbols for e in (*b.size, *b.stride)):
+                raise HostNotRendered(f"{b.name} has symbolic sizes: launches are planned once")
         self.functions: list[int] = []
         self.records: list[dict] = []  # per handle: the kernel, its arguments' layouts, launch
         self.launches: dict[str, PlannedLaunch | None] = {}

@@ -33,6 +33,7 @@ class ExternCall:
     template: list[tuple]
     n_returns: int
     tensors: list[str] = field(default_factory=list)  # names the program passes, in order
+    sizes: list[str] = field(default_factory=list)  # C++ size expressions it passes, in order
     prepared: object = None
 
     def prepare(self, runtime) -> None:
@@ -64,11 +65,16 @@ def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
 
 
 def extern_call(
-    node: ExternNode, tensor_name: Callable[[TensorRef], str], out: str | None = None
+    node: ExternNode,
+    tensor_name: Callable[[TensorRef], str],
+    out: str | None = None,
+    size_expr: Callable[[sympy.Expr], str] | None = None,
 ) -> ExternCall:
     """The call of ``node``'s op; ``tensor_name`` gives the program's name for a tensor
     argument (making a view first where the argument is one). With ``out`` (the name of
-    the buffer it fills), the op's ``out=`` overload (see :func:`out_variant`)."""
+    the buffer it fills), the op's ``out=`` overload (see :func:`out_variant`). With
+    ``size_expr`` (a size expression as C++), ints that are size expressions pass as slots
+    the program fills at each call."""
     op = node.target
     if not isinstance(op, torch._ops.OpOverload):
         raise HostNotRendered(f"extern {getattr(op, '__name__', op)!r} is not an ATen op")
@@ -89,7 +95,8 @@ def extern_call(
         if value is _MISSING:
             call.template.append(("default",))
             continue
-        call.template.append(_encode(value, str(arg.type), call, tensor_name, str(op)))
+        encode = _Encoder(call, tensor_name, size_expr, str(op))
+        call.template.append(encode(value, str(arg.type)))
     if out is not None:
         variant = out_variant(op)
         call.overload, call.op_name, call.n_returns = "out", str(variant), 0
@@ -112,38 +119,68 @@ def _decode(item: tuple) -> tuple:
     return item
 
 
-def _slot(ref: TensorRef, call: ExternCall, tensor_name) -> int:
-    call.tensors.append(tensor_name(ref))
-    return len(call.tensors) - 1
+class _Encoder:
+    """Template items of one call's arguments (see the module docstring)."""
 
+    def __init__(self, call: ExternCall, tensor_name, size_expr, op: str) -> None:
+        self.call = call
+        self.tensor_name = tensor_name
+        self.size_expr = size_expr
+        self.op = op
 
-def _encode(value, arg_type: str, call: ExternCall, tensor_name, op: str) -> tuple:
-    if isinstance(value, TensorRef):
-        return ("t", _slot(value, call, tensor_name))
-    if value is None:  # Python's None for a Tensor argument is an undefined tensor
-        return ("undefined",) if arg_type == "Tensor" else ("none",)
-    if isinstance(value, bool):
-        return ("b", value)
-    if isinstance(value, (int, sympy.Integer)):
-        return ("f", float(value)) if "float" in arg_type else ("i", int(value))
-    numeric = "float" in arg_type or "number" in arg_type or "Scalar" in arg_type
-    if isinstance(value, (float, sympy.Float)) and numeric:
-        return ("f", float(value))
-    if isinstance(value, str):
-        return ("s", value)
-    if isinstance(value, torch.device):
-        return ("device", str(value))
-    for kind, tag in _NAMED.items():
-        if isinstance(value, kind):
-            return (tag, str(value).removeprefix("torch."))
-    if isinstance(value, (list, tuple)):
+    def slot(self, ref: TensorRef) -> int:
+        self.call.tensors.append(self.tensor_name(ref))
+        return len(self.call.tensors) - 1
+
+    def size_slot(self, expr: sympy.Expr) -> int:
+        if self.size_expr is None:
+            raise HostNotRendered(f"{self.op}: the size {expr} is a symbol")
+        self.call.sizes.append(self.size_expr(expr))
+        return len(self.call.sizes) - 1
+
+    def __call__(self, value, arg_type: str) -> tuple:
+        if isinstance(value, TensorRef):
+            return ("t", self.slot(value))
+        if value is None:  # Python's None for a Tensor argument is an undefined tensor
+            return ("undefined",) if arg_type == "Tensor" else ("none",)
+        if isinstance(value, bool):
+            return ("b", value)
+        if isinstance(value, (int, sympy.Integer)):
+            return ("f", float(value)) if "float" in arg_type else ("i", int(value))
+        if _is_size(value) and "int" in arg_type.lower() and "[" not in arg_type:
+            return ("si", self.size_slot(value))
+        numeric = "float" in arg_type or "number" in arg_type or "Scalar" in arg_type
+        if isinstance(value, (float, sympy.Float)) and numeric:
+            return ("f", float(value))
+        if isinstance(value, str):
+            return ("s", value)
+        if isinstance(value, torch.device):
+            return ("device", str(value))
+        for kind, tag in _NAMED.items():
+            if isinstance(value, kind):
+                return (tag, str(value).removeprefix("torch."))
+        if isinstance(value, (list, tuple)):
+            return self.sequence(list(value), arg_type)
+        raise HostNotRendered(f"{self.op}: cannot pass {value!r} as {arg_type}")
+
+    def sequence(self, value: list, arg_type: str) -> tuple:
         if all(v is None or isinstance(v, TensorRef) for v in value) and "Tensor" in arg_type:
-            slots = [None if v is None else _slot(v, call, tensor_name) for v in value]
+            slots = [None if v is None else self.slot(v) for v in value]
             return ("otl" if "Optional[Tensor]" in arg_type else "tl", slots)
         if all(isinstance(v, bool) for v in value):
-            return ("bl", list(value))
-        if all(isinstance(v, (int, sympy.Integer)) for v in value) and "float" not in arg_type:
+            return ("bl", value)
+        integers = all(isinstance(v, (int, sympy.Integer)) for v in value)
+        if integers and "float" not in arg_type:
             return ("il", [int(v) for v in value])
+        sizes = all(isinstance(v, (int, sympy.Integer)) or _is_size(v) for v in value)
+        if sizes and "float" not in arg_type:
+            items = [int(v) if not _is_size(v) else ("s", self.size_slot(v)) for v in value]
+            return ("sil", items)
         if all(isinstance(v, (int, float, sympy.Number)) for v in value):
             return ("fl", [float(v) for v in value])
-    raise HostNotRendered(f"{op}: cannot pass {value!r} as {arg_type}")
+        raise HostNotRendered(f"{self.op}: cannot pass {value!r} as {arg_type}")
+
+
+def _is_size(value) -> bool:
+    """A size expression: a sympy expression over integer symbols, not a number."""
+    return isinstance(value, sympy.Expr) and not value.is_number and bool(value.free_symbols)

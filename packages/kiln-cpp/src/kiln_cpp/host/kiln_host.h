@@ -21,9 +21,13 @@ typedef struct KilnApi {
   KilnTensor* (*alias)(KilnTensor* t); /* another reference to the same tensor */
   void (*release)(KilnTensor* t);
   void* (*data_ptr)(KilnTensor* t);
-  /* calls op with its tensor slots filled from tensors; its first n_outputs results
-   * (those not NULL in want) are stored in outputs; 0 on success */
-  int (*call_extern)(KilnExtern* op, KilnTensor* const* tensors, KilnTensor** outputs);
+  int64_t (*size)(KilnTensor* t, int dim);
+  int64_t (*stride)(KilnTensor* t, int dim);
+  /* calls op with its tensor slots filled from tensors and its size slots from sizes;
+   * its results are stored in outputs (an undefined tensor where it returns none); 0 on
+   * success */
+  int (*call_extern)(KilnExtern* op, KilnTensor* const* tensors, const int64_t* sizes,
+                     KilnTensor** outputs);
   /* *t itself when its layout is size/stride (ignoring dims of size 1), else a copy in
    * that layout; NULL when the sizes differ */
   KilnTensor* (*match_layout)(KilnTensor* t, int ndim, const int64_t* size,
@@ -38,7 +42,7 @@ typedef struct KilnApi {
                      uint32_t grid_z, uint32_t block_x, uint32_t shared_bytes, void** params);
 } KilnApi;
 
-#define KILN_API_VERSION 2
+#define KILN_API_VERSION 3
 /* what kiln_host_call returns when this call's inputs need the Python host program
  * (a tensor not aligned as the kernels were compiled for) */
 #define KILN_RUN_PYTHON 2

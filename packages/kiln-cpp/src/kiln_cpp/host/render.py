@@ -2,10 +2,13 @@
 (allocations, reuse, kernel calls, extern ops, frees, the outputs), in the graph's shared
 library beside its kernels, which it calls directly.
 
-It covers graphs whose sizes are all numbers and whose extern ops take arguments the
-runtime can pass (tensors, numbers, lists of them, dtypes, devices; see
-:mod:`kiln_cpp.host.externs`). :func:`render_host` raises :class:`HostNotRendered` for any
-other graph, and the Python host program runs it.
+It covers graphs whose sizes are numbers or symbols bound from the inputs' sizes and
+strides (the program binds them, checks those inputs' layouts and hands a call whose
+inputs do not match to the Python program, which says what is wrong), and whose extern ops
+take arguments the runtime can pass (tensors, numbers and sizes, lists of them, dtypes,
+devices; see :mod:`kiln_cpp.host.externs`). :func:`render_host` raises
+:class:`HostNotRendered` for any other graph (sizes read from tensor data, numbers as
+inputs), and the Python host program runs it.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import torch
 
 from kiln_cpp.handler import pointer_type
 from kiln_cpp.host.externs import ExternCall, HostNotRendered, extern_call, out_variant
+from kiln_cpp.printer import cexpr
 from kiln_loopir.ir import Buffer, ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
 from kiln_loopir.scheduler import step_reads
 
 PRELUDE = """\
+#include <array>
+
 namespace {
 const KilnApi* kiln_api;
 KilnExtern* kiln_externs[KILN_EXTERNS + 1];
@@ -103,14 +109,19 @@ class NativeHost:
 
 @dataclass
 class _Layouts:
-    """Sizes and strides as static arrays, each written once."""
+    """Sizes and strides: as static arrays, each written once, where they are numbers; as a
+    temporary ``std::array`` of the size expressions where they are not."""
 
     arrays: dict[tuple[int, ...], str] = field(default_factory=dict)
 
     def __call__(self, values) -> str:
-        key = tuple(_number(v) for v in values)
-        if not key:
+        exprs = [sympy.sympify(v) for v in values]
+        if not exprs:
             return "nullptr"
+        if any(not e.is_Integer for e in exprs):
+            items = ", ".join(cexpr(e) for e in exprs)
+            return f"std::array<int64_t, {len(exprs)}>{{{items}}}.data()"
+        key = tuple(int(e) for e in exprs)
         if key not in self.arrays:
             self.arrays[key] = f"kiln_layout{len(self.arrays)}"
         return self.arrays[key]
@@ -122,11 +133,35 @@ class _Layouts:
         ]
 
 
-def _number(e) -> int:
-    e = sympy.sympify(e)
-    if not e.is_Integer:
-        raise HostNotRendered(f"size {e} is a symbol: the C++ host program needs static sizes")
-    return int(e)
+def size_bindings(graph) -> tuple[list[str], list[str]]:
+    """C++ that binds each size symbol from the inputs' sizes and strides, and the checks of
+    those inputs' layouts (a mismatch hands the call to the Python host program)."""
+    bind: list[str] = []
+    check: list[str] = []
+    bound: set[sympy.Symbol] = set()
+    for inp in graph.inputs:
+        b = inp.buffer
+        for attr, exprs in (("size", b.size), ("stride", b.stride)):
+            for d, e in enumerate(exprs):
+                if isinstance(e, sympy.Symbol) and e not in bound:
+                    bind.append(f"const int64_t {e} = kiln_api->{attr}({inp.name}.get(), {d});")
+                    bound.add(e)
+        if any(not sympy.sympify(e).is_Integer for e in (*b.size, *b.stride)):
+            for d, (n, st) in enumerate(zip(b.size, b.stride, strict=True)):
+                size = f"kiln_api->size({inp.name}.get(), {d})"
+                stride = f"kiln_api->stride({inp.name}.get(), {d})"
+                check.append(
+                    f"if ({size} != {cexpr(n)} || ({size} > 1 && {stride} != {cexpr(st)}))"
+                    " return KILN_RUN_PYTHON;"
+                )
+    used: set[sympy.Symbol] = set()
+    for buf in graph.buffers().values():
+        for e in (*buf.size, *buf.stride):
+            used |= sympy.sympify(e).free_symbols
+    missing = sorted(str(s) for s in used - bound)
+    if missing:
+        raise HostNotRendered(f"sizes {missing} are not an input's size or stride")
+    return bind, check
 
 
 def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) -> NativeHost:
@@ -140,6 +175,8 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
     for inp in graph.inputs:
         if inp.buffer is None:
             raise HostNotRendered(f"input {inp.name} is a number, not a tensor")
+    if any(isinstance(n, ExternNode) and n.binds for n in graph.nodes):
+        raise HostNotRendered("sizes are read from tensor data (.item())")
     for out in graph.outputs:
         if not isinstance(out, TensorRef):
             raise HostNotRendered(f"an output is {out!r}, not a tensor")
@@ -149,6 +186,8 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
     inputs = [i.name for i in graph.inputs] + [c.name for c in graph.constants]
     body = [f"KilnRef {', '.join(inputs)};"] if inputs else []
     body += [f"{name}.borrow(in[{k}]);" for k, name in enumerate(inputs)]
+    bind, check = size_bindings(graph)
+    body += bind + check
     if launcher is not None:
         body += launcher.prologue(inputs)
     names = sorted(set(renderer.buffers) - set(inputs))
@@ -225,17 +264,16 @@ class _Renderer:
         return [f"if (!kiln_set({new}, {self.view(old, b.size, b.stride, 0)})) return -1;"]
 
     def view(self, base: str, size, stride, offset) -> str:
-        return f"kiln_api->view({base}.get(), {self._layout_args(size, stride)}, {_number(offset)})"
+        return f"kiln_api->view({base}.get(), {self._layout_args(size, stride)}, {cexpr(offset)})"
 
     def kernel(self, kernel: Kernel) -> list[str]:
         if self.launcher is not None:
             return self.launcher.lines(kernel)
-        if kernel.size_args:
-            raise HostNotRendered(f"{kernel.name} takes sizes {kernel.size_args}")
         args = [
             f"({pointer_type(kernel.arg_dtypes[a])}) kiln_api->data_ptr({a}.get())"
             for a in kernel.args
         ]
+        args += [cexpr(s) for s in kernel.size_args]
         return [
             f"if ({kernel.name}({', '.join(args)})) {{",
             f'  kiln_api->index_error("{kernel.name}");',
@@ -265,17 +303,19 @@ class _Renderer:
         ):
             out = node.outputs[0].name  # filled in place: no allocation by the op, no copy
             lines += self.allocate(out)
-        call = extern_call(node, lambda ref: self.tensor(ref, lines), out)
+        call = extern_call(node, lambda ref: self.tensor(ref, lines), out, cexpr)
         call.prepare(self.runtime)
         index = len(self.externs)
         self.externs.append(call)
         tensors = ", ".join(f"{t}.get()" for t in call.tensors) or "nullptr"
+        sizes = ", ".join(call.sizes) or "0"
         n = max(1, call.n_returns)
         lines += [
             "{",
             f"  KilnTensor* args[] = {{{tensors}}};",
+            f"  const int64_t sizes[] = {{{sizes}}};",
             f"  KilnTensor* results[{n}] = {{}};",
-            f"  int failed = kiln_api->call_extern(kiln_externs[{index}], args, results);",
+            f"  int failed = kiln_api->call_extern(kiln_externs[{index}], args, sizes, results);",
         ]
         for i in range(call.n_returns):
             b = node.outputs[i] if i < len(node.outputs) else None

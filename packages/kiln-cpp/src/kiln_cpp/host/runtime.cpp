@@ -100,6 +100,10 @@ void api_release(KilnTensor* t) { delete T(t); }
 
 void* api_data_ptr(KilnTensor* t) { return T(t)->defined() ? T(t)->data_ptr() : nullptr; }
 
+int64_t api_size(KilnTensor* t, int dim) { return T(t)->size(dim); }
+
+int64_t api_stride(KilnTensor* t, int dim) { return T(t)->stride(dim); }
+
 KilnTensor* api_match_layout(KilnTensor* t, int ndim, const int64_t* size, const int64_t* stride,
                              const char* what) {
   try {
@@ -184,6 +188,16 @@ struct ListSlot {
   bool optional_items;
 };
 
+struct SizeSlot {
+  size_t position;
+  int size;  // index into the program's sizes
+};
+
+struct SizeListSlot {
+  size_t position;
+  std::vector<std::pair<bool, int64_t>> items;  // (a size slot, its index) or (no, the value)
+};
+
 }  // namespace
 
 struct KilnExtern {
@@ -191,16 +205,25 @@ struct KilnExtern {
   std::vector<c10::IValue> stack;  // the arguments, tensors left as None
   std::vector<TensorSlot> slots;
   std::vector<ListSlot> lists;
+  std::vector<SizeSlot> sizes;
+  std::vector<SizeListSlot> size_lists;
   int n_outputs;
   std::string name;
 };
 
 namespace {
 
-int api_call_extern(KilnExtern* x, KilnTensor* const* tensors, KilnTensor** outputs) {
+int api_call_extern(KilnExtern* x, KilnTensor* const* tensors, const int64_t* sizes,
+                    KilnTensor** outputs) {
   try {
     std::vector<c10::IValue> stack = x->stack;
     for (const auto& s : x->slots) stack[s.position] = *T(tensors[s.tensor]);
+    for (const auto& s : x->sizes) stack[s.position] = sizes[s.size];
+    for (const auto& l : x->size_lists) {
+      std::vector<int64_t> items;
+      for (const auto& [slot, v] : l.items) items.push_back(slot ? sizes[v] : v);
+      stack[l.position] = c10::IValue(items);
+    }
     for (const auto& l : x->lists) {
       if (l.optional_items) {
         c10::List<std::optional<at::Tensor>> items;
@@ -228,8 +251,8 @@ int api_call_extern(KilnExtern* x, KilnTensor* const* tensors, KilnTensor** outp
 }
 
 const KilnApi API = {
-    KILN_API_VERSION, api_empty_strided, api_view,        api_alias,
-    api_release,      api_data_ptr,      api_call_extern, api_match_layout,
+    KILN_API_VERSION, api_empty_strided, api_view,        api_alias,       api_release,
+    api_data_ptr,     api_size,          api_stride,      api_call_extern, api_match_layout,
     api_index_error,  api_cuda_stream,   api_cuda_launch,
 };
 
@@ -237,7 +260,9 @@ const KilnApi API = {
 // A template item is a tuple (tag, value): ("t", k) tensor slot k, ("tl", [k|None, ...]) a
 // tensor list ("otl": of optional tensors), ("none",), ("default",), ("i", int), ("f", float),
 // ("b", bool), ("s", str), ("il", [int]), ("fl", [float]), ("bl", [bool]), ("dtype", dtype),
-// ("device", device), ("layout", layout), ("memory_format", memory_format).
+// ("device", device), ("layout", layout), ("memory_format", memory_format), ("undefined",)
+// an undefined tensor, ("si", k) the program's size k, ("sil", [("s", k) | int, ...]) a list
+// of ints some of which are the program's sizes.
 bool to_ivalue(PyObject* item, const c10::Argument& arg, size_t position, KilnExtern* x,
                c10::IValue* out) {
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 1) {
@@ -268,6 +293,18 @@ bool to_ivalue(PyObject* item, const c10::Argument& arg, size_t position, KilnEx
     x->lists.push_back(std::move(l));
   } else if (tag == "i") {
     *out = static_cast<int64_t>(PyLong_AsLongLong(v));
+  } else if (tag == "si") {  // a size the program passes
+    x->sizes.push_back({position, static_cast<int>(PyLong_AsLong(v))});
+  } else if (tag == "sil") {  // a list of ints, some of them sizes: [("s", k) | int, ...]
+    SizeListSlot l{position, {}};
+    for (Py_ssize_t i = 0; i < PyList_Size(v); ++i) {
+      PyObject* item = PyList_GET_ITEM(v, i);
+      if (PyTuple_Check(item))
+        l.items.push_back({true, PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1))});
+      else
+        l.items.push_back({false, PyLong_AsLongLong(item)});
+    }
+    x->size_lists.push_back(std::move(l));
   } else if (tag == "f") {
     *out = PyFloat_AsDouble(v);
   } else if (tag == "b") {
