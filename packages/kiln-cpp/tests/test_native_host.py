@@ -208,3 +208,20 @@ def test_a_runtime_that_cannot_build_fails_once(monkeypatch, tmp_path):
         assert compiled.program.native is None
     finally:
         runtime._load_runtime.cache_clear()
+
+
+def test_random_ops_draw_their_seed_natively_as_the_python_program_does():
+    def noisy(x):
+        return (x * (torch.rand_like(x) > 0.5) + torch.randn_like(x),)
+
+    x = torch.randn(64, 32)
+    native = _compile(noisy, [x])
+    python = _compile(noisy, [x], host_program="python")
+    assert native.program.native is not None
+    assert "aten.randint.low" in [call.op_name for call in native.native_host.externs]
+    torch.manual_seed(7)
+    got = native.program.call(x)[0]
+    torch.manual_seed(7)
+    want = python.program.call(x)[0]
+    assert torch.equal(got, want)  # the same seed from the same generator: the same numbers
+    assert not torch.equal(native.program.call(x)[0], got)  # a fresh seed at each call

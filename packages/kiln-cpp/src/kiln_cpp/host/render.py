@@ -13,6 +13,7 @@ inputs), and the Python host program runs it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
@@ -24,6 +25,7 @@ from kiln_cpp.printer import cexpr
 from kiln_loopir.ir import Buffer, ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
+from kiln_loopir.runtime import make_seed
 from kiln_loopir.scheduler import step_reads
 
 PRELUDE = """\
@@ -293,6 +295,8 @@ class _Renderer:
         return name
 
     def extern(self, node: ExternNode) -> list[str]:
+        if node.target is make_seed:
+            node = _seed_on_the_cpu(node)
         lines: list[str] = []
         out = None
         if (
@@ -342,3 +346,14 @@ class _Renderer:
             return [f"out[{k}] = kiln_api->alias({ref.buffer}.get());"]
         view = self.view(ref.buffer, ref.size, ref.stride, ref.offset)
         return [f"if (!(out[{k}] = {view})) return -1;"]
+
+
+def _seed_on_the_cpu(node: ExternNode) -> ExternNode:
+    """``make_seed("cpu")`` as the ATen call it makes: ``randint(0, 2**31 - 1, (1,))`` from
+    torch's default generator (the same draw as the Python host program's)."""
+    if torch.device(node.args[0]).type != "cpu":
+        raise HostNotRendered("random seeds for a device are drawn by the Python host program")
+    args = (0, 2**31 - 1, [1])
+    return dataclasses.replace(
+        node, target=torch.ops.aten.randint.low, args=args, kwargs={"dtype": torch.int64}
+    )
