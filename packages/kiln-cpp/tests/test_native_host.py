@@ -225,3 +225,23 @@ def test_random_ops_draw_their_seed_natively_as_the_python_program_does():
     want = python.program.call(x)[0]
     assert torch.equal(got, want)  # the same seed from the same generator: the same numbers
     assert not torch.equal(native.program.call(x)[0], got)  # a fresh seed at each call
+
+
+def test_errors_keep_the_type_eager_raises():
+    def solve(a, b):
+        return (torch.linalg.solve_ex(a, b).result * 2,)
+
+    a, b = torch.randn(4, 4), torch.randn(4, 2)
+    compiled = _compile(solve, [a, b])
+    assert compiled.program.native is not None
+    torch.testing.assert_close(compiled(a, b)[0], solve(a, b)[0], rtol=1e-4, atol=1e-4)
+
+    def inverse(a):
+        return (torch.ops.aten.linalg_inv_ex(a, check_errors=True)[0] + 1,)
+
+    compiled = _compile(inverse, [a])
+    assert compiled.program.native is not None
+    with pytest.raises(torch.linalg.LinAlgError):
+        inverse(torch.zeros(4, 4))  # eager's type
+    with pytest.raises(torch.linalg.LinAlgError):
+        compiled.program.call(torch.zeros(4, 4))

@@ -34,7 +34,10 @@ extern "C" {
 namespace {
 
 // -- errors: kept per thread until the Program call that failed raises them ----------------
-enum class ErrorKind { Runtime, Index, Value, Type, NotImplemented };
+enum class ErrorKind { Runtime, Index, Value, Type, NotImplemented, LinAlg, OutOfMemory };
+// torch.linalg.LinAlgError and torch.OutOfMemoryError, looked up when the module loads
+PyObject* linalg_error = nullptr;
+PyObject* out_of_memory_error = nullptr;
 thread_local std::string last_error;
 thread_local ErrorKind last_kind = ErrorKind::Runtime;
 
@@ -46,6 +49,8 @@ void keep_error(const std::exception& e) {
   else if (dynamic_cast<const c10::TypeError*>(&e)) last_kind = ErrorKind::Type;
   else if (dynamic_cast<const c10::NotImplementedError*>(&e))
     last_kind = ErrorKind::NotImplemented;
+  else if (dynamic_cast<const c10::LinAlgError*>(&e)) last_kind = ErrorKind::LinAlg;
+  else if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) last_kind = ErrorKind::OutOfMemory;
   if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) last_error = c10e->what_without_backtrace();
 }
 
@@ -56,6 +61,8 @@ void raise_kept() {
     case ErrorKind::Value: type = PyExc_ValueError; break;
     case ErrorKind::Type: type = PyExc_TypeError; break;
     case ErrorKind::NotImplemented: type = PyExc_NotImplementedError; break;
+    case ErrorKind::LinAlg: type = linalg_error ? linalg_error : type; break;
+    case ErrorKind::OutOfMemory: type = out_of_memory_error ? out_of_memory_error : type; break;
     default: break;
   }
   PyErr_SetString(type, last_error.empty() ? "kiln host program failed" : last_error.c_str());
@@ -683,7 +690,17 @@ static int ready_callable_type(PyTypeObject* type, const char* name, Py_ssize_t 
   return PyType_Ready(type);
 }
 
+static PyObject* attribute_of(const char* module, const char* name) {
+  PyObject* m = PyImport_ImportModule(module);
+  PyObject* found = m != nullptr ? PyObject_GetAttrString(m, name) : nullptr;
+  Py_XDECREF(m);
+  if (found == nullptr) PyErr_Clear();  // an older torch: RuntimeError stands in
+  return found;
+}
+
 PyMODINIT_FUNC PyInit_kiln_host_runtime() {
+  linalg_error = attribute_of("torch.linalg", "LinAlgError");
+  out_of_memory_error = attribute_of("torch", "OutOfMemoryError");
   ProgramType.tp_dictoffset = offsetof(ProgramObject, dict);
   ProgramType.tp_getattro = PyObject_GenericGetAttr;
   ProgramType.tp_setattro = PyObject_GenericSetAttr;
