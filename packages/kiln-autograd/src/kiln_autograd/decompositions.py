@@ -5,7 +5,9 @@ few ops of :data:`EXTRA_OPS`, which kiln-loopir lowers directly. The decompositi
 torch's ``core_aten_decompositions()`` plus Kiln's own registry
 (:func:`register_decomposition`), plus any the caller passes; it is keyed by op overload.
 :data:`REPLACEMENTS` swaps the ops that tracing emits past the table.
-:func:`verify_op_set` checks that a graph holds nothing else, and that it is functional.
+:func:`verify_op_set` checks that a graph holds nothing else but fallback ops (functional
+aten ops with no decomposition, kept whole as extern calls: :mod:`kiln_autograd.fallbacks`),
+and that it is functional.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch._decomp import core_aten_decompositions
 from torch._prims_common import suggest_memory_format
 
 from kiln_autograd.errors import UnsupportedError
+from kiln_autograd.fallbacks import is_fallback_op, note_fallback
 
 aten = torch.ops.aten
 
@@ -110,7 +113,8 @@ def is_in_op_set(target: object) -> bool:
 
 
 def verify_op_set(gm: torch.fx.GraphModule, what: str = "graph") -> None:
-    """Raise :class:`UnsupportedError` naming any node outside the op set or not functional."""
+    """Raise :class:`UnsupportedError` naming any node that is not functional, or outside
+    the op set and not a fallback op; log each fallback op (once per process)."""
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue  # get_attr: a tensor constant the trace met (torch.tensor(...) in forward)
@@ -124,11 +128,16 @@ def verify_op_set(gm: torch.fx.GraphModule, what: str = "graph") -> None:
             raise UnsupportedError(
                 f"the {what} still mutates through {target} after functionalization"
             )
-        if not is_in_op_set(target):
-            raise UnsupportedError(
-                f"the {what} holds {target}, which is outside kiln-autograd's op set and has "
-                "no decomposition; pass one with aot(..., decompositions={op: fn})"
-            )
+        if is_in_op_set(target):
+            continue
+        if is_fallback_op(target):
+            note_fallback(target, what)
+            continue
+        raise UnsupportedError(
+            f"the {what} holds {target}, which is outside kiln-autograd's op set and is not "
+            "an aten op that can run as an extern call; pass a decomposition with "
+            "aot(..., decompositions={op: fn})"
+        )
 
 
 def op_set_table() -> list[tuple[str, str]]:
