@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 import torch.fx
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._prims_common import suggest_memory_format
 
 from kiln_autograd.errors import UnsupportedError
@@ -30,11 +30,17 @@ KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 
 # Ops outside the core ATen IR that the graphs keep: functional batch norm (training with
 # running statistics as outputs), the RNG ops kept whole so that masks match eager's
-# random stream, fused attention, and the scalar glue of symbolic shapes.
+# random stream, fused attention, the reductions and pointwise ops kiln-loopir lowers
+# whole (one fused kernel where a decomposition would make several), and the scalar glue
+# of symbolic shapes.
 EXTRA_OPS: dict[object, str] = {
     aten._native_batch_norm_legit_functional.default: "batch norm in training mode, "
     "new running statistics as outputs",
     aten.bernoulli.p: "dropout masks (functional form of bernoulli_)",
+    aten.max.default: "the largest element (x.max()), one reduction",
+    aten.min.default: "the smallest element (x.min()), one reduction",
+    aten.var_mean.correction: "variance and mean in one pass (Welford)",
+    aten.erfinv.default: "a pointwise op that kiln-loopir lowers",
     aten.sym_size.int: "one symbolic size of a tensor",
     aten.sym_stride.int: "one symbolic stride of a tensor",
     aten.sym_numel.default: "symbolic element count",
@@ -83,6 +89,11 @@ def apply_replacements(gm: torch.fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in REPLACEMENTS:
             node.target = REPLACEMENTS[node.target]
+
+
+# torch's decompositions that are not among the core ones, used as Kiln's: vector norms
+# become pointwise ops and sums that fuse.
+KILN_DECOMPOSITIONS.update(get_decompositions([aten.linalg_vector_norm.default]))
 
 
 def decomposition_table(
