@@ -93,32 +93,87 @@ def test_verify_op_set_names_the_offending_op():
 
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
-    graph.output((graph.call_function(aten.t.default, (x,)),))
-    with pytest.raises(kiln_autograd.UnsupportedError, match=r"aten.t.default.*decompositions="):
+    graph.output((graph.call_function(torch.Tensor.t, (x,)),))
+    with pytest.raises(kiln_autograd.UnsupportedError, match=r"method .t. .*decompositions="):
         kiln_autograd.verify_op_set(torch.fx.GraphModule(torch.nn.Module(), graph))
 
 
-def test_an_op_outside_the_op_set_is_named():
+def test_an_op_with_no_decomposition_stays_whole_as_an_extern_call(caplog):
     def f(x):
-        return (torch.fft.rfft(x).abs(),)
+        return (torch.fft.rfft(x.sin()).abs() * 2,)
 
-    with pytest.raises(kiln_autograd.UnsupportedError, match=r"aten\._fft_\w+.*outside"):
-        kiln_autograd.aot(
-            torch.fx.symbolic_trace(f), [torch.randn(8, requires_grad=True)], lambda g, _: g
-        )
+    seen = []
+
+    def compiler(gm, _):
+        seen.append(targets(gm))
+        return gm
+
+    from kiln_autograd import fallbacks
+
+    fallbacks._LOGGED.clear()
+    caplog.set_level("INFO", logger="kiln.fallbacks")
+    compiled = kiln_autograd.aot(
+        torch.fx.symbolic_trace(f), [torch.randn(8, requires_grad=True)], compiler
+    )
+    x = torch.randn(8, requires_grad=True)
+    (out,) = compiled(x)
+    out.sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    (expected,) = f(x_ref)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    assert aten._fft_r2c.default in seen[0]
+    assert aten._fft_c2c.default in seen[1]  # torch's formula for rfft's backward
+    kiln_autograd.aot(torch.fx.symbolic_trace(f), [torch.randn(8, requires_grad=True)], compiler)
+    logged = [r.message.split()[0] for r in caplog.records if r.name == "kiln.fallbacks"]
+    assert "aten._fft_c2c.default" in logged
+    assert len(logged) == len(set(logged))  # once per op
 
 
-def test_an_op_with_side_effects_is_named():
+@pytest.mark.parametrize(
+    "f, op",
+    [
+        (lambda x: (x.sin().max() + x,), aten.max.default),
+        (lambda x: (torch.median(x.cos()) * x,), aten.median.default),
+        (lambda x: (torch.kthvalue(x.sin(), 2, dim=1).values * 2,), aten.kthvalue.default),
+        (lambda x: (torch.cumprod(x.sin(), 1) + 1,), aten.cumprod.default),
+    ],
+)
+def test_fallback_ops_differentiate_with_torchs_formula(f, op):
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(4, 5)
+    joint = kiln_autograd.trace_joint_graph(gm, [x.clone().requires_grad_()])
+    kiln_autograd.verify_op_set(joint.gm, "joint graph")
+    assert op in targets(joint.gm)  # kept whole; its gradient is torch's formula for it
+    compiled = kiln_autograd.aot(gm, [x.clone().requires_grad_()], lambda g, _: g)
+    x_compiled, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (out,) = compiled(x_compiled)
+    (expected,) = f(x_ref)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    torch.testing.assert_close(x_compiled.grad, x_ref.grad)
+
+
+def test_linalg_error_checks_are_kept_as_data():
     def f(x):
-        return (torch.linalg.inv(x),)
+        return (torch.linalg.inv(x.sin()) * 2,)
 
-    # Which linalg op the error names depends on the torch version: the error check with a
-    # side effect (_linalg_check_errors), or linalg_inv_ex, outside the op set, where
-    # tracing keeps it whole.
-    with pytest.raises(
-        kiln_autograd.UnsupportedError, match=r"aten\._linalg_check_errors|aten\.linalg_inv_ex"
-    ):
-        kiln_autograd.aot(torch.fx.symbolic_trace(f), [torch.randn(3, 3)], lambda g, _: g)
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(3, 3) + 3 * torch.eye(3)
+    compiled = kiln_autograd.aot(gm, [x.clone().requires_grad_()], lambda g, _: g)
+    x_compiled, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (out,) = compiled(x_compiled)
+    (expected,) = f(x_ref)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    torch.testing.assert_close(x_compiled.grad, x_ref.grad)
+    with pytest.raises(torch.linalg.LinAlgError, match="torch.linalg.inv"):
+        compiled(torch.zeros(3, 3, requires_grad=True))
 
 
 def test_caller_decompositions_win():

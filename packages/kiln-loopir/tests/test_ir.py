@@ -121,7 +121,7 @@ def test_symbolic_sizes_flow_through():
 
 def test_unlowered_ops_fall_back_and_are_logged_once(caplog):
     x = torch.randn(6, 3)
-    caplog.set_level("INFO", logger="kiln.loopir")
+    caplog.set_level("INFO", logger="kiln.fallbacks")
     from kiln_loopir.lowering import extern
 
     extern._LOGGED.discard("aten.cumsum.default")

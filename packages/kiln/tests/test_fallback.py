@@ -82,3 +82,69 @@ def test_no_codegen_for_the_device(monkeypatch):
         torch.testing.assert_close(kiln.compile(torch.tanh, backend="auto")(x), torch.tanh(x))
     with pytest.raises(Exception, match="no code generator for device 'cpu'"):
         kiln.compile(lambda x: x.tanh(), backend="kiln", fullgraph=True)(x)
+
+
+def _one_eager_warning(caught) -> str:
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages
+    assert "\n" not in messages[0]  # one line; the traceback goes to the fallbacks log
+    assert "kiln-capture runs" not in messages[0]  # not the whole frame
+    return messages[0]
+
+
+def test_an_autograd_error_costs_the_graph_not_the_frame(monkeypatch, caplog):
+    import kiln_autograd
+
+    def failing_aot(gm, *args, **kwargs):
+        raise kiln_autograd.UnsupportedError("the graph holds aten.frobnicate.default")
+
+    monkeypatch.setattr(kiln_autograd, "aot", failing_aot)
+    caplog.set_level("INFO", logger="kiln.fallbacks")
+    model = Block()
+    reference = copy_of(model)
+    x = torch.randn(4, 16)
+    with pytest.warns(RuntimeWarning) as caught:
+        out = kiln.compile(model, options={"cache": False})(x)
+    message = _one_eager_warning(caught)
+    assert "captured graph runs eagerly" in message
+    assert "kiln-autograd" in message and "aten.frobnicate.default" in message
+    out.sum().backward()  # the captured graph runs under eager autograd
+    expected = reference(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    assert_same_grads(model, reference)
+    assert any(r.exc_info for r in caplog.records if r.name == "kiln.fallbacks")
+
+
+def test_a_lowering_error_costs_one_aten_graph(monkeypatch):
+    import kiln_loopir
+
+    def failing_compile_fx(gm, *args, **kwargs):
+        raise AssertionError("an index the scheduler did not expect")
+
+    monkeypatch.setattr(kiln_loopir, "compile_fx", failing_compile_fx)
+
+    def f(x):
+        return (x.sin() * 2).sum(-1)
+
+    x = torch.randn(4, 8)
+    with pytest.warns(RuntimeWarning) as caught:
+        out = kiln.compile(f, options={"cache": False})(x)
+    message = _one_eager_warning(caught)
+    assert "forward graph runs eagerly" in message and "kiln-loopir" in message
+    assert "an index the scheduler did not expect" in message
+    torch.testing.assert_close(out, f(x))
+
+
+def test_an_internal_error_raises_with_fallback_off(monkeypatch):
+    import kiln_loopir
+
+    def failing_compile_fx(gm, *args, **kwargs):
+        raise AssertionError("an index the scheduler did not expect")
+
+    monkeypatch.setattr(kiln_loopir, "compile_fx", failing_compile_fx)
+    compiled = kiln.compile(
+        lambda x: x.cos() * 2, fullgraph=True, options={"cache": False, "fallback": False}
+    )
+    with pytest.raises(Exception, match="an index the scheduler did not expect"):
+        compiled(torch.randn(3))

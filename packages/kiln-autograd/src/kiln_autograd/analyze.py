@@ -18,6 +18,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln_autograd.errors import UnsupportedError, explain_unsupported
+from kiln_autograd.linalg_checks import LinalgChecks
 
 
 class OutputKind(enum.Enum):
@@ -62,7 +63,7 @@ def analyze(
     fn: Callable[..., object], fake_args: Sequence[object], *, grad_enabled: bool
 ) -> GraphMeta:
     """Run ``fn`` on ``fake_args`` (inside their fake mode), functionalized, and describe it."""
-    with explain_unsupported(), FunctionalTensorMode():
+    with explain_unsupported(), FunctionalTensorMode(), LinalgChecks():
         inputs = [_to_fun(_fresh_input(a)) for a in fake_args]
         with torch.set_grad_enabled(grad_enabled):
             raw = fn(*inputs)

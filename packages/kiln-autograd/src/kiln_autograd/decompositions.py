@@ -5,7 +5,9 @@ few ops of :data:`EXTRA_OPS`, which kiln-loopir lowers directly. The decompositi
 torch's ``core_aten_decompositions()`` plus Kiln's own registry
 (:func:`register_decomposition`), plus any the caller passes; it is keyed by op overload.
 :data:`REPLACEMENTS` swaps the ops that tracing emits past the table.
-:func:`verify_op_set` checks that a graph holds nothing else, and that it is functional.
+:func:`verify_op_set` checks that a graph holds nothing else but fallback ops (functional
+aten ops with no decomposition, kept whole as extern calls: :mod:`kiln_autograd.fallbacks`),
+and that it is functional.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from collections.abc import Callable, Mapping
 
 import torch
 import torch.fx
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._prims_common import suggest_memory_format
 
 from kiln_autograd.errors import UnsupportedError
+from kiln_autograd.fallbacks import is_fallback_op, note_fallback
 
 aten = torch.ops.aten
 
@@ -27,11 +30,17 @@ KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 
 # Ops outside the core ATen IR that the graphs keep: functional batch norm (training with
 # running statistics as outputs), the RNG ops kept whole so that masks match eager's
-# random stream, fused attention, and the scalar glue of symbolic shapes.
+# random stream, fused attention, the reductions and pointwise ops kiln-loopir lowers
+# whole (one fused kernel where a decomposition would make several), and the scalar glue
+# of symbolic shapes.
 EXTRA_OPS: dict[object, str] = {
     aten._native_batch_norm_legit_functional.default: "batch norm in training mode, "
     "new running statistics as outputs",
     aten.bernoulli.p: "dropout masks (functional form of bernoulli_)",
+    aten.max.default: "the largest element (x.max()), one reduction",
+    aten.min.default: "the smallest element (x.min()), one reduction",
+    aten.var_mean.correction: "variance and mean in one pass (Welford)",
+    aten.erfinv.default: "a pointwise op that kiln-loopir lowers",
     aten.sym_size.int: "one symbolic size of a tensor",
     aten.sym_stride.int: "one symbolic stride of a tensor",
     aten.sym_numel.default: "symbolic element count",
@@ -82,6 +91,11 @@ def apply_replacements(gm: torch.fx.GraphModule) -> None:
             node.target = REPLACEMENTS[node.target]
 
 
+# torch's decompositions that are not among the core ones, used as Kiln's: vector norms
+# become pointwise ops and sums that fuse.
+KILN_DECOMPOSITIONS.update(get_decompositions([aten.linalg_vector_norm.default]))
+
+
 def decomposition_table(
     extra: Mapping[torch._ops.OpOverload, Callable] | None = None,
 ) -> dict[torch._ops.OpOverload, Callable]:
@@ -110,7 +124,8 @@ def is_in_op_set(target: object) -> bool:
 
 
 def verify_op_set(gm: torch.fx.GraphModule, what: str = "graph") -> None:
-    """Raise :class:`UnsupportedError` naming any node outside the op set or not functional."""
+    """Raise :class:`UnsupportedError` naming any node that is not functional, or outside
+    the op set and not a fallback op; log each fallback op (once per process)."""
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue  # get_attr: a tensor constant the trace met (torch.tensor(...) in forward)
@@ -124,11 +139,16 @@ def verify_op_set(gm: torch.fx.GraphModule, what: str = "graph") -> None:
             raise UnsupportedError(
                 f"the {what} still mutates through {target} after functionalization"
             )
-        if not is_in_op_set(target):
-            raise UnsupportedError(
-                f"the {what} holds {target}, which is outside kiln-autograd's op set and has "
-                "no decomposition; pass one with aot(..., decompositions={op: fn})"
-            )
+        if is_in_op_set(target):
+            continue
+        if is_fallback_op(target):
+            note_fallback(target, what)
+            continue
+        raise UnsupportedError(
+            f"the {what} holds {target}, which is outside kiln-autograd's op set and is not "
+            "an aten op that can run as an extern call; pass a decomposition with "
+            "aot(..., decompositions={op: fn})"
+        )
 
 
 def op_set_table() -> list[tuple[str, str]]:

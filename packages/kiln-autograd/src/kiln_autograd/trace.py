@@ -35,6 +35,7 @@ from kiln_autograd.analyze import GraphMeta, OutputKind, base_of
 from kiln_autograd.attention import FusedAttention
 from kiln_autograd.decompositions import apply_replacements
 from kiln_autograd.errors import explain_unsupported
+from kiln_autograd.linalg_checks import LinalgChecks
 
 
 @dataclasses.dataclass
@@ -200,6 +201,7 @@ def _make_fx(
         enable_python_dispatcher(),
         FunctionalTensorMode(),
         FusedAttention(),
+        LinalgChecks(),
     ):
         gm = make_fx(f, decomposition_table=decompositions, tracing_mode=tracing_mode)(*args)
     return _flatten_signature(gm)

@@ -1,6 +1,6 @@
 """Kiln's logs: standard ``logging``, one logger per kind of artifact.
 
-``KILN_LOGS=graph,guards,recompiles,graph_breaks,output_code,schedule,perf`` (read at
+``KILN_LOGS=graph,guards,recompiles,graph_breaks,fallbacks,output_code,schedule,perf`` (read at
 import) or ``kiln.set_logs("graph,perf")`` switches kinds on: each is the logger
 ``kiln.<kind>`` at INFO level, printed to stderr. ``progress`` (compile progress of long
 compiles) is on by default (``set_logs`` without it switches it off); ``all`` switches
@@ -20,6 +20,7 @@ KINDS = (
     "guards",  # each captured frame's guard function
     "recompiles",  # why a function was captured again
     "graph_breaks",  # where and why a graph ended early
+    "fallbacks",  # ops run as extern ATen calls (no decomposition, no lowering), once each
     "output_code",  # generated kernels and host programs
     "schedule",  # loop IR before and after fusion
     "perf",  # time of each compile stage

@@ -12,9 +12,11 @@ pipeline for one aten graph, top to bottom:
 4. write the loop IR, the kernels and the host program to the log and the debug folder;
 5. wrap it for the mode (``reduce-overhead``: the ``kiln.runtime`` plug-in).
 
-A graph whose code generation fails (no compiler, a compile error, a kernel the
-generator cannot render) runs its aten graph eagerly, with a warning that names the graph
-and the reason: the result is the same, only slower.
+A failure costs one graph, never the frame: a graph that kiln-autograd cannot trace runs
+as captured (torch ops, eager autograd), and an aten graph that cannot be lowered or whose
+code generation fails (no compiler, a compile error, a kernel the generator cannot render)
+runs eagerly. Each says so in one warning line naming the graph and the reason; the
+traceback goes to the ``fallbacks`` log. With ``options={"fallback": False}`` it raises.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ KERNEL_SUFFIX = {"cpp": ".cpp", "triton": ".py", "reference": ".py"}
 
 class CodegenFailed(RuntimeError):
     """The code generator could not make a graph's kernels; the graph runs eagerly."""
+
+
+class NoCodegen(RuntimeError):
+    """No code generator serves the graph's device as configured: a setup error, raised."""
 
 
 class ObservedCodegen:
@@ -99,6 +105,21 @@ def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
     )
 
 
+def _internal_error(frame: Frame, kind: str, stage: str, exc: Exception) -> None:
+    """One warning line for an error of ``stage`` on one graph; the traceback is logged."""
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    logs.logger("fallbacks").info(
+        "%s %s graph: %s failed", frame.describe(), kind, stage, exc_info=exc
+    )
+    _warn_eager(
+        frame,
+        kind,
+        f"{stage} failed: {type(exc).__name__}: {first_line}. The rest of the function is "
+        "compiled; to avoid this, run that op outside the compiled function (and please "
+        "report it, with KILN_LOGS=fallbacks for the traceback)",
+    )
+
+
 def _cache_key(gm, example_inputs, codegen, settings) -> str | None:
     try:
         return graph_key(gm, example_inputs, codegen, settings)
@@ -150,6 +171,11 @@ class AtenCompiler:
                 raise
             _warn_eager(frame, kind, str(exc))
             return gm.forward
+        except Exception as exc:  # an internal error: this aten graph runs eagerly
+            if not self.options.fallback:
+                raise
+            _internal_error(frame, kind, "lowering and scheduling (kiln-loopir)", exc)
+            return gm.forward
         self.show_generated(entry, codegen)  # 4
         compiled = entry_point(program, constants, kind)
         with frame.stage("runtime"):
@@ -179,7 +205,7 @@ class AtenCompiler:
             return kiln_loopir.resolve_codegen(self.options.codegen, device.type)
         except (RuntimeError, ValueError) as exc:
             if self.config.backend != "auto" or self.options.codegen is not None:
-                raise
+                raise NoCodegen(str(exc)) from exc
             _warn_eager(self.frame, self.kind, str(exc))
             return None
 
@@ -301,14 +327,22 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
     forward's host program itself where autograd has nothing to add."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[object]):
-        with frame.stage("autograd"):
-            compiled = kiln_autograd.aot(
-                gm,
-                example_inputs,
-                fw_compiler=AtenCompiler(config, frame, "forward", generate),
-                bw_compiler=AtenCompiler(config, frame, "backward", generate),
-                partitioner=config.options.partitioner,
-            )
+        try:
+            with frame.stage("autograd"):
+                compiled = kiln_autograd.aot(
+                    gm,
+                    example_inputs,
+                    fw_compiler=AtenCompiler(config, frame, "forward", generate),
+                    bw_compiler=AtenCompiler(config, frame, "backward", generate),
+                    partitioner=config.options.partitioner,
+                )
+        except NoCodegen:
+            raise
+        except Exception as exc:  # this graph runs as captured; the frame stays compiled
+            if not config.options.fallback:
+                raise
+            _internal_error(frame, "captured", "tracing to aten (kiln-autograd)", exc)
+            return gm.forward
         return compiled.guarded()
 
     return backend

@@ -2,8 +2,8 @@
 
 Convolution and attention go to ATen on purpose (their libraries beat generated loops), and
 so do matrix products above a size (``matmul.py`` decides); every other op with no lowering
-falls back here too, and the first fallback of each op is logged, so that a missing
-lowering is visible.
+falls back here too, and the first fallback of each op is logged on ``kiln.fallbacks``,
+so that a missing lowering is visible.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from kiln_loopir.lowering.context import LoweringContext
 from kiln_loopir.lowering.registry import register_lowering
 
-log = logging.getLogger("kiln.loopir")
+log = logging.getLogger("kiln.fallbacks")
 aten = torch.ops.aten
 
 EXTERN_OPS = (

@@ -1,0 +1,147 @@
+"""Frames built around ops outside the usual fused set compile whole, and match eager.
+
+Each frame puts pointwise ops around one op: reductions to a scalar, variance, norms,
+sorting-based ops, cumulative ops, bucketing, linalg. Each compiles on the CPU with no eager
+fallback warning (every RuntimeWarning is an error here), generates C++ kernels, and agrees
+with eager forward and, where the op is differentiable, backward. The ops marked ``fused``
+have a lowering or a decomposition: they must not run as an extern ATen call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import kiln
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    fn: Callable
+    shapes: tuple[tuple[int, ...], ...]
+    differentiable: bool = True
+    fused: bool = False  # runs in generated kernels, no extern ATen call
+
+
+def _well_conditioned(x):
+    return x[:, :4].sin() + 4 * torch.eye(4)
+
+
+FRAMES = {
+    "max": Frame(lambda x: (x.sin().max() * 2 + x).cos(), ((4, 6),), fused=True),
+    "min": Frame(lambda x: (x.cos().min() - x).exp(), ((4, 6),), fused=True),
+    "argmax": Frame(lambda x: (x * 3).argmax() + x.sum().long(), ((4, 6),), False, True),
+    "var_mean": Frame(
+        lambda x: [t * 2 for t in torch.var_mean(x.sin() + 1, dim=1, correction=0)],
+        ((4, 6),),
+        fused=True,
+    ),
+    "var_mean_unbiased": Frame(
+        lambda x: torch.var_mean(x.tanh(), dim=0, keepdim=True)[0] + x, ((5, 3),), fused=True
+    ),
+    "norm": Frame(lambda x: x / (x.relu().norm() + 1), ((4, 6),), fused=True),
+    "vector_norm_3": Frame(
+        lambda x: torch.linalg.vector_norm(x.sin(), 3) * x.cos(), ((4, 6),), fused=True
+    ),
+    "erfinv": Frame(lambda x: torch.erfinv(x.sin() * 0.9) * x, ((4, 6),), fused=True),
+    "median": Frame(lambda x: torch.median(x.sin()) + x * 2, ((4, 6),)),
+    "kthvalue": Frame(lambda x: torch.kthvalue(x.exp(), 2, dim=1).values.sigmoid(), ((4, 6),)),
+    "cumprod": Frame(lambda x: torch.cumprod(x.sin() + 1.5, 1) * x, ((4, 6),)),
+    "logcumsumexp": Frame(lambda x: torch.logcumsumexp(x * 2, 1).tanh(), ((4, 6),)),
+    "searchsorted": Frame(
+        lambda x, y: torch.searchsorted(torch.sort(x.flatten()).values, y.cos()) * 2 + 1,
+        ((4, 6), (3, 5)),
+        differentiable=False,
+    ),
+    "bucketize": Frame(
+        lambda x: torch.bucketize(x.sin(), torch.tensor([-0.5, 0.0, 0.5])) + x.abs(),
+        ((4, 6),),
+    ),
+    "histc": Frame(
+        lambda x: torch.histc(x.sin(), bins=5, min=-1, max=1) / x.numel() + 1,
+        ((4, 6),),
+        differentiable=False,
+    ),
+    "solve": Frame(
+        lambda x: torch.linalg.solve(_well_conditioned(x), x[:, 4:].cos()) * 2, ((4, 6),)
+    ),
+    "qr": Frame(lambda x: [t.abs() * 2 for t in torch.linalg.qr(x.sin() + 1)], ((6, 4),)),
+}
+
+
+def _outputs(result) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def _tolerances(name: str) -> dict:
+    # linalg and long products round differently between calls of the same kernel order
+    return {"rtol": 1e-4, "atol": 1e-5} if name in ("solve", "qr", "cumprod") else {}
+
+
+def _compiled(frame: Frame, debug_dir) -> Callable:
+    return kiln.compile(frame.fn, options={"debug_dir": str(debug_dir), "cache": False})
+
+
+def _assert_one_graph_with_kernels(debug_dir, kinds: tuple[str, ...]) -> None:
+    frames = sorted(p.name for p in debug_dir.iterdir())
+    assert frames == ["frame000"], frames  # one graph: no graph break around the op
+    for kind in kinds:
+        kernels = (debug_dir / "frame000" / f"{kind}_kernels.cpp").read_text()
+        assert 'extern "C"' in kernels, kind
+
+
+@pytest.mark.parametrize("name", sorted(FRAMES))
+def test_frame_compiles_and_matches_eager(name, tmp_path, caplog):
+    frame = FRAMES[name]
+    torch.manual_seed(sum(map(ord, name)))
+    inputs = [torch.randn(shape) for shape in frame.shapes]
+    caplog.set_level(logging.INFO, logger="kiln.fallbacks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # an eager fallback fails the test
+        out = _outputs(_compiled(frame, tmp_path / "inference")(*inputs))
+        expected = _outputs(frame.fn(*inputs))
+        for got, want in zip(out, expected, strict=True):
+            torch.testing.assert_close(got, want, **_tolerances(name))
+        _assert_one_graph_with_kernels(tmp_path / "inference", ("forward",))
+        if frame.differentiable:
+            _check_training(name, frame, _compiled(frame, tmp_path / "training"), inputs)
+            _assert_one_graph_with_kernels(tmp_path / "training", ("forward", "backward"))
+    if frame.fused:
+        fallbacks = [r.getMessage() for r in caplog.records if r.name == "kiln.fallbacks"]
+        assert not fallbacks, fallbacks
+
+
+def _check_training(name, frame, compiled, inputs):
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    reference = [x.clone().requires_grad_() for x in inputs]
+    out = _outputs(compiled(*leaves))
+    expected = _outputs(frame.fn(*reference))
+    for got, want in zip(out, expected, strict=True):
+        torch.testing.assert_close(got, want, **_tolerances(name))
+    grads = [torch.randn_like(t) for t in expected]
+    torch.autograd.backward(out, grads)
+    torch.autograd.backward(expected, grads)
+    for got, want in zip(leaves, reference, strict=True):
+        torch.testing.assert_close(got.grad, want.grad, **_tolerances(name))
+
+
+@pytest.mark.parametrize("host_program", ["auto", "python"])
+def test_a_linalg_error_check_survives_compilation(host_program):
+    def f(a, b):
+        return torch.linalg.solve(a.cos(), b) * 2
+
+    compiled = kiln.compile(f, options={"cache": False, "host_program": host_program})
+    a, b = torch.randn(3, 3), torch.randn(3, 2)
+    torch.testing.assert_close(compiled(a, b), f(a, b), rtol=1e-4, atol=1e-5)
+    singular = torch.randn(3, 3)
+    singular[:, 2] = singular[:, 1]  # two equal columns, after cos() too
+    # the Python host program raises eager's torch.linalg.LinAlgError itself; the native
+    # one, a RuntimeError with its message
+    expected = torch.linalg.LinAlgError if host_program == "python" else RuntimeError
+    with pytest.raises(expected, match="torch.linalg.solve: The solver failed"):
+        compiled(singular, b)
