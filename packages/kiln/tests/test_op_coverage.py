@@ -141,7 +141,8 @@ def test_a_linalg_error_check_survives_compilation(host_program):
     singular = torch.randn(3, 3)
     singular[:, 2] = singular[:, 1]  # two equal columns, after cos() too
     # the Python host program raises eager's torch.linalg.LinAlgError itself; the native
-    # one, a RuntimeError with its message
+    # one, a RuntimeError (LinAlgError's base) with its message: the check is a Python
+    # custom op, whose exception reaches C++ as a plain error
     expected = torch.linalg.LinAlgError if host_program == "python" else RuntimeError
     with pytest.raises(expected, match="torch.linalg.solve: The solver failed"):
         compiled(singular, b)
