@@ -146,6 +146,11 @@ def test_fallback_ops_differentiate_with_torchs_formula(f, op):
     joint = kiln_autograd.trace_joint_graph(gm, [x.clone().requires_grad_()])
     kiln_autograd.verify_op_set(joint.gm, "joint graph")
     assert op in targets(joint.gm)  # kept whole; its gradient is torch's formula for it
+    _check_forward_and_backward(gm, f, x)
+
+
+def _check_forward_and_backward(gm, f, x):
+    """``aot`` of ``gm`` (graphs run as traced) against ``f``: output and input gradient."""
     compiled = kiln_autograd.aot(gm, [x.clone().requires_grad_()], lambda g, _: g)
     x_compiled, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
     (out,) = compiled(x_compiled)
@@ -155,6 +160,7 @@ def test_fallback_ops_differentiate_with_torchs_formula(f, op):
     out.backward(grad)
     expected.backward(grad)
     torch.testing.assert_close(x_compiled.grad, x_ref.grad)
+    return compiled
 
 
 def test_linalg_error_checks_are_kept_as_data():
@@ -163,15 +169,7 @@ def test_linalg_error_checks_are_kept_as_data():
 
     gm = torch.fx.symbolic_trace(f)
     x = torch.randn(3, 3) + 3 * torch.eye(3)
-    compiled = kiln_autograd.aot(gm, [x.clone().requires_grad_()], lambda g, _: g)
-    x_compiled, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
-    (out,) = compiled(x_compiled)
-    (expected,) = f(x_ref)
-    torch.testing.assert_close(out, expected)
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    expected.backward(grad)
-    torch.testing.assert_close(x_compiled.grad, x_ref.grad)
+    compiled = _check_forward_and_backward(gm, f, x)
     with pytest.raises(torch.linalg.LinAlgError, match="torch.linalg.inv"):
         compiled(torch.zeros(3, 3, requires_grad=True))
 
