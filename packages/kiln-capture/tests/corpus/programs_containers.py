@@ -151,6 +151,21 @@ def dict_keys_values(d):
     return list(d.keys()), sum(d.values()), len(d)
 
 
+def dict_views_are_live(x):
+    d = {"a": 1}
+    keys, values, items = d.keys(), d.values(), d.items()
+    d["b"] = 2  # added after the views were taken: in them, as in Python
+    scale = ("b" in keys) + (2 in values) + (("b", 2) in items) + len(keys)
+    return x * scale, list(keys), sorted(values), list(items)
+
+
+def dict_view_escapes(x):
+    d = {"a": x.sum()}
+    view = d.keys()
+    d["b"] = x.mean()
+    return x * 2, view
+
+
 def dict_get_default(d, x):
     return d.get("a", x) + d.get("missing", x * 2)
 
@@ -293,6 +308,8 @@ CASES = [
         dict_keys_values,
         lambda: ({"a": torch.randn(3), "b": torch.randn(3)},),
     ),
+    Case("dict_views_are_live", dict_views_are_live, randn((3, 4))),
+    Case("dict_view_escapes", dict_view_escapes, randn((3, 4))),
     Case("dict_get_default", dict_get_default, lambda: ({"a": torch.randn(3)}, torch.randn(3))),
     Case("set_operations", set_operations, randn((3,))),
     Case("tuple_concat_repeat", tuple_concat_repeat, randn((3,))),

@@ -22,6 +22,7 @@ from kiln_capture.variables.builder import is_namedtuple_class, wrap_derived
 from kiln_capture.variables.constant import ConstantVariable
 from kiln_capture.variables.containers import (
     DictVariable,
+    DictViewVariable,
     ListIteratorVariable,
     ListVariable,
     SequenceVariable,
@@ -238,6 +239,8 @@ def _len(tx, obj):
         return ConstantVariable(len(obj.items))
     if isinstance(obj, (DictVariable,)):
         return ConstantVariable(len(obj.entries))
+    if isinstance(obj, DictViewVariable):
+        return ConstantVariable(len(obj.mapping.entries))
     if isinstance(obj, SetVariable):
         return ConstantVariable(len(obj.members))
     if obj.is_constant():

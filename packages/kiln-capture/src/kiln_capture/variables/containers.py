@@ -322,12 +322,8 @@ class DictVariable(Variable):
             k = constant_key(tx, args[0])
             default = args[1] if len(args) > 1 else ConstantVariable(None)
             return entries[k][1] if k in entries else default
-        if name == "keys":
-            return ListIteratorVariable(self.keys())
-        if name == "values":
-            return ListIteratorVariable(self.values())
-        if name == "items":
-            return ListIteratorVariable([TupleVariable([k, v]) for k, v in entries.values()])
+        if name in DictViewVariable.KINDS:
+            return DictViewVariable(self, name)
         if name == "pop":
             k = constant_key(tx, args[0])
             if k in entries:
@@ -450,6 +446,48 @@ class SetVariable(Variable):
         cg.build(set, len(self.members))
         if self.python_cls is frozenset:
             cg.wrap_call(frozenset)
+
+
+class DictViewVariable(Variable):
+    """``d.keys()``, ``d.values()``, ``d.items()``: a live view of a dict variable, as in
+    Python: what is added to the dict after the view was taken is in the view."""
+
+    KINDS = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+    def __init__(self, mapping: DictVariable, kind: str):
+        self.mapping = mapping
+        self.kind = kind
+
+    def python_type(self):
+        return self.KINDS[self.kind]
+
+    def describe(self) -> str:
+        return f"the {self.kind}() of {self.mapping.describe()}"
+
+    def unpack(self, tx):
+        if self.kind == "keys":
+            return self.mapping.keys()
+        if self.kind == "values":
+            return self.mapping.values()
+        return [TupleVariable([k, v]) for k, v in self.mapping.entries.values()]
+
+    def truthy(self, tx) -> bool:
+        return bool(self.mapping.entries)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__iter__":
+            return ListIteratorVariable(self.unpack(tx))
+        if name == "__len__":
+            return ConstantVariable(len(self.mapping.entries))
+        if name == "__contains__" and self.kind == "keys":
+            return self.mapping.call_method(tx, "__contains__", args, {})
+        if name == "__contains__":
+            return ConstantVariable(TupleVariable(self.unpack(tx)).contains(tx, args[0]))
+        return super().call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg) -> None:
+        self.mapping.reconstruct(cg)
+        cg.wrap_call(getattr(dict, self.kind))
 
 
 class ListIteratorVariable(Variable):
