@@ -225,7 +225,23 @@ def hash_int_str(x):
     return x * (hash(3) % 5), hash("const") == hash("const")
 
 
+def max_min_of_scalar_tensors(x):
+    a, b, c = x.sum(), x.mean(), x.amax()
+    return max(a, b) * x + min(a, b, c) + max([c, b, a]) - min((b, a))
+
+
+def max_keeps_the_first_of_equals_and_nan(x):
+    nan = x.sum() * float("nan")
+    return max(nan, x.sum()) + min(x.sum(), nan) + max(x.sum(), x.sum().clone())
+
+
 CASES = [
+    Case("max_min_of_scalar_tensors", max_min_of_scalar_tensors, randn((3, 4))),
+    Case(
+        "max_keeps_the_first_of_equals_and_nan",
+        max_keeps_the_first_of_equals_and_nan,
+        randn((3, 4)),
+    ),
     Case("isinstance_tensor", isinstance_tensor, randn((3,))),
     Case("isinstance_tuple_types", isinstance_tuple_types, lambda: (torch.randn(3), 3)),
     Case("isinstance_list_input", isinstance_list_input, lambda: ([torch.randn(3)] * 2,)),

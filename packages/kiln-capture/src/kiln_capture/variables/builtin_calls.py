@@ -399,6 +399,8 @@ def _extreme(pick, name):
             keyed = [(key.call(tx, [v], {}).as_constant(), v) for v in items]
             return pick(keyed, key=lambda pair: pair[0])[1]
         if any(isinstance(v, TensorVariable) for v in items):
+            if _one_element_alike(items):
+                return _pick_tensor(tx, items, operator.gt if pick is max else operator.lt)
             raise GraphBreak(f"{name}() over tensors compares their values")
         sym = torch.sym_max if pick is max else torch.sym_min
         result = items[0]
@@ -407,6 +409,29 @@ def _extreme(pick, name):
         return result
 
     return handler
+
+
+def _one_element_alike(items) -> bool:
+    """Tensors of one element, of one shape and dtype (static), and subclasses of none."""
+    if not all(isinstance(v, TensorVariable) and v.cls is torch.Tensor for v in items):
+        return False
+    first = items[0].example
+    return all(
+        v.example.shape == first.shape
+        and v.example.dtype == first.dtype
+        and not any(isinstance(n, torch.SymInt) for n in v.example.shape)
+        for v in items
+    ) and first.numel() == 1
+
+
+def _pick_tensor(tx, items, beats):
+    """Python's ``max``/``min`` of one-element tensors as graph ops: keep the current one
+    unless the next compares ``beats`` it (the first of equal ones, NaN as Python keeps it)."""
+    result = items[0]
+    for item in items[1:]:
+        better = apply_operator(tx, beats, [item, result])
+        result = tx.output.call_graph("call_function", torch.where, [better, item, result], {})
+    return result
 
 
 BUILTIN_HANDLERS[max] = _extreme(max, "max")
