@@ -416,12 +416,15 @@ def _one_element_alike(items) -> bool:
     if not all(isinstance(v, TensorVariable) and v.cls is torch.Tensor for v in items):
         return False
     first = items[0].example
-    return all(
-        v.example.shape == first.shape
-        and v.example.dtype == first.dtype
-        and not any(isinstance(n, torch.SymInt) for n in v.example.shape)
-        for v in items
-    ) and first.numel() == 1
+    return (
+        all(
+            v.example.shape == first.shape
+            and v.example.dtype == first.dtype
+            and not any(isinstance(n, torch.SymInt) for n in v.example.shape)
+            for v in items
+        )
+        and first.numel() == 1
+    )
 
 
 def _pick_tensor(tx, items, beats):
