@@ -29,7 +29,9 @@ def placeholder_name(source) -> str:
 class OutputGraph:
     def __init__(self, f_globals: dict, closure, dynamic_dims: dict, dynamic_ints=frozenset()):
         self.graph = torch.fx.Graph()
-        self.shape_env = ShapeEnv()
+        # an op whose output shape depends on data (nonzero, a boolean mask, unique) breaks
+        # the graph, as .item() does: it runs between two compiled graphs
+        self.shape_env = ShapeEnv(allow_dynamic_output_shape_ops=False)
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
         self.guards = GuardSet(f_globals, closure)
         self.side_effects = SideEffects()
