@@ -201,6 +201,7 @@ def kiln_backend(stats: dict):
         replayed = kiln_cudagraphs.wrap(compiled, [*state, *example_inputs])
         stats["kernels"] = stats.get("kernels", 0) + len(compiled.kernels)
         stats["graphs"] = stats.get("graphs", 0) + 1
+        stats["native"] = stats.get("native", 0) + (compiled.program.native is not None)
         return lambda *args: (replayed if stats.get("cudagraphs") else compiled)(*state, *args)
 
     return backend

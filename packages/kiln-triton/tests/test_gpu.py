@@ -66,6 +66,7 @@ def test_bf16_inference_equals_eager(name):
     kiln = kiln_capture.capture(model, bench.kiln_backend(stats))
     err_kiln, err_eager, scale = bench.check_model(model, inputs, kiln)
     assert stats.get("graphs"), "the model ran eagerly: nothing was compiled"
+    assert stats.get("native"), "no graph ran its native host program"
     # as close to the fp32 result as eager in bf16 is (both round to bf16 differently)
     assert err_kiln <= max(2 * err_eager, 0.02 * scale), (err_kiln, err_eager, scale)
 
