@@ -23,6 +23,7 @@ from kiln import logs
 from kiln.config import Config
 from kiln.frames import Frame
 from kiln.pipeline import aot_backend
+from kiln.regional import compile_submodules
 
 
 class Session:
@@ -30,6 +31,7 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.module: torch.nn.Module | None = None  # the module compiled, if it is one
 
     # --- kiln_capture's backend contract ----------------------------------------------
 
@@ -79,6 +81,8 @@ class Session:
 
     def on_eager(self, captured, reason) -> None:
         logs.logger("graph_breaks").info("%s runs eagerly: %s", captured.fn.__qualname__, reason)
+        if self.module is not None and getattr(captured, "bound_self", None) is self.module:
+            compile_submodules(self.module, self.config, reason)
 
 
 def _captured_function_name(gm: torch.fx.GraphModule) -> str:
