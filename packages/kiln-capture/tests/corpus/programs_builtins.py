@@ -1,5 +1,8 @@
 """Python builtins: isinstance, len, range, enumerate, zip, map, filter, getattr, min, max..."""
 
+import collections
+import itertools
+
 import torch
 from harness import Case, randn
 
@@ -235,7 +238,40 @@ def max_keeps_the_first_of_equals_and_nan(x):
     return max(nan, x.sum()) + min(x.sum(), nan) + max(x.sum(), x.sum().clone())
 
 
+Pair = collections.namedtuple("Pair", ["left", "right"], defaults=[1.5])
+
+
+class Span(collections.namedtuple("Span", "lo hi")):
+    def width(self):
+        return self.hi - self.lo
+
+
+def namedtuple_with_defaults_and_methods(x):
+    return Pair(x).right * x + Span(x.min(), x.max()).width()
+
+
+def tensor_new_with_a_size(x):
+    return x.new(2, x.shape[1]).fill_(3.0) + x[:2]
+
+
+def tuple_concatenation(x):
+    shape = (1,) + tuple(x.shape) + (1,)
+    return x.reshape(shape).squeeze(-1) * 2
+
+
+def islice_of_an_iterator(x):
+    return sum(itertools.islice(iter([x, x * 2, x * 3, x * 4]), 1, 3))
+
+
 CASES = [
+    Case(
+        "namedtuple_with_defaults_and_methods",
+        namedtuple_with_defaults_and_methods,
+        randn((3, 4)),
+    ),
+    Case("tensor_new_with_a_size", tensor_new_with_a_size, randn((3, 4))),
+    Case("tuple_concatenation", tuple_concatenation, randn((3, 4))),
+    Case("islice_of_an_iterator", islice_of_an_iterator, randn((3, 4))),
     Case("max_min_of_scalar_tensors", max_min_of_scalar_tensors, randn((3, 4))),
     Case(
         "max_keeps_the_first_of_equals_and_nan",
