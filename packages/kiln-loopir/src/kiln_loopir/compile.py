@@ -237,18 +237,22 @@ def compile_fx(
     groups = launch_groups(schedule) if hasattr(backend, "render_group") else []
     sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels, launch groups
     group_sources = [backend.render_group(g) for g in groups]
-    render = getattr(backend, "render_host", None)  # 8. the host program, natively
-    native = native_host(backend, lambda: render(schedule, plan), host_program, render)
+    # 8. the host program, natively: rendered before the kernels are built and built with
+    # them (render_host), or built after them where they plan it (build_host)
+    render = getattr(backend, "render_host", None)
+    build = getattr(backend, "build_host", None) if render is None else None
+    native = None
+    if build is None:
+        make = (lambda: render(schedule, plan)) if render is not None else None
+        native = native_host(backend, make, host_program)
     if native is None:
         fns = backend.compile(sources + group_sources)
     else:
         fns = backend.compile(sources + group_sources, host=native)
         native.program = fns.pop()
-    build = getattr(backend, "build_host", None)  # (after its kernels, where they plan it)
-    if build is not None and native is None:
-        names = [k.name for k in schedule.kernels()]
-        by_name = dict(zip(names, fns, strict=False))
-        native = native_host(backend, lambda: build(schedule, plan, by_name), host_program, build)
+    if build is not None:
+        by_name = dict(zip((k.name for k in schedule.kernels()), fns, strict=False))
+        native = native_host(backend, lambda: build(schedule, plan, by_name), host_program)
     kernels = [
         CompiledKernel(k.name, k, src, fn)
         for k, src, fn in zip(schedule.kernels(), sources, fns[: len(sources)], strict=True)
@@ -261,19 +265,17 @@ def compile_fx(
     return CompiledGraph(graph, schedule, plan, kernels, host_source, backend, launchers, native)
 
 
-def native_host(backend: Codegen, make: Callable, choice: str | None, supported: object):
+def native_host(backend: Codegen, make: Callable | None, choice: str | None):
     """The codegen's native host program (``make()``: its ``render_host`` before the kernels
     are built, or ``build_host`` after), or None where the Python one runs: by choice, or
-    because the codegen has none (``supported`` is None) or it does not cover the graph
+    because the codegen has none (``make`` is None) or it does not cover the graph
     (logged)."""
     choice = choice or os.environ.get("KILN_HOST_PROGRAM", "auto")
     if choice not in HOST_PROGRAMS:
         raise ValueError(f"host_program={choice!r}: use one of {HOST_PROGRAMS}")
     if choice == "python":
         return None
-    if supported is None:
-        if hasattr(backend, "render_host") or hasattr(backend, "build_host"):
-            return None  # the other of the two makes it
+    if make is None:
         reason = f"{getattr(backend, 'name', backend)} makes no native host program"
     else:
         try:

@@ -28,20 +28,29 @@ def _tuple(exprs) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
-def size_bindings(graph: LoopGraph) -> list[str]:
-    """Lines binding each size symbol from the inputs (``s0 = arg0_1.size(0)``)."""
-    lines: list[str] = []
-    bound: set[sympy.Symbol] = set()
+def size_sources(graph: LoopGraph) -> list[tuple[sympy.Symbol, str, str | None, int]]:
+    """Where each size symbol is first read from the inputs: ``(symbol, input, "size" or
+    "stride", dim)``, or ``(symbol, input, None, 0)`` for an input that is the number."""
+    found: dict[sympy.Symbol, tuple] = {}
     for inp in graph.inputs:
         if inp.buffer is not None:
             for attr, exprs in (("size", inp.buffer.size), ("stride", inp.buffer.stride)):
                 for d, e in enumerate(exprs):
-                    if isinstance(e, sympy.Symbol) and e not in bound:
-                        lines.append(f"{e} = {inp.name}.{attr}({d})")
-                        bound.add(e)
-        elif isinstance(inp.expr, sympy.Symbol) and inp.expr not in bound:
-            lines.append(f"{inp.expr} = {inp.name}")
-            bound.add(inp.expr)
+                    if isinstance(e, sympy.Symbol) and e not in found:
+                        found[e] = (e, inp.name, attr, d)
+        elif isinstance(inp.expr, sympy.Symbol) and inp.expr not in found:
+            found[inp.expr] = (inp.expr, inp.name, None, 0)
+    return list(found.values())
+
+
+def size_bindings(graph: LoopGraph) -> list[str]:
+    """Lines binding each size symbol from the inputs (``s0 = arg0_1.size(0)``)."""
+    sources = size_sources(graph)
+    lines = [
+        f"{sym} = {name}.{attr}({d})" if attr else f"{sym} = {name}"
+        for sym, name, attr, d in sources
+    ]
+    bound = {sym for sym, *_ in sources}
     used: set[sympy.Symbol] = set()
     for buf in graph.buffers().values():
         for e in (*buf.size, *buf.stride):

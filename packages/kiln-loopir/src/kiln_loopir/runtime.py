@@ -10,6 +10,7 @@ __all__ = [
     "assert_size_stride",
     "bind_op",
     "empty_strided",
+    "SEED_HIGH",
     "make_seed",
     "reinterpret",
     "view_layout",
@@ -58,9 +59,12 @@ def view_layout(op, size, stride, offset, *args, **kwargs) -> tuple[tuple, tuple
     return tuple(view.shape), view.stride(), view.storage_offset()
 
 
+SEED_HIGH = 2**31 - 1  # seeds are drawn from [0, SEED_HIGH)
+
+
 def make_seed(device: str) -> torch.Tensor:
     """One int64 seed for this call's random ops, from torch's default generator."""
-    return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64).to(device)
+    return torch.randint(0, SEED_HIGH, (1,), dtype=torch.int64).to(device)
 
 
 def match_layout(t: torch.Tensor, size, stride, what: str) -> torch.Tensor:

@@ -47,40 +47,49 @@ class PlannedLaunch:
 
 def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKernel]):
     """The loaded native host program of ``schedule`` (raises ``HostNotRendered``)."""
-    from kiln_cpp import build
-    from kiln_cpp.codegen import HOST_HEADER, load_program
     from kiln_cpp.host import load_runtime, render_host
 
     launcher = CudaLauncher(schedule, kernels)
-    host = render_host(schedule, plan, load_runtime(), launcher)
-    path, _ = build.build(HOST_HEADER + host.source)
-    host.program = load_program(build.load(path), host)
-    return host
+    return _loaded(render_host(schedule, plan, load_runtime(), launcher))
 
 
 def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
     """A native host program from a cache entry (``NativeHost.to_dict``): each kernel
     planned again (its launch configuration comes from the autotuning cache), which must
     give the launch the source was written for, else ``HostNotRendered``."""
-    from kiln_cpp import build
-    from kiln_cpp.codegen import HOST_HEADER, load_program
     from kiln_cpp.host import NativeHost, load_runtime
 
-    if INTERPRET:
-        raise HostNotRendered("Triton's interpreter runs the kernels (TRITON_INTERPRET=1)")
+    _require_compiled_kernels()
     host = NativeHost.from_dict(data, load_runtime())
     for record in host.launches:
-        scratch = [_zeros(*layout) for layout in record["args"]]
-        fn = kernels[record["kernel"]]
-        fn(*scratch)
-        launch = fn._launches.get(())
+        launch = _planned(kernels[record["kernel"]], [_zeros(*a) for a in record["args"]])
         compiled = getattr(launch, "compiled", None)
         if compiled is None or _shape_of(launch, compiled) != record["launch"]:
             raise HostNotRendered(f"{record['kernel']} plans another launch than the cached one")
         host.functions.append(int(compiled.function))
+    return _loaded(host)
+
+
+def _loaded(host):
+    """``host`` built (kiln-cpp's library cache) and loaded as its ``program``."""
+    from kiln_cpp import build
+    from kiln_cpp.codegen import HOST_HEADER, load_program
+
     path, _ = build.build(HOST_HEADER + host.source)
     host.program = load_program(build.load(path), host)
     return host
+
+
+def _require_compiled_kernels() -> None:
+    if INTERPRET:
+        raise HostNotRendered("Triton's interpreter runs the kernels (TRITON_INTERPRET=1)")
+
+
+def _planned(fn: TritonKernel, scratch: list[torch.Tensor]):
+    """``fn``'s launch at the static sizes of ``scratch``: planned (and timed, for a big
+    kernel) by one call on it, which also compiles and loads the kernel."""
+    fn(*scratch)
+    return fn._launches.get(())
 
 
 def _zeros(size, stride, dtype: str, device: str) -> torch.Tensor:
@@ -98,8 +107,7 @@ class CudaLauncher:
     """What :func:`kiln_cpp.host.render_host` asks of a kernel launcher."""
 
     def __init__(self, schedule: Schedule, kernels: dict[str, TritonKernel]) -> None:
-        if INTERPRET:
-            raise HostNotRendered("Triton's interpreter runs the kernels (TRITON_INTERPRET=1)")
+        _require_compiled_kernels()
         self.buffers = schedule.graph.buffers()
         for b in self.buffers.values():
             if any(sympy.sympify(e).free_symbols for e in (*b.size, *b.stride)):
@@ -114,9 +122,7 @@ class CudaLauncher:
     def _plan(self, kernel: Kernel, fn: TritonKernel) -> PlannedLaunch | None:
         if kernel.size_args:
             raise HostNotRendered(f"{kernel.name} takes sizes {kernel.size_args}")
-        scratch = [self._zeros(name) for name in kernel.args]
-        fn(*scratch)  # plans (and times) the launch, compiles and loads the kernel
-        launch = fn._launches.get(())
+        launch = _planned(fn, [self._zeros(name) for name in kernel.args])
         if launch is None:
             return None  # nothing to compute at these sizes
         if launch.split is not None:

@@ -227,12 +227,19 @@ class AtenCompiler:
             with self.frame.stage("cache_load", f"{self.kind}: loading from the cache"):
                 entry = cache.load(key)
                 if entry is not None:
-                    native = self.cached_native_host(entry, observed)
+                    # a native host program is built with the kernels (load_host), or
+                    # after them, from them (rebuild_host)
+                    load = getattr(observed, "load_host", None)
+                    native = self.cached_native_host(entry, load, "failed", logging.WARNING)
                     fns = observed.compile(entry.kernel_sources, host=native)
+                    rebuild = getattr(observed, "rebuild_host", None)
                     if native is not None:
                         native.program = fns.pop()
-                    else:
-                        native = self.rebuilt_native_host(entry, observed, fns)
+                    elif rebuild is not None:
+                        kernels = dict(zip(entry.kernel_names, fns, strict=True))
+                        native = self.cached_native_host(
+                            entry, lambda data: rebuild(data, kernels), "is stale", logging.INFO
+                        )
                     return load_entry(entry, fns, native), constants, entry
         with self.frame.stage("loopir", f"{self.kind}: lowering and scheduling"):
             compiled = kiln_loopir.compile_fx(
@@ -258,35 +265,20 @@ class AtenCompiler:
             cache.store(key, entry)
         return compiled.program, constants, entry
 
-    def cached_native_host(self, entry: Entry, observed: ObservedCodegen) -> object | None:
-        """The native host program of a cache entry, to build with its kernels; None where
-        the Python one runs (by choice, or because it cannot be loaded: logged)."""
-        if entry.native_host is None or self.options.host_program == "python":
-            return None
-        if not hasattr(observed, "load_host"):
+    def cached_native_host(self, entry: Entry, make, failure: str, level: int):
+        """The native host program of a cache entry (``make(data)``), or None where the
+        Python one runs: by choice, for a codegen with none (``make`` is None), or because it
+        cannot be made (logged at ``level``; an error with ``host_program="native"``)."""
+        if entry.native_host is None or self.options.host_program == "python" or make is None:
             return None
         try:
-            return observed.load_host(entry.native_host)
+            return make(entry.native_host)
         except Exception as exc:  # noqa: BLE001 - the Python host program runs the graph
             if self.options.host_program == "native":
                 raise CodegenFailed(f"no native host program: {exc}") from exc
-            cache_log.warning("host program: Python, the cached native one failed (%s)", exc)
-            return None
-
-    def rebuilt_native_host(self, entry: Entry, observed, fns) -> object | None:
-        """The native host program of a cache entry whose code generator builds it after
-        the kernels (kiln-triton); None where the Python one runs (logged)."""
-        if entry.native_host is None or self.options.host_program == "python":
-            return None
-        if not hasattr(observed, "rebuild_host"):
-            return None
-        kernels = dict(zip(entry.kernel_names, fns, strict=True))
-        try:
-            return observed.rebuild_host(entry.native_host, kernels)
-        except Exception as exc:  # noqa: BLE001 - the Python host program runs the graph
-            if self.options.host_program == "native":
-                raise CodegenFailed(f"no native host program: {exc}") from exc
-            cache_log.info("host program: Python, the cached native one is stale (%s)", exc)
+            cache_log.log(
+                level, "host program: Python, the cached native one %s (%s)", failure, exc
+            )
             return None
 
     def show_generated(self, entry: Entry, codegen: object) -> None:

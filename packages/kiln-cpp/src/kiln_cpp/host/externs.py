@@ -8,7 +8,8 @@ out), ``("default",)`` the schema's default, ``("none",)``, ``("undefined",)`` (
 undefined tensor: what ``None`` passes for a ``Tensor`` argument), and numbers, strings, lists of
 numbers, dtypes, devices, layouts and memory formats as themselves (``"i"``, ``"f"``,
 ``"b"``, ``"s"``, ``"il"``, ``"fl"``, ``"bl"``, ``"dtype"``, ``"device"``, ``"layout"``,
-``"memory_format"``).
+``"memory_format"``); ``("si", k)`` is the k-th size the call passes and ``("sil", [...])``
+a list of ints some of which are ``("s", k)``.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def extern_call(
         if str(r.type) != "Tensor" and used:
             raise HostNotRendered(f"{op} returns {r.type} as result {i}, which is read")
     positional = list(node.args)
+    encode = _Encoder(call, tensor_name, size_expr, str(op))
     for i, arg in enumerate(schema.arguments):
         if i < len(positional) and not arg.kwarg_only:
             value = positional[i]
@@ -95,7 +97,6 @@ def extern_call(
         if value is _MISSING:
             call.template.append(("default",))
             continue
-        encode = _Encoder(call, tensor_name, size_expr, str(op))
         call.template.append(encode(value, str(arg.type)))
     if out is not None:
         variant = out_variant(op)

@@ -22,10 +22,11 @@ import torch
 from kiln_cpp.handler import pointer_type
 from kiln_cpp.host.externs import ExternCall, HostNotRendered, extern_call, out_variant
 from kiln_cpp.printer import cexpr
+from kiln_loopir.host import size_sources
 from kiln_loopir.ir import Buffer, ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
-from kiln_loopir.runtime import make_seed
+from kiln_loopir.runtime import SEED_HIGH, make_seed
 from kiln_loopir.scheduler import step_reads
 
 PRELUDE = """\
@@ -138,16 +139,15 @@ class _Layouts:
 def size_bindings(graph) -> tuple[list[str], list[str]]:
     """C++ that binds each size symbol from the inputs' sizes and strides, and the checks of
     those inputs' layouts (a mismatch hands the call to the Python host program)."""
-    bind: list[str] = []
+    sources = size_sources(graph)  # every input is a tensor here
+    bind = [
+        f"const int64_t {sym} = kiln_api->{attr}({name}.get(), {d});"
+        for sym, name, attr, d in sources
+    ]
+    bound = {sym for sym, *_ in sources}
     check: list[str] = []
-    bound: set[sympy.Symbol] = set()
     for inp in graph.inputs:
         b = inp.buffer
-        for attr, exprs in (("size", b.size), ("stride", b.stride)):
-            for d, e in enumerate(exprs):
-                if isinstance(e, sympy.Symbol) and e not in bound:
-                    bind.append(f"const int64_t {e} = kiln_api->{attr}({inp.name}.get(), {d});")
-                    bound.add(e)
         if any(not sympy.sympify(e).is_Integer for e in (*b.size, *b.stride)):
             for d, (n, st) in enumerate(zip(b.size, b.stride, strict=True)):
                 size = f"kiln_api->size({inp.name}.get(), {d})"
@@ -213,8 +213,8 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
         body += renderer.output(k, out)
     body.append("return 0;")
     head = [
-        "// the host program: static sizes, kernels called directly, ATen ops through the",
-        "// runtime (kiln_host.h)",
+        "// the host program: kernels called directly, ATen ops through the runtime",
+        "// (kiln_host.h)",
         f"#define KILN_EXTERNS {len(renderer.externs)}",
         f"#define KILN_FUNCTIONS {len(launcher.functions) if launcher else 0}",
         PRELUDE,
@@ -349,11 +349,11 @@ class _Renderer:
 
 
 def _seed_on_the_cpu(node: ExternNode) -> ExternNode:
-    """``make_seed("cpu")`` as the ATen call it makes: ``randint(0, 2**31 - 1, (1,))`` from
+    """``make_seed("cpu")`` as the ATen call it makes: ``randint(0, SEED_HIGH, (1,))`` from
     torch's default generator (the same draw as the Python host program's)."""
     if torch.device(node.args[0]).type != "cpu":
         raise HostNotRendered("random seeds for a device are drawn by the Python host program")
-    args = (0, 2**31 - 1, [1])
+    args = (0, SEED_HIGH, [1])
     return dataclasses.replace(
         node, target=torch.ops.aten.randint.low, args=args, kwargs={"dtype": torch.int64}
     )
