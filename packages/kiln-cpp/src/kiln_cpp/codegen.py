@@ -92,7 +92,6 @@ def load_program(lib: ctypes.CDLL, host: NativeHost):
         "host program",
     )
     program.library = lib  # kept loaded while the program lives
-    program.native_source = host.source
     return program
 
 
