@@ -196,14 +196,15 @@ class CudaLauncher:
                 ]
         return lines
 
-    def lines(self, kernel: Kernel) -> list[str]:
+    def lines(self, kernel: Kernel, pointer) -> list[str]:
+        """The launch of ``kernel``; ``pointer(name)`` is a buffer's data pointer as C++."""
         planned = self.launches[kernel.name]
         if planned is None:
             return [f"// {kernel.name}: nothing to compute at these sizes"]
         lines = ["{"]
         for i, (ctype, value) in enumerate(planned.params):
             if ctype == "void*":
-                init = "nullptr" if value is None else f"kiln_api->data_ptr({value}.get())"
+                init = "nullptr" if value is None else pointer(value)
             else:
                 init = repr(value) if ctype in ("float", "double") else str(int(value))
             lines.append(f"  {ctype} p{i} = {init};")
