@@ -146,8 +146,8 @@ def test_arena_buffers_live_at_once_never_overlap(case):
     assert all(offset % ALIGNMENT == 0 for offset in arena.offsets.values())
 
 
-def _out_filled(schedule) -> dict[int, str]:
-    return {i: fills_out(s) for i, s in enumerate(schedule.steps) if fills_out(s)}
+def _out_filled(schedule) -> dict[int, list[str]]:
+    return {i: [fills_out(s)] for i, s in enumerate(schedule.steps) if fills_out(s)}
 
 
 def test_an_index_out_of_range_raises_index_error():

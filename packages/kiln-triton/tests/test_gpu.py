@@ -153,6 +153,55 @@ def test_native_host_program_multiplies_matrices_through_cublaslt(dtype):
     assert not aten, aten
 
 
+def _heads(x, heads):  # [batch, length, heads * dim] -> [batch, heads, length, dim], a view
+    b, n, _ = x.shape
+    return x.view(b, n, heads, -1).transpose(1, 2)
+
+
+def _flash_causal(x, w):
+    q, k, v = (_heads(t, 4) for t in (x @ w).chunk(3, dim=-1))
+    out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)[0]
+    return (out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1) * 2,)
+
+
+def _efficient_masked(x, w, bias):
+    q, k, v = (_heads(t, 4) for t in (x @ w).chunk(3, dim=-1))
+    bias = bias.expand(x.shape[0], 4, x.shape[1], x.shape[1])
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, False, 0.0, False, scale=0.2
+    )[0]
+    return (out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1) + 1,)
+
+
+@pytest.mark.parametrize(
+    ("fn", "dtype"), [(_flash_causal, torch.bfloat16), (_efficient_masked, torch.float16)]
+)
+def test_native_host_program_computes_attention_with_its_own_kernel(fn, dtype):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln_loopir import compile_fx
+
+    n = 100 if fn is _flash_causal else 96  # a bias's rows 16-element aligned, as ATen asks
+
+    def inputs():
+        x = torch.randn(2, n, 256, device="cuda", dtype=dtype)
+        w = torch.randn(256, 768, device="cuda", dtype=dtype) / 16
+        bias = torch.randn(2, 1, n, n, device="cuda", dtype=dtype)
+        bias[:, :, :, n - 10 :] = float("-inf")  # keys masked out
+        return [x, w, bias][: 3 if fn is _efficient_masked else 2]
+
+    example = inputs()
+    gm = make_fx(fn, tracing_mode="fake")(*example)
+    compiled = compile_fx(gm, example, codegen=TritonCodegen(), host_program="native")
+    source = compiled.native_host.source
+    assert "attention_fwd" in source and "call_extern" not in source, source
+    for _ in range(2):
+        fresh = inputs()
+        (got,), (want,) = compiled.program.call(*fresh), fn(*fresh)
+        scale = want.float().abs().max().item()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * scale)
+
+
 def test_native_host_program_hands_misaligned_inputs_to_python():
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -52,11 +52,12 @@ class _Storage:
 
 
 def plan_arena(
-    schedule: Schedule, plan: MemoryPlan, kept: set[str], out_filled: dict[int, str]
+    schedule: Schedule, plan: MemoryPlan, kept: set[str], out_filled: dict[int, list[str]]
 ) -> Arena:
     """The arena of ``schedule``'s host program: ``kept`` are the buffers that outlive the
-    call (inputs, outputs and what outputs are views of), ``out_filled`` the buffer each
-    extern step (by index) fills through its ``out=`` overload."""
+    call (inputs, outputs and what outputs are views of), ``out_filled`` the buffers each
+    extern step (by index) writes into memory the program gives it (its ``out=`` overload,
+    or a kernel computing it in the op's place)."""
     buffers = schedule.graph.buffers()
     storages = _storages(schedule, plan, buffers, out_filled)
     placeable = [
@@ -77,7 +78,10 @@ def plan_arena(
 
 
 def _storages(
-    schedule: Schedule, plan: MemoryPlan, buffers: dict[str, Buffer], out_filled: dict[int, str]
+    schedule: Schedule,
+    plan: MemoryPlan,
+    buffers: dict[str, Buffer],
+    out_filled: dict[int, list[str]],
 ) -> dict[str, _Storage]:
     root_of: dict[str, str] = {}
     storages: dict[str, _Storage] = {}
@@ -92,8 +96,8 @@ def _storages(
     for i, (step, sp) in enumerate(zip(schedule.steps, plan.steps, strict=True)):
         for name in sp.allocate:
             own(name, i)
-        if i in out_filled:
-            own(out_filled[i], i)
+        for name in out_filled.get(i, ()):
+            own(name, i)
         for new, old in {**sp.reuse, **sp.in_place}.items():
             root = root_of.get(old)
             if root is None:

@@ -187,7 +187,13 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
     read = {name for step in schedule.steps for name in step_reads(step)}
     read |= {o.buffer for o in graph.outputs}
     steps = [_seed_on_the_cpu(s) if _is_seed(s) else s for s in schedule.steps]
-    out_filled = {i: fills_out(s) for i, s in enumerate(steps) if fills_out(s)}
+    computes = getattr(launcher, "computes", None)  # extern ops a launcher's kernel computes
+    out_filled: dict[int, list[str]] = {}  # the buffers each extern step writes into
+    for i, step in enumerate(steps):
+        if computes and isinstance(step, ExternNode) and computes(step, read):
+            out_filled[i] = [b.name for b in step.outputs if b is not None]  # unread but one
+        elif fills_out(step):
+            out_filled[i] = [fills_out(step)]
     kept = {o.buffer for o in graph.outputs}
     arena = plan_arena(schedule, plan, kept, out_filled)
     renderer = _Renderer(graph.buffers(), _Layouts(), runtime, read, launcher, arena)
@@ -213,7 +219,7 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
         if isinstance(step, Kernel):
             body += renderer.kernel(step)
         else:
-            body += renderer.extern(step, out_filled.get(i))
+            body += renderer.extern(step, out_filled.get(i, []))
         freed = [n for n in sp.free if n not in reused] + list(sp.in_place.values())
         body += [f"{n}.reset();" for n in dict.fromkeys(freed) if n not in arena]
     for k, out in enumerate(graph.outputs):
@@ -359,9 +365,15 @@ class _Renderer:
             "  return -1;  // " + call.op_name,
         ]
 
-    def extern(self, node: ExternNode, out: str | None) -> list[str]:
-        """The call of ``node``'s op; with ``out``, its ``out=`` overload filling that
-        buffer (no allocation by the op, no copy)."""
+    def extern(self, node: ExternNode, filled: list[str]) -> list[str]:
+        """The call of ``node``'s op; with ``filled`` (the buffer it fills), its ``out=``
+        overload filling that buffer (no allocation by the op, no copy); or the launch of
+        the launcher's kernel computing it into ``filled`` (its results, the first read)."""
+        launch = getattr(self.launcher, "extern_lines", None)
+        lines = launch(node, self.pointer, self.ref_pointer) if launch else None
+        if lines is not None:
+            return [line for name in filled for line in self.allocate(name)] + lines
+        out = filled[0] if filled else None
         product = self.product(node, out)
         if product is not None:
             return product
