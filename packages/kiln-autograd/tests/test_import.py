@@ -25,6 +25,7 @@ def test_public_api_is_pinned():
         "static_inputs",
         "trace_inference_graph",
         "trace_joint_graph",
+        "unused_seed_inputs",
         "verify_op_set",
     ]
 

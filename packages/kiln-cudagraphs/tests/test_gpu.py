@@ -247,11 +247,6 @@ def encoder():
     return torch.nn.Sequential(torch.nn.Linear(16, 64), layer).cuda()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="efficient attention's backward takes its philox seed and offset as CPU tensors, "
-    "so the backward graph runs without CUDA graphs (seeds drawn on the device: open)",
-)
 def test_kiln_compile_reduce_overhead_training_step_replays_forward_and_backward(
     kiln_with_plugins,
 ):

@@ -371,6 +371,24 @@ def test_stats_of_something_else_is_explained():
         kiln_cudagraphs.stats(mlp)
 
 
+def test_unused_inputs_are_neither_checked_copied_nor_read_in_place():
+    def ignores_seed(x, seed):  # a seed no result depends on, new (elsewhere) at each call
+        return (x * 2,)
+
+    refused = runner(ignores_seed)
+    refused(torch.randn(4), torch.empty((), device="meta"))
+    (reason,) = kiln_cudagraphs.stats(refused).reasons
+    assert "input 1 is on meta" in reason
+    r = runner(ignores_seed, unused_inputs={1})
+    for _ in range(4):
+        x = torch.randn(4)
+        torch.testing.assert_close(r(x, torch.empty((), device="meta"))[0], x * 2)
+    s = kiln_cudagraphs.stats(r)
+    assert (s.captures, s.replays, s.failed_captures, s.eager_calls) == (1, 2, 0, 0)
+    graph = graph_of(r)
+    assert 1 not in graph.copied and 1 not in graph.in_place
+
+
 def test_unchecked_outputs_are_left_out_of_the_replay_check():
     counter = iter(range(1000))
 

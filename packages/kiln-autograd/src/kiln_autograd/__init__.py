@@ -28,7 +28,12 @@ from kiln_autograd.decompositions import (
 )
 from kiln_autograd.errors import UnsupportedError
 from kiln_autograd.partition import PartitionedGraphs
-from kiln_autograd.static_inputs import STATIC_INPUTS, rng_state_outputs, static_inputs
+from kiln_autograd.static_inputs import (
+    STATIC_INPUTS,
+    rng_state_outputs,
+    static_inputs,
+    unused_seed_inputs,
+)
 from kiln_autograd.trace import JointGraph, TracedGraph
 
 __all__ = [
@@ -48,5 +53,6 @@ __all__ = [
     "static_inputs",
     "trace_inference_graph",
     "trace_joint_graph",
+    "unused_seed_inputs",
     "verify_op_set",
 ]

@@ -75,3 +75,35 @@ def rng_state_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
         if index in _RNG_STATE_OUTPUTS.get(str(source.target), ()):
             found.append(i)
     return tuple(found)
+
+
+def unused_seed_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Indices of ``gm``'s inputs that nothing computes with: fused attention's random-number
+    seed and offset passed to its backward without dropout (``dropout_p == 0``). ATen
+    makes them as uninitialised CPU tensors, new at every step; a runtime may ignore them
+    (keep the ones it saw first) rather than treat them as data."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    found = []
+    for i, node in enumerate(placeholders):
+        if node.users and all(_seed_without_dropout(user, node) for user in node.users):
+            found.append(i)
+    return tuple(found)
+
+
+def _seed_without_dropout(user: torch.fx.Node, value: torch.fx.Node) -> bool:
+    """Whether ``user`` is an op that takes ``value`` only as its ``philox_seed`` or
+    ``philox_offset`` and runs without dropout."""
+    schema = getattr(user.target, "_schema", None)
+    if schema is None:
+        return False
+    args = {a.name: a for a in schema.arguments}
+    if "philox_seed" not in args or "dropout_p" not in args:
+        return False
+    bound = {
+        a.name: user.args[i] if i < len(user.args) else user.kwargs.get(a.name, a.default_value)
+        for i, a in enumerate(schema.arguments)
+    }
+    if bound["dropout_p"] != 0:
+        return False
+    where = [name for name, v in bound.items() if v is value]
+    return bool(where) and all(name in ("philox_seed", "philox_offset") for name in where)

@@ -42,6 +42,7 @@ def wrap(
     *,
     static_inputs: Collection[int] = (),
     unchecked_outputs: Collection[int] = (),
+    unused_inputs: Collection[int] = (),
     pinned: bool = False,
     max_graphs: int = MAX_GRAPHS,
 ) -> CudaGraphRunner:
@@ -54,13 +55,17 @@ def wrap(
     accepted as the contract gives them; graphs are recorded from the real inputs of the
     calls. ``unchecked_outputs``: outputs whose values differ between runs (fused
     attention's random-number seed and offset), left out of the check of a recording
-    against eager. At most ``max_graphs`` input keys get a graph.
+    against eager. ``unused_inputs``: inputs nothing computes with (fused attention's seed
+    and offset without dropout: new CPU tensors at every call), neither checked, copied nor
+    read in place: the graph keeps those of the call it was recorded from. At most
+    ``max_graphs`` input keys get a graph.
     """
     return CudaGraphRunner(
         compiled,
         max_graphs=max_graphs,
         static_inputs=static_inputs,
         unchecked_outputs=unchecked_outputs,
+        unused_inputs=unused_inputs,
         pinned=pinned,
     )
 

@@ -53,9 +53,14 @@ def host_random_reason(compiled: object) -> str | None:
     return None
 
 
-def call_refusal(inputs: Sequence[object], device_type: str) -> str | None:
-    """Why this call runs without a graph (device, autograd), or None."""
-    tensors = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+def call_refusal(
+    inputs: Sequence[object], device_type: str, unused: Collection[int] = ()
+) -> str | None:
+    """Why this call runs without a graph (device, autograd), or None; ``unused`` inputs
+    (nothing computes with them) may be anywhere."""
+    tensors = [
+        (i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and i not in unused
+    ]
     if not tensors:
         return "no input is a tensor, so no device to record on"
     for i, x in tensors:

@@ -192,18 +192,20 @@ def record(
     in_place: Collection[int],
     recorder: Recorder,
     device: torch.device,
+    unused: Collection[int] = (),
 ) -> RecordedGraph:
     """Record ``compiled`` on ``inputs``: the ``in_place`` tensor inputs are read where
-    they are, the other tensor inputs go through static buffers."""
+    they are, the other tensor inputs go through static buffers; the ``unused`` ones
+    (nothing computes with them) are kept as this call passed them."""
     static = list(inputs)
     buffers = {}
     for i, x in enumerate(inputs):
-        if isinstance(x, torch.Tensor) and i not in in_place:
+        if isinstance(x, torch.Tensor) and i not in in_place and i not in unused:
             static[i] = buffers[i] = _static_buffer(i, x)
     read_in_place = {
         i: x.data_ptr()
         for i, x in enumerate(inputs)
-        if isinstance(x, torch.Tensor) and i not in buffers
+        if isinstance(x, torch.Tensor) and i not in buffers and i not in unused
     }
     replay, static_outputs = recorder(lambda: compiled(*static), device)
     pool = recorder.pool(device)

@@ -66,6 +66,7 @@ class CudaGraphRunner:
         device_type: str = "cuda",
         static_inputs: Collection[int] = (),
         unchecked_outputs: Collection[int] = (),
+        unused_inputs: Collection[int] = (),
         pinned: bool = False,
     ) -> None:
         if max_graphs < 0:
@@ -77,6 +78,7 @@ class CudaGraphRunner:
         self.device_type = device_type
         self.static_inputs = frozenset(static_inputs)
         self.unchecked_outputs = frozenset(unchecked_outputs)
+        self.unused_inputs = frozenset(unused_inputs)
         self.pinned = pinned
         self.stats = CudaGraphStats()
         self.entries: dict[tuple, WarmedUp | RecordedGraph | Eager] = {}
@@ -125,10 +127,10 @@ class CudaGraphRunner:
 
     def _call_refusal(self, inputs: Sequence[object]) -> str | None:
         if not self.pinned:
-            return call_refusal(inputs, self.device_type)
+            return call_refusal(inputs, self.device_type, self.unused_inputs)
         grad = torch.is_grad_enabled()
         if grad not in self._refusals:
-            self._refusals[grad] = call_refusal(inputs, self.device_type)
+            self._refusals[grad] = call_refusal(inputs, self.device_type, self.unused_inputs)
         return self._refusals[grad]
 
     # --- the steps ------------------------------------------------------------------
@@ -164,6 +166,7 @@ class CudaGraphRunner:
             i
             for i, x in enumerate(inputs)
             if isinstance(x, torch.Tensor)
+            and i not in self.unused_inputs
             and (i in self.static_inputs or pool.owner(x.data_ptr()) is not None)
         }
 
@@ -202,7 +205,9 @@ class CudaGraphRunner:
             )
         graph = None
         try:
-            graph = record(self.compiled, inputs, in_place, self.recorder, device)
+            graph = record(
+                self.compiled, inputs, in_place, self.recorder, device, self.unused_inputs
+            )
             replayed = graph(inputs)
             mismatch = describe_mismatch(
                 expected, replayed, graph.outputs.placements, self.unchecked_outputs

@@ -160,6 +160,8 @@ class AtenCompiler:
         self.show_aten_graph(gm)  # 1
         if not self.generate:
             return gm.forward
+        # read before compiling: the code generator may rewrite the graph in place
+        unused_inputs = kiln_autograd.unused_seed_inputs(gm)
         device = graph_device(gm, example_inputs)
         codegen = self.pick_codegen(device)  # 2
         if codegen is None:
@@ -186,6 +188,7 @@ class AtenCompiler:
                 device,
                 static_inputs=kiln_autograd.static_inputs(gm) or (),
                 unchecked_outputs=kiln_autograd.rng_state_outputs(gm),
+                unused_inputs=unused_inputs,
             )
         if kind == "backward":  # compiled at the first backward, after capture finished
             frame.log_perf("backward compiled")

@@ -75,6 +75,7 @@ def wrap_for_mode(
     device: torch.device,
     static_inputs: Sequence[int] = (),
     unchecked_outputs: Sequence[int] = (),
+    unused_inputs: Sequence[int] = (),
 ) -> Callable:
     if not options.cudagraphs:
         return compiled
@@ -96,5 +97,6 @@ def wrap_for_mode(
         list(example_inputs),
         static_inputs=tuple(static_inputs),
         unchecked_outputs=tuple(unchecked_outputs),
+        unused_inputs=tuple(unused_inputs),
         pinned=not _symbolic(example_inputs),
     )
