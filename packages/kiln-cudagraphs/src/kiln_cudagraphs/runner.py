@@ -198,6 +198,7 @@ class CudaGraphRunner:
         device: torch.device,
         pool: GraphPool,
     ) -> object:
+        rng = _device_rng_state(device)  # the replay checked below draws as the eager run did
         expected, host_sync = self.recorder.run_eagerly(lambda: self.compiled(*inputs), device)
         if host_sync is not None:  # no capture is attempted: a failed one harms the process
             return self._give_up(
@@ -208,6 +209,7 @@ class CudaGraphRunner:
             graph = record(
                 self.compiled, inputs, in_place, self.recorder, device, self.unused_inputs
             )
+            _set_device_rng_state(device, rng)
             replayed = graph(inputs)
             mismatch = describe_mismatch(
                 expected, replayed, graph.outputs.placements, self.unchecked_outputs
@@ -255,3 +257,15 @@ def _device(inputs: Sequence[object]) -> torch.device:
 
 def _describe(compiled: Callable) -> str:
     return getattr(compiled, "__qualname__", None) or type(compiled).__name__
+
+
+def _device_rng_state(device: torch.device) -> torch.Tensor | None:
+    """The state of ``device``'s default generator (CUDA), which random numbers drawn on
+    the device in a graph come from: a replay started from the state the eager run started
+    from draws the same numbers (and leaves the generator as that run left it)."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_device_rng_state(device: torch.device, state: torch.Tensor | None) -> None:
+    if state is not None:
+        torch.cuda.set_rng_state(state, device)

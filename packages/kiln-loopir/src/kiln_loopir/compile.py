@@ -117,7 +117,6 @@ def load_host_program(
         "reinterpret": runtime.reinterpret,
         "assert_size_stride": runtime.assert_size_stride,
         "match_layout": runtime.match_layout,
-        "make_seed": runtime.make_seed,
         "view_layout": runtime.view_layout,
         "bind_op": runtime.bind_op,
         # sizes such as Max(s0, 1) print as maximum(s0, 1)

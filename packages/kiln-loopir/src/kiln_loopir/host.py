@@ -13,7 +13,7 @@ from kiln_loopir.ir import Buffer, ExternNode, LoopGraph, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.launch import LaunchGroup
 from kiln_loopir.memory import MemoryPlan
-from kiln_loopir.runtime import make_seed, view_layout
+from kiln_loopir.runtime import view_layout
 from kiln_loopir.scheduler import step_reads
 from kiln_loopir.symbols import py_expr
 
@@ -114,7 +114,7 @@ def view_source(base: str, size, stride, offset) -> str:
 def _target(node: ExternNode) -> str:
     if isinstance(node.target, torch._ops.OpOverload):
         return extern_name(node.target)
-    if node.target in (make_seed, view_layout):
+    if node.target is view_layout:
         return node.target.__name__
     raise NotImplementedError(f"extern target {node.target!r} has no host-program name")
 
@@ -246,7 +246,7 @@ def _steps(
             for b in step.outputs:
                 # an output nothing reads is not checked: some ATen kernels leave one
                 # empty (embedding_bag's offset2bag in bfloat16)
-                if b is not None and step.target is not make_seed and b.name in read:
+                if b is not None and b.name in read:
                     body.append(
                         f"{b.name} = match_layout({b.name}, {_tuple(b.size)}, "
                         f"{_tuple(b.stride)}, {f'{step.target_name()} output {b.name}'!r})"

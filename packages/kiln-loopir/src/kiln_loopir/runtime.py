@@ -11,7 +11,6 @@ __all__ = [
     "bind_op",
     "empty_strided",
     "SEED_HIGH",
-    "make_seed",
     "reinterpret",
     "view_layout",
 ]
@@ -60,11 +59,6 @@ def view_layout(op, size, stride, offset, *args, **kwargs) -> tuple[tuple, tuple
 
 
 SEED_HIGH = 2**31 - 1  # seeds are drawn from [0, SEED_HIGH)
-
-
-def make_seed(device: str) -> torch.Tensor:
-    """One int64 seed for this call's random ops, from torch's default generator."""
-    return torch.randint(0, SEED_HIGH, (1,), dtype=torch.int64).to(device)
 
 
 def match_layout(t: torch.Tensor, size, stride, what: str) -> torch.Tensor:

@@ -13,7 +13,6 @@ inputs), and the Python host program runs it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
@@ -28,7 +27,6 @@ from kiln_loopir.host import size_sources
 from kiln_loopir.ir import Buffer, ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
-from kiln_loopir.runtime import SEED_HIGH, make_seed
 from kiln_loopir.scheduler import step_reads
 
 PRELUDE = """\
@@ -186,7 +184,7 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
             raise HostNotRendered(f"an output is {out!r}, not a tensor")
     read = {name for step in schedule.steps for name in step_reads(step)}
     read |= {o.buffer for o in graph.outputs}
-    steps = [_seed_on_the_cpu(s) if _is_seed(s) else s for s in schedule.steps]
+    steps = schedule.steps
     computes = getattr(launcher, "computes", None)  # extern ops a launcher's kernel computes
     out_filled: dict[int, list[str]] = {}  # the buffers each extern step writes into
     for i, step in enumerate(steps):
@@ -422,10 +420,6 @@ class _Renderer:
         return [f"if (!(out[{k}] = {view})) return -1;"]
 
 
-def _is_seed(step) -> bool:
-    return isinstance(step, ExternNode) and step.target is make_seed
-
-
 def fills_out(step) -> str | None:
     """The buffer an extern step fills through its op's ``out=`` overload, if it does."""
     if not isinstance(step, ExternNode) or not isinstance(step.target, torch._ops.OpOverload):
@@ -433,14 +427,3 @@ def fills_out(step) -> str | None:
     if out_variant(step.target) is None or len(step.outputs) != 1 or step.outputs[0] is None:
         return None
     return step.outputs[0].name
-
-
-def _seed_on_the_cpu(node: ExternNode) -> ExternNode:
-    """``make_seed("cpu")`` as the ATen call it makes: ``randint(0, SEED_HIGH, (1,))`` from
-    torch's default generator (the same draw as the Python host program's)."""
-    if torch.device(node.args[0]).type != "cpu":
-        raise HostNotRendered("random seeds for a device are drawn by the Python host program")
-    args = (0, SEED_HIGH, [1])
-    return dataclasses.replace(
-        node, target=torch.ops.aten.randint.low, args=args, kwargs={"dtype": torch.int64}
-    )

@@ -215,15 +215,18 @@ class LoweringContext:
     def random_seed(self) -> tuple[TensorRef, int]:
         """The graph's seed buffer and a fresh stream number for one random op.
 
-        The host program draws one int64 seed per call from torch's default generator (so
-        ``torch.manual_seed`` makes runs repeatable); each random op mixes its own stream
-        number into the element offset.
+        The host program draws one int64 seed per call with ``aten.randint`` on the graph's
+        device, from that device's default generator (so ``torch.manual_seed`` makes runs
+        repeatable, and a CUDA graph replaying the draw gets a new seed each replay); each
+        random op mixes its own stream number into the element offset.
         """
-        from kiln_loopir.runtime import make_seed
+        from kiln_loopir.runtime import SEED_HIGH
 
         if self._seed_ref is None:
             buf = self.new_buffer(torch.int64, self.device, (sympy.S.One,), (sympy.S.One,))
-            self.graph.nodes.insert(0, ExternNode(make_seed, (str(self.device),), {}, [buf]))
+            kwargs = {"dtype": torch.int64, "device": self.device}
+            draw = ExternNode(torch.ops.aten.randint.low, (0, SEED_HIGH, [1]), kwargs, [buf])
+            self.graph.nodes.insert(0, draw)
             self._seed_ref = buf.ref()
         stream = self._random_calls
         self._random_calls += 1
