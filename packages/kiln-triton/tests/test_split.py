@@ -38,6 +38,9 @@ def test_split_reduction_equals_eager(name, dtype, device, small_splits):
     compiled = check_against_eager(fn, inputs, codegen=TritonCodegen())
     launches = [la for k in compiled.kernels for la in k.fn._launches.values() if la]
     assert any(la.split is not None and la.split.nsplit > 1 for la in launches)
+    if torch.device(device).type == "cuda":  # both launches from the native host program
+        assert compiled.program.native is not None
+        assert "(finish)" in compiled.native_host.source
 
 
 def test_kernels_that_store_inside_the_loop_do_not_split(device, small_splits):

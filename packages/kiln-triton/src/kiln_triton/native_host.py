@@ -11,9 +11,10 @@ handed to the program when it loads. A call whose input tensors are not 16-byte 
 
 It is kiln-cpp's host program and runtime (kiln-triton depends on kiln-cpp for them).
 
-Kernels this does not cover (split reductions, scratch memory, cluster launches, an
-interpreter or launch hooks) raise ``HostNotRendered``: the Python host program runs the
-graph.
+A split reduction is two launches with a float32 workspace that the program keeps (its
+address is handed over with the kernel handles). Kernels this does not cover (scratch
+memory, cluster launches, an interpreter or launch hooks) raise ``HostNotRendered``: the
+Python host program runs the graph.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ C_TYPES = {"i32": "int32_t", "i64": "int64_t", "u32": "uint32_t", "u64": "uint64
 C_TYPES |= {"fp32": "float", "fp64": "double"}
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """A split reduction's workspace: its address is the program's ``index``-th handle."""
+
+    index: int
+
+
 @dataclass
 class PlannedLaunch:
     """One kernel's launch, as the source writes it."""
@@ -52,7 +60,9 @@ def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKe
     from kiln_cpp.host import load_runtime, render_host
 
     launcher = CudaLauncher(schedule, kernels)
-    return _loaded(render_host(schedule, plan, load_runtime(), launcher))
+    host = render_host(schedule, plan, load_runtime(), launcher)
+    host.workspaces = launcher.workspaces  # their addresses are in the program
+    return _loaded(host)
 
 
 def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
@@ -63,6 +73,7 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
 
     _require_compiled_kernels()
     host = NativeHost.from_dict(data, load_runtime())
+    workspaces: list[torch.Tensor] = []  # split reductions': kept while the program lives
     for record in host.launches:
         if "attention" in record:
             compiled, _ = compile_attention(**record["attention"])
@@ -70,11 +81,27 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
                 raise HostNotRendered("the attention kernel plans another launch than cached")
             host.functions.append(int(compiled.function))
             continue
-        launch = _planned(kernels[record["kernel"]], [_zeros(*a) for a in record["args"]])
+        scratch = [_zeros(*a) for a in record["args"]]
+        launch = _planned(kernels[record["kernel"]], scratch)
+        if record.get("split"):
+            if launch is None or launch.split is None:
+                raise HostNotRendered(f"{record['kernel']} is no longer a split reduction")
+            first, finish = _compile_split(launch, scratch)
+            shapes = [
+                _shape_of_compiled(launch.grid, first),
+                _shape_of_compiled(launch.split.grid, finish),
+            ]
+            if shapes != record["launch"]:
+                raise HostNotRendered(f"{record['kernel']} plans other launches than cached")
+            host.functions += [int(first.function), int(finish.function)]
+            host.functions.append(launch.split.workspace.data_ptr())
+            workspaces.append(launch.split.workspace)
+            continue
         compiled = getattr(launch, "compiled", None)
         if compiled is None or _shape_of(launch, compiled) != record["launch"]:
             raise HostNotRendered(f"{record['kernel']} plans another launch than the cached one")
         host.functions.append(int(compiled.function))
+    host.workspaces = workspaces  # their addresses are in the program
     return _loaded(host)
 
 
@@ -98,6 +125,26 @@ def _planned(fn: TritonKernel, scratch: list[torch.Tensor]):
     kernel) by one call on it, which also compiles and loads the kernel."""
     fn(*scratch)
     return fn._launches.get(())
+
+
+def _compile_split(launch, scratch: list[torch.Tensor]):
+    """The two compiled kernels of a split reduction's launches, loaded."""
+    s = launch.split
+    first = _compiled(
+        launch.fn, [*scratch, *launch.numels, s.workspace, s.rsplit], launch.grid, launch.kwargs
+    )
+    finish = _compiled(
+        s.finish, [*scratch, *launch.numels, s.workspace, s.nsplit], s.grid, s.kwargs
+    )
+    return first, finish
+
+
+def _compiled(fn, args: list, grid: tuple, kwargs: dict):
+    kernel = fn.run(*args, grid=grid, warmup=True, **kwargs)
+    if hasattr(kernel, "result"):
+        kernel = kernel.result()
+    kernel[grid]  # loads the module: its function handle exists from here on
+    return kernel
 
 
 def _zeros(size, stride, dtype: str, device: str) -> torch.Tensor:
@@ -126,47 +173,79 @@ class CudaLauncher:
                 raise HostNotRendered(f"{b.name} has symbolic sizes: launches are planned once")
         self.functions: list[int] = []
         self.records: list[dict] = []  # per handle: the kernel, its arguments' layouts, launch
-        self.launches: dict[str, PlannedLaunch | None] = {}
+        self.launches: dict[str, list[PlannedLaunch]] = {}
         self.pointer_args: set[str] = set()
+        self.workspaces: list[torch.Tensor] = []  # split reductions': kept while it lives
         for kernel in schedule.kernels():
             self.launches[kernel.name] = self._plan(kernel, kernels[kernel.name])
         self.device = next(iter(self.buffers.values())).device if self.buffers else "cuda"
         self.attention: dict[int, tuple[AttentionCall, PlannedLaunch]] = {}
 
-    def _plan(self, kernel: Kernel, fn: TritonKernel) -> PlannedLaunch | None:
+    def _plan(self, kernel: Kernel, fn: TritonKernel) -> list[PlannedLaunch]:
+        """The launches of ``kernel`` (none where there is nothing to compute, two for a
+        split reduction)."""
         if kernel.size_args:
             raise HostNotRendered(f"{kernel.name} takes sizes {kernel.size_args}")
-        launch = _planned(fn, [self._zeros(name) for name in kernel.args])
+        scratch = [self._zeros(name) for name in kernel.args]
+        launch = _planned(fn, scratch)
         if launch is None:
-            return None  # nothing to compute at these sizes
+            return []  # nothing to compute at these sizes
+        layouts = [self._layout(name) for name in kernel.args]
         if launch.split is not None:
-            raise HostNotRendered(f"{kernel.name} is a split reduction (two launches)")
+            return self._plan_split(kernel, launch, scratch, layouts)
         compiled = getattr(launch, "compiled", None)
         if launch.runner is None or compiled is None:
             raise HostNotRendered(f"{kernel.name} has no direct launch (interpreter or hooks)")
+        planned = self._launch(
+            kernel.name, compiled, launch.grid, launch.fn.arg_names,
+            [*kernel.args, *launch.numels], launch.kwargs,
+        )  # fmt: skip
+        self.records.append(
+            {"kernel": kernel.name, "args": layouts, "launch": _shape_of(launch, compiled)}
+        )
+        return [planned]
+
+    def _plan_split(self, kernel: Kernel, launch, scratch, layouts) -> list[PlannedLaunch]:
+        """A split reduction's two launches, their workspace kept by this program (its
+        address handed over with the kernel handles)."""
+        s = launch.split
+        first, finish = _compile_split(launch, scratch)
+        workspace = Workspace(len(self.functions) + 2)  # after the two kernels' handles
+        planned = [
+            self._launch(
+                kernel.name, first, launch.grid, launch.fn.arg_names,
+                [*kernel.args, *launch.numels, workspace, s.rsplit], launch.kwargs,
+            ),
+            self._launch(
+                f"{kernel.name} (finish)", finish, s.grid, s.finish.arg_names,
+                [*kernel.args, *launch.numels, workspace, s.nsplit], s.kwargs,
+            ),
+        ]  # fmt: skip
+        self.functions.append(s.workspace.data_ptr())
+        self.workspaces.append(s.workspace)
+        shapes = [_shape_of_compiled(launch.grid, first), _shape_of_compiled(s.grid, finish)]
+        self.records.append({"kernel": kernel.name, "args": layouts, "launch": shapes, "split": 1})
+        return planned
+
+    def _launch(self, what: str, compiled, grid, names, positional, kwargs) -> PlannedLaunch:
+        """One launch of ``compiled``: its parameters from ``positional`` (in the kernel's
+        order) and ``kwargs``; its handle appended to the program's."""
         meta = compiled.metadata
         for attr, plain in (("num_ctas", 1), ("launch_cooperative_grid", False)):
             if getattr(meta, attr, plain) != plain:
-                raise HostNotRendered(f"{kernel.name}: {attr}={getattr(meta, attr)}")
+                raise HostNotRendered(f"{what}: {attr}={getattr(meta, attr)}")
         if getattr(meta, "launch_pdl", False):
-            raise HostNotRendered(f"{kernel.name} launches with programmatic dependencies")
+            raise HostNotRendered(f"{what} launches with programmatic dependencies")
         for attr in ("global_scratch_size", "profile_scratch_size"):
             if getattr(meta, attr, 0):
-                raise HostNotRendered(f"{kernel.name} needs {attr}={getattr(meta, attr)}")
-        names = list(launch.fn.arg_names)
-        values = dict(zip(names, [*kernel.args, *launch.numels], strict=False))
-        values.update({n: launch.kwargs[n] for n in names if n in launch.kwargs})
-        params = _params(kernel.name, names, values, compiled)
-        self.pointer_args |= {value for ctype, value in params if ctype == "void*" and value}
+                raise HostNotRendered(f"{what} needs {attr}={getattr(meta, attr)}")
+        names = list(names)
+        values = dict(zip(names, positional, strict=False))
+        values.update({n: kwargs[n] for n in names if n in kwargs})
+        params = _params(what, names, values, compiled)
+        self.pointer_args |= {v for ctype, v in params if ctype == "void*" and isinstance(v, str)}
         self.functions.append(int(compiled.function))
-        self.records.append(
-            {
-                "kernel": kernel.name,
-                "args": [self._layout(name) for name in kernel.args],
-                "launch": _shape_of(launch, compiled),
-            }
-        )
-        grid = (*launch.grid, 1, 1)[:3]
+        grid = (*grid, 1, 1)[:3]
         return PlannedLaunch(
             len(self.functions) - 1, grid, 32 * meta.num_warps, meta.shared, params
         )
@@ -194,9 +273,20 @@ class CudaLauncher:
     def lines(self, kernel: Kernel, pointer) -> list[str]:
         """The launch of ``kernel``; ``pointer(name)`` is a buffer's data pointer as C++."""
         planned = self.launches[kernel.name]
-        if planned is None:
+        if not planned:
             return [f"// {kernel.name}: nothing to compute at these sizes"]
-        return _launch_lines(planned, pointer, kernel.name)
+
+        def operand(value) -> str:  # a buffer, or a split reduction's workspace
+            if isinstance(value, Workspace):
+                return f"kiln_functions[{value.index}]"
+            return pointer(value)
+
+        names = [kernel.name, f"{kernel.name} (finish)"]
+        return [
+            line
+            for one, name in zip(planned, names, strict=False)
+            for line in _launch_lines(one, operand, name)
+        ]
 
     def computes(self, node: ExternNode, read: set[str]) -> str | None:
         """The output buffer of ``node`` where a kernel of Kiln's computes it in place of
@@ -221,17 +311,12 @@ class CudaLauncher:
         compiled, grid = compile_attention(**compile_args)
         values = {**args, "Q": call.q, "K": call.k, "V": call.v, "Out": call.out}
         values["Bias"] = call.bias if call.bias is not None else call.q
-        names = list(attention_fwd.arg_names)
-        params = _params("attention_fwd", names, values, compiled)
-        self.functions.append(int(compiled.function))
+        planned = self._launch("attention_fwd", compiled, grid, attention_fwd.arg_names, [], values)
         self.records.append(
             {"kernel": "attention_fwd", "attention": compile_args,
              "launch": _shape_of_compiled(grid, compiled)}
         )  # fmt: skip
-        meta = compiled.metadata
-        return PlannedLaunch(
-            len(self.functions) - 1, grid, 32 * meta.num_warps, meta.shared, params
-        )
+        return planned
 
     def extern_lines(self, node: ExternNode, pointer, ref_pointer) -> list[str] | None:
         """The launch computing ``node`` (after :meth:`computes` took it), else None."""

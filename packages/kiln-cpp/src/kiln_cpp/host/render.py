@@ -79,6 +79,7 @@ class NativeHost:
     input_names: list[str]
     functions: list[int] = field(default_factory=list)  # kernel handles, in this process
     launches: list[dict] = field(default_factory=list)  # how a launcher planned them (data)
+    workspaces: list = field(default_factory=list)  # memory the program has the address of
     program: object = None  # the loaded program, once built
 
     def to_dict(self) -> dict:
