@@ -16,7 +16,16 @@ import torch
 import torch.fx
 
 from kiln_loopir.ir import Buffer, ExternNode, GraphInput, LoopGraph, TensorRef
-from kiln_loopir.lowering import extern, indexing, matmul, pointwise, random, reductions, views
+from kiln_loopir.lowering import (
+    bucketing,
+    extern,
+    indexing,
+    matmul,
+    pointwise,
+    random,
+    reductions,
+    views,
+)
 from kiln_loopir.lowering.context import LoweringContext, val_layout
 from kiln_loopir.lowering.registry import (
     LOWERINGS,
@@ -29,7 +38,7 @@ from kiln_loopir.runtime import view_layout
 from kiln_loopir.symbols import data_dependent_symbols, is_data_dependent, to_expr
 
 __all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
-_ = (indexing, matmul, pointwise, random, reductions)  # imported for their registrations
+_ = (bucketing, indexing, matmul, pointwise, random, reductions)  # imported for their registrations
 aten = torch.ops.aten
 log = logging.getLogger("kiln.loopir")
 
