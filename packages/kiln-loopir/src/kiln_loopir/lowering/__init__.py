@@ -24,6 +24,7 @@ from kiln_loopir.lowering import (
     pointwise,
     random,
     reductions,
+    scans,
     views,
 )
 from kiln_loopir.lowering.context import LoweringContext, val_layout
@@ -38,7 +39,15 @@ from kiln_loopir.runtime import view_layout
 from kiln_loopir.symbols import data_dependent_symbols, is_data_dependent, to_expr
 
 __all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
-_ = (bucketing, indexing, matmul, pointwise, random, reductions)  # imported for their registrations
+_ = (
+    bucketing,
+    indexing,
+    matmul,
+    pointwise,
+    random,
+    reductions,
+    scans,
+)  # imported for their registrations
 aten = torch.ops.aten
 log = logging.getLogger("kiln.loopir")
 

@@ -1,0 +1,144 @@
+"""Lowerings of cumulative ops (cumsum, cumprod, logcumsumexp, cummax, cummin) as prefix
+reductions: element ``i`` of the result reduces the elements ``j <= i`` along the
+dimension, the others masked to the reduction's identity. That is ``n`` steps per element
+for ``n`` elements along the dimension, so it is taken only where ``n`` is small and known
+(:data:`PREFIX_REDUCTION_MAX`); otherwise the op runs through ATen. The reductions fuse
+with what produces and reads them like any other."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from kiln_loopir.ir import TensorRef
+from kiln_loopir.lowering.pointwise import compute_dtype
+from kiln_loopir.lowering.registry import register_lowering
+
+aten = torch.ops.aten
+
+# the largest static size along the dimension that a cumulative op is lowered for
+PREFIX_REDUCTION_MAX = 64
+
+
+def _identity(kind: str, dtype: torch.dtype) -> object:
+    if kind == "sum":
+        return 0
+    if kind == "prod":
+        return 1
+    if dtype.is_floating_point:
+        return float("-inf") if kind in ("max", "argmax") else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if kind in ("max", "argmax") else info.max
+
+
+def _dim_size(x: TensorRef, dim: int) -> sympy.Expr:
+    n = x.size[dim] if x.size else sympy.S.One
+    if not (n.is_Integer and int(n) <= PREFIX_REDUCTION_MAX):
+        raise NotImplementedError(
+            f"a cumulative op along a dimension of {n} elements (prefix reductions are "
+            f"taken up to {PREFIX_REDUCTION_MAX})"
+        )
+    return n
+
+
+def prefix_reduction(
+    ctx,
+    x: TensorRef,
+    dim: int,
+    kind: str,
+    src_dtype: torch.dtype,
+    dtype: torch.dtype,
+    *,
+    value_fn=None,
+    newest_first: bool = False,
+    val=None,
+) -> TensorRef:
+    """``out[.., i, ..] = reduce(kind, value_fn(ops, source, index) for j <= i)``, where
+    ``source`` is ``index`` with ``j`` along ``dim`` (default: ``x`` there): a Reduction
+    over the whole dimension with the elements past ``i`` masked to the identity.
+    ``newest_first`` walks ``j = i, i - 1, .., 0`` (an argmax then finds the last of equal
+    values, as eager's cummax does)."""
+    n = _dim_size(x, dim)
+    size = list(x.size)
+    identity = _identity(kind, src_dtype)
+
+    def inner_fn(ops, index, rindex):
+        if not size:
+            value = x.load(ops, []) if value_fn is None else value_fn(ops, [], [])
+            return ops.to_dtype(value, src_dtype)
+        i, j = index[dim], rindex[0]
+        source = list(index)
+        source[dim] = i - j if newest_first else j
+        taken = ops.le(ops.index_expr(j, torch.int64), ops.index_expr(i, torch.int64))
+
+        def value():
+            v = x.load(ops, source) if value_fn is None else value_fn(ops, source, index)
+            return ops.to_dtype(v, src_dtype)
+
+        return ops.where(
+            taken, ops.masked(taken, value, identity), ops.constant(identity, src_dtype)
+        )
+
+    return ctx.reduction(
+        inner_fn,
+        ranges=size,
+        reduction_ranges=[n],
+        reduction_type=kind,
+        dtype=dtype,
+        src_dtype=src_dtype,
+        val=val,
+    )
+
+
+def _dim(x: TensorRef, dim: int) -> int:
+    return dim % len(x.size) if x.size else 0
+
+
+@register_lowering(aten.cumsum.default, aten.cumprod.default)
+def cumsum_cumprod(ctx, x: TensorRef, dim, *, dtype=None):
+    kind = "sum" if ctx.op.overloadpacket is aten.cumsum else "prod"
+    out = ctx.val.dtype
+    return prefix_reduction(ctx, x, _dim(x, dim), kind, compute_dtype(out), out, val=ctx.val)
+
+
+@register_lowering(aten.cummax.default, aten.cummin.default)
+def cummax_cummin(ctx, x: TensorRef, dim):
+    if x.dtype == torch.bool:
+        raise NotImplementedError("cummax/cummin of bool tensors")
+    kind = "max" if ctx.op.overloadpacket is aten.cummax else "min"
+    dim = _dim(x, dim)
+    values_val, indices_val = ctx.val
+    values = prefix_reduction(ctx, x, dim, kind, x.dtype, x.dtype, val=values_val)
+    steps_back = prefix_reduction(
+        ctx, x, dim, "arg" + kind, x.dtype, torch.int64, newest_first=True
+    )
+
+    def index_fn(ops, index):
+        i = ops.index_expr(index[dim] if index else sympy.S.Zero, torch.int64)
+        return ops.sub(i, steps_back.load(ops, index))
+
+    return values, ctx.pointwise(index_fn, val=indices_val)
+
+
+@register_lowering(aten.logcumsumexp.default)
+def logcumsumexp(ctx, x: TensorRef, dim):
+    out = ctx.val
+    acc = compute_dtype(out.dtype)
+    dim = _dim(x, dim)
+    running_max = prefix_reduction(ctx, x, dim, "max", acc, acc)
+
+    def shift(ops, index):
+        m = running_max.load(ops, index)
+        # all -inf so far gives -inf, an inf gives inf: shift by 0 where the max is infinite
+        return ops.where(ops.isinf(m), ops.constant(0.0, acc), m)
+
+    def shifted_exp(ops, source, index):  # shifted by the maximum at the output's point
+        return ops.exp(ops.sub(ops.to_dtype(x.load(ops, source), acc), shift(ops, index)))
+
+    total = prefix_reduction(ctx, x, dim, "sum", acc, acc, value_fn=shifted_exp)
+
+    def inner_fn(ops, index):
+        value = ops.add(ops.log(total.load(ops, index)), shift(ops, index))
+        return ops.to_dtype(value, out.dtype)
+
+    return ctx.pointwise(inner_fn, val=out)
