@@ -204,3 +204,7 @@ def native_dropout_backward(
     else:
         out = (grad_output * mask.type_as(grad_output)) * scale
     return out.clone(memory_format=suggest_memory_format(grad_output))
+
+
+# modules that register decompositions of their own (imported for the registrations)
+from kiln_autograd import embedding_bag  # noqa: E402, F401
