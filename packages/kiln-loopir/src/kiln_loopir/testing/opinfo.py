@@ -31,14 +31,16 @@ SKIP = {
     "nn.functional.rrelu", "empty", "empty_like", "empty_strided", "new_empty",
     "new_empty_strided", "empty_permuted",
 }  # fmt: skip
-# A subset quick enough for every test run: pointwise, reductions, norms, views, indexing.
+# A subset quick enough for every test run: pointwise, reductions, norms, views, indexing,
+# cumulative ops and bucketing.
 DEFAULT_OPS = [
-    "abs", "add", "addcmul", "amax", "argmax", "atan2", "cat", "clamp", "div",
-    "embedding", "exp", "expand", "gather", "index_select", "isnan", "log_softmax",
-    "logical_and", "logsumexp", "masked_fill", "maximum", "mean", "mul", "native_layer_norm",
-    "nn.functional.gelu", "nn.functional.pad", "nn.functional.relu", "permute", "pow",
-    "remainder", "rsqrt", "scatter_add", "sigmoid", "softmax", "stack", "std", "sub", "sum",
-    "t", "tanh", "transpose", "var_mean", "where",
+    "abs", "add", "addcmul", "amax", "argmax", "atan2", "cat", "clamp",
+    "cummax", "cumsum", "div", "embedding", "exp", "expand", "flip", "gather", "histc",
+    "index_select", "isnan", "log_softmax", "logcumsumexp", "logical_and", "logsumexp",
+    "masked_fill", "maximum", "mean", "mul", "native_layer_norm", "nn.functional.gelu",
+    "nn.functional.pad", "nn.functional.relu", "permute", "pow", "remainder", "rsqrt",
+    "scatter_add", "searchsorted", "sigmoid", "softmax", "stack", "std", "sub", "sum", "t",
+    "tanh", "transpose", "var_mean", "where",
 ]  # fmt: skip
 INTEGER_OPS = ["add", "mul", "where", "sum", "amax", "remainder", "bitwise_xor", "gather"]
 BOOL_OPS = ["logical_and", "any", "all", "where", "eq", "max"]
