@@ -87,6 +87,17 @@ CASES = {
     "negative_index": (lambda x, i: x[i] * 2, [_f(6, 3), _i(-6, 6, 4)]),
     "scatter_add": (lambda x, i, s: x.scatter_add(0, i, s), [_f(5, 3), _i(0, 5, 4, 3), _f(4, 3)]),
     "matmul_epilogue": (lambda x, w, b: F.gelu(x @ w + b), [_f(4, 6), _f(6, 3), _f(3)]),
+    "cumulative": (
+        lambda x: (torch.cumsum(x.sin(), 1), torch.logcumsumexp(x, 0), *torch.cummax(x, 1)),
+        [_f(3, 7)],
+    ),
+    "searchsorted_histc": (
+        lambda s, v: (
+            torch.searchsorted(torch.sort(s).values, v, right=True),
+            torch.histc(v, bins=4, min=-1, max=1),
+        ),
+        [_f(9), _f(2, 5)],
+    ),
     "zero_dim_and_empty": (
         lambda x, y, e: (x * y + x.sum(), e + 1, e.sum(0)),
         [_f(), _f(3), _f(0, 4)],
@@ -118,7 +129,7 @@ def force(monkeypatch, variant: str, rblock: int, xblock: int = 2) -> None:
 
 
 LOOPED = ["softmax", "layernorm_gelu", "var_mean", "row_and_column_sums", "argmax_argmin",
-          "any_all_prod", "int_reductions", "bf16_compute_in_fp32"]  # fmt: skip
+          "any_all_prod", "int_reductions", "bf16_compute_in_fp32", "cumulative"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", LOOPED)

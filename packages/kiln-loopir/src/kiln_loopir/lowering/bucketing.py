@@ -26,10 +26,21 @@ def binary_search(ops, n, value, probe, right: bool):
     """ATen's lower/upper bound over ``[0, n)``, step for step: ``probe(ops, mid)`` reads
     the boundary at ``mid`` (an int64 value). The same comparisons as eager, so NaN and
     unsorted boundaries give eager's answer too."""
-    start = ops.constant(0, torch.int64)
-    end = ops.index_expr(n, torch.int64)
+    n = sympy.sympify(n)
     one, two = ops.constant(1, torch.int64), ops.constant(2, torch.int64)
-    for _ in range(_search_steps(sympy.sympify(n))):
+    steps = _search_steps(n)
+    if n.is_Integer:
+        # the first step's bounds are known: probe the middle, no condition to test
+        if n == 0:
+            return ops.constant(0, torch.int64)
+        mid = ops.constant(int(n) // 2, torch.int64)
+        stop = ops.gt(probe(ops, mid), value) if right else ops.ge(probe(ops, mid), value)
+        start = ops.where(stop, ops.constant(0, torch.int64), ops.add(mid, one))
+        end = ops.where(stop, mid, ops.constant(int(n), torch.int64))
+        steps -= 1
+    else:
+        start, end = ops.constant(0, torch.int64), ops.index_expr(n, torch.int64)
+    for _ in range(steps):
         searching = ops.lt(start, end)
         mid = ops.add(start, ops.truncdiv(ops.sub(end, start), two))
         boundary = ops.masked(searching, lambda mid=mid: probe(ops, mid), 0)
