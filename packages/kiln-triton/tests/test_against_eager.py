@@ -87,10 +87,6 @@ CASES = {
     "negative_index": (lambda x, i: x[i] * 2, [_f(6, 3), _i(-6, 6, 4)]),
     "scatter_add": (lambda x, i, s: x.scatter_add(0, i, s), [_f(5, 3), _i(0, 5, 4, 3), _f(4, 3)]),
     "matmul_epilogue": (lambda x, w, b: F.gelu(x @ w + b), [_f(4, 6), _f(6, 3), _f(3)]),
-    "cumulative": (
-        lambda x: (torch.cumsum(x.sin(), 1), torch.logcumsumexp(x, 0), *torch.cummax(x, 1)),
-        [_f(3, 7)],
-    ),
     "searchsorted_histc": (
         lambda s, v: (
             torch.searchsorted(torch.sort(s).values, v, right=True),
@@ -129,7 +125,7 @@ def force(monkeypatch, variant: str, rblock: int, xblock: int = 2) -> None:
 
 
 LOOPED = ["softmax", "layernorm_gelu", "var_mean", "row_and_column_sums", "argmax_argmin",
-          "any_all_prod", "int_reductions", "bf16_compute_in_fp32", "cumulative"]  # fmt: skip
+          "any_all_prod", "int_reductions", "bf16_compute_in_fp32"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", LOOPED)
@@ -137,6 +133,20 @@ def test_looped_reductions_match_eager(name, device, monkeypatch):
     force(monkeypatch, "looped", rblock=4)
     fn, inputs = CASES[name]
     check_against_eager(fn, materialize(inputs, device), codegen=TritonCodegen())
+
+
+@pytest.mark.parametrize("variant", ["looped", "persistent"])
+def test_cumulative_ops_as_prefix_reductions(variant, device, monkeypatch):
+    from kiln_loopir.lowering import scans
+
+    # under the interpreter the graph is on the CPU, whose limit is lower than a GPU's
+    monkeypatch.setitem(scans.PREFIX_REDUCTION_MAX, "cpu", 64)
+    force(monkeypatch, variant, rblock=4 if variant == "looped" else 8)
+
+    def fn(x):
+        return torch.cumsum(x.sin(), 1), torch.logcumsumexp(x, 0), *torch.cummax(x, 1)
+
+    check_against_eager(fn, [torch.randn(3, 7, device=device)], codegen=TritonCodegen())
 
 
 def test_persistent_with_several_rows_per_block(device, monkeypatch):
