@@ -1,13 +1,12 @@
 """Frames built around ops outside the usual fused set compile whole, and match eager.
 
 Each frame puts pointwise ops around one op: reductions to a scalar, variance, norms,
-sorting-based ops, cumulative ops (fused along dimensions of at most 4 elements, the CPU's
-limit for prefix reductions), bucketing, embedding bags, linalg. Each compiles on the
-CPU with no eager fallback warning (every RuntimeWarning is an error here), generates C++
-kernels, and agrees with eager forward and, where the op is differentiable, backward. The
-ops marked ``fused`` have a lowering or a decomposition: they must not run as an extern
-ATen call (no fallback is logged, and the loop IR of every graph holds no extern call but
-those the frame names in ``externs``).
+sorting-based ops, cumulative ops (scans in kiln-cpp), bucketing, embedding bags, linalg.
+Each compiles on the CPU with no eager fallback warning (every RuntimeWarning is an error
+here), generates C++ kernels, and agrees with eager forward and, where the op is
+differentiable, backward. The ops marked ``fused`` have a lowering or a decomposition: they
+must not run as an extern ATen call (no fallback is logged, and the loop IR of every graph
+holds no extern call but those the frame names in ``externs``).
 """
 
 from __future__ import annotations
@@ -72,9 +71,9 @@ FRAMES = {
     "cumsum_bfloat16": Frame(
         lambda x: torch.cumsum(x, 1) * 2, ((10, 3),), False, True, dtype=torch.bfloat16
     ),
-    # longer than the CPU's limit for prefix reductions: one ATen call
-    "cumsum_long": Frame(lambda x: torch.cumsum(x.sin(), 1) * x, ((3, 40),)),
-    "cummax_long": Frame(lambda x: torch.cummax(x * 2, 0).values.exp(), ((19, 2),)),
+    "cumsum_long": Frame(lambda x: torch.cumsum(x.sin(), 1) * x, ((3, 40),), fused=True),
+    "cummax_long": Frame(lambda x: torch.cummax(x * 2, 0).values.exp(), ((19, 2),), fused=True),
+    "cumsum_int64": Frame(lambda x: torch.cumsum((x * 4).long(), 0) + 1, ((9, 3),), False, True),
     "cumprod": Frame(lambda x: torch.cumprod(x.sin() + 1.5, 1) * x, ((6, 4),), fused=True),
     "logcumsumexp": Frame(lambda x: torch.logcumsumexp(x * 2, 1).tanh(), ((6, 4),), fused=True),
     "logcumsumexp_dim0": Frame(lambda x: torch.logcumsumexp(x, 0) - x, ((3, 11),), fused=True),

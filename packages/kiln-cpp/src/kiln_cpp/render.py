@@ -101,6 +101,10 @@ def render_kernel(kernel: Kernel) -> str:
     lines = [f"// {kernel.header()}", f'extern "C" int {kernel.name}({", ".join(params)}) {{']
     lines.append("  int kiln_oob = 0;  // set when an indirect index is out of range")
     ind = "  "
+    if kernel.has_scan():
+        lines += [ind + line for line in _scan_kernel_lines(kernel, handler, ind)]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
     items = merge_independent_loops(handler.items)
     items = reuse_across_loops(items, *_reduction_point(kernel))
     if not handler.has_scatter and column_reduction(kernel, items):
@@ -165,6 +169,24 @@ def render_kernel(kernel: Kernel) -> str:
     lines.append(ind + "return kiln_oob;")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _scan_kernel_lines(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list[str]:
+    """A scan kernel: the outer loops in parallel, the scan loop in order inside them
+    (its accumulators declared before it, every step stored)."""
+    (loop,) = [i for i in handler.items if isinstance(i, ReductionLoop)]
+    before = [i for i in handler.items if isinstance(i, str)]  # the outer level's lines
+    n = len(kernel.ranges)
+    lines = []
+    if n:
+        collapse = f" collapse({n})" if n > 1 else ""
+        lines.append(f"#pragma omp parallel for{collapse} if({_parallel_when(kernel)})")
+    lines += _loops("x", kernel.ranges, "")
+    lines.append("{")
+    lines += [ind + line for line in before + loop.prologue]
+    lines += [ind + line for line in _loops("r", kernel.reduction_ranges, "")]
+    lines += [ind + "{", *[ind * 2 + line for line in loop.body], ind + "}", "}"]
+    return lines
 
 
 def render_group(group: LaunchGroup) -> str:

@@ -226,7 +226,7 @@ def compile_fx(
     device = graph_device(gm, example_inputs)
     backend = resolve_codegen(codegen, device.type)
     gm = decompose(gm)  # 1. the norms through torch._decomp
-    graph = lower(gm, example_inputs)  # 2. aten -> loop IR
+    graph = lower(gm, example_inputs, scans=getattr(backend, "renders_scans", False))  # 2.
     graph.verify()
     eliminate_dead_nodes(graph)  # 3. drop what nothing reads
     graph.verify()

@@ -1,10 +1,13 @@
-"""Lowerings of cumulative ops (cumsum, cumprod, logcumsumexp, cummax, cummin) as prefix
-reductions: element ``i`` of the result reduces the elements ``j <= i`` along the
-dimension, the others masked to the reduction's identity. The reductions fuse with what
-produces and reads them like any other, but they take ``n`` steps per element for ``n``
-elements along the dimension where ATen's scan takes one: they are taken only where ``n``
-is known and at most :func:`prefix_reduction_max` for the graph's device; otherwise the op
-runs through ATen."""
+"""Lowerings of cumulative ops (cumsum, cumprod, logcumsumexp, cummax, cummin).
+
+Where the code generator renders Scan nodes (``ctx.scans``), each is a Scan along the
+dimension: one pass, the producer computed in its inner function. Elsewhere each is a prefix
+reduction: element ``i`` of the result reduces the elements ``j <= i`` along the dimension,
+the others masked to the reduction's identity. Those fuse with what produces and reads them
+like any other reduction, but take ``n`` steps per element for ``n`` along the dimension
+where a scan takes one: they are taken only where ``n`` is known and at most
+:func:`prefix_reduction_max` for the graph's device; otherwise the op runs through ATen.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +20,11 @@ from kiln_loopir.lowering.registry import register_lowering
 
 aten = torch.ops.aten
 
-# The longest dimension a cumulative op is lowered along, by device type. On the CPU one
-# ATen call beats the fused prefix reduction from 8 elements on (cumsum of a [512, 8]
-# tensor then a multiplication, one thread: 6.7 us against 19.7 us), and is level with it
-# at 4. Elsewhere (Triton) a launch and a round trip through memory cost more than short
-# prefixes; not measured yet.
+# The longest dimension a cumulative op is lowered along as a prefix reduction, by device
+# type. On the CPU one ATen call beats the fused prefix reduction from 8 elements on (cumsum
+# of a [512, 8] tensor then a multiplication, one thread: 6.7 us against 19.7 us), and is
+# level with it at 4. Elsewhere (Triton) a launch and a round trip through memory cost more
+# than short prefixes; not measured yet.
 PREFIX_REDUCTION_MAX = {"cpu": 4}
 PREFIX_REDUCTION_MAX_ELSEWHERE = 64
 
@@ -105,11 +108,33 @@ def _dim(x: TensorRef, dim: int) -> int:
     return dim % len(x.size) if x.size else 0
 
 
+def _scans(ctx, x: TensorRef, dim: int) -> bool:
+    """Whether to lower to Scan nodes: the code generator renders them, and there is a
+    dimension of more than one element to walk."""
+    return ctx.scans and bool(x.size) and x.size[dim] != 1
+
+
+def scan(ctx, x: TensorRef, dim: int, kind: str, src_dtype, dtype, *, val=None, value_fn=None):
+    """A Scan node of ``kind`` over ``value_fn(ops, index)`` (default: ``x``, a pointwise
+    producer computed in place) along ``dim``."""
+    load = value_fn or ctx.inlined_loader(x)
+
+    def inner_fn(ops, index):
+        return ops.to_dtype(load(ops, index), src_dtype)
+
+    size = None if val is not None else x.size
+    return ctx.scan(
+        inner_fn, dim=dim, scan_type=kind, dtype=dtype, src_dtype=src_dtype, val=val, size=size
+    )
+
+
 @register_lowering(aten.cumsum.default, aten.cumprod.default)
 def cumsum_cumprod(ctx, x: TensorRef, dim, *, dtype=None):
     kind = "sum" if ctx.op.overloadpacket is aten.cumsum else "prod"
-    out = ctx.val.dtype
-    return prefix_reduction(ctx, x, _dim(x, dim), kind, compute_dtype(out), out, val=ctx.val)
+    out, dim = ctx.val.dtype, _dim(x, dim)
+    if _scans(ctx, x, dim):
+        return scan(ctx, x, dim, kind, compute_dtype(out), out, val=ctx.val)
+    return prefix_reduction(ctx, x, dim, kind, compute_dtype(out), out, val=ctx.val)
 
 
 @register_lowering(aten.cummax.default, aten.cummin.default)
@@ -119,6 +144,12 @@ def cummax_cummin(ctx, x: TensorRef, dim):
     kind = "max" if ctx.op.overloadpacket is aten.cummax else "min"
     dim = _dim(x, dim)
     values_val, indices_val = ctx.val
+    if _scans(ctx, x, dim):
+        load = ctx.inlined_loader(x)  # one producer function for both scans
+        values = scan(ctx, x, dim, kind, x.dtype, x.dtype, val=values_val, value_fn=load)
+        positions = scan(ctx, x, dim, "arg" + kind, x.dtype, torch.int64, val=indices_val,
+                         value_fn=load)  # fmt: skip
+        return values, positions
     values = prefix_reduction(ctx, x, dim, kind, x.dtype, x.dtype, val=values_val)
     steps_back = prefix_reduction(
         ctx, x, dim, "arg" + kind, x.dtype, torch.int64, newest_first=True
@@ -136,6 +167,8 @@ def logcumsumexp(ctx, x: TensorRef, dim):
     out = ctx.val
     acc = compute_dtype(out.dtype)
     dim = _dim(x, dim)
+    if _scans(ctx, x, dim):
+        return scan(ctx, x, dim, "logsumexp", acc, out.dtype, val=out)
     running_max = prefix_reduction(ctx, x, dim, "max", acc, acc)
 
     def shift(ops, index):
