@@ -135,18 +135,34 @@ def test_looped_reductions_match_eager(name, device, monkeypatch):
     check_against_eager(fn, materialize(inputs, device), codegen=TritonCodegen())
 
 
+def _cumulative(x):
+    return (
+        torch.cumsum(x.sin(), 1),
+        torch.cumprod(x * 0.1 + 1, 0),
+        torch.logcumsumexp(x, 0),
+        *torch.cummax(x, 1),
+        torch.cummin(x, 0).indices,
+    )
+
+
+@pytest.mark.parametrize("variant", ["looped", "persistent"])
+def test_cumulative_ops_as_scans(variant, device, monkeypatch):
+    force(monkeypatch, variant, rblock=4 if variant == "looped" else 16)
+    x = torch.randn(5, 11, device=device)
+    x[2, 5] = x[3, 1] = float("nan")  # a NaN stays in every scan after it
+    x[1, :4] = 0.5  # ties: cummax/cummin take the latest
+    check_against_eager(_cumulative, [x], codegen=TritonCodegen())
+
+
 @pytest.mark.parametrize("variant", ["looped", "persistent"])
 def test_cumulative_ops_as_prefix_reductions(variant, device, monkeypatch):
     from kiln_loopir.lowering import scans
 
+    monkeypatch.setattr(TritonCodegen, "renders_scans", False)
     # under the interpreter the graph is on the CPU, whose limit is lower than a GPU's
     monkeypatch.setitem(scans.PREFIX_REDUCTION_MAX, "cpu", 64)
-    force(monkeypatch, variant, rblock=4 if variant == "looped" else 8)
-
-    def fn(x):
-        return torch.cumsum(x.sin(), 1), torch.logcumsumexp(x, 0), *torch.cummax(x, 1)
-
-    check_against_eager(fn, [torch.randn(3, 7, device=device)], codegen=TritonCodegen())
+    force(monkeypatch, variant, rblock=4 if variant == "looped" else 16)
+    check_against_eager(_cumulative, [torch.randn(5, 11, device=device)], codegen=TritonCodegen())
 
 
 def test_persistent_with_several_rows_per_block(device, monkeypatch):
