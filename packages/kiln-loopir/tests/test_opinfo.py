@@ -9,8 +9,6 @@ slow.
 import pytest
 import torch
 
-from kiln_loopir.lowering import scans
-from kiln_loopir.reference import ReferenceCodegen
 from kiln_loopir.testing.opinfo import (
     BOOL_OPS,
     CUMULATIVE_OPS,
@@ -57,12 +55,3 @@ def test_lowered_op_matches_eager_on_integers_and_bools(op, dtype):
 @pytest.mark.parametrize("op", list(select_ops(op_db, CUMULATIVE_OPS)), ids=lambda op: op.full_name)
 def test_cumulative_ops_as_scans(op):
     _check(op, torch.float32, max_samples=3)
-
-
-@pytest.mark.parametrize("op", list(select_ops(op_db, CUMULATIVE_OPS)), ids=lambda op: op.full_name)
-def test_cumulative_ops_as_prefix_reductions(op, monkeypatch):
-    # as for a code generator without scans; OpInfo's samples are longer than the CPU's
-    # limit for prefix reductions
-    monkeypatch.setattr(ReferenceCodegen, "renders_scans", False)
-    monkeypatch.setitem(scans.PREFIX_REDUCTION_MAX, "cpu", 64)
-    _check(op, torch.float32, max_samples=2)

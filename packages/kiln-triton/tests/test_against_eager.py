@@ -154,17 +154,6 @@ def test_cumulative_ops_as_scans(variant, device, monkeypatch):
     check_against_eager(_cumulative, [x], codegen=TritonCodegen())
 
 
-@pytest.mark.parametrize("variant", ["looped", "persistent"])
-def test_cumulative_ops_as_prefix_reductions(variant, device, monkeypatch):
-    from kiln_loopir.lowering import scans
-
-    monkeypatch.setattr(TritonCodegen, "renders_scans", False)
-    # under the interpreter the graph is on the CPU, whose limit is lower than a GPU's
-    monkeypatch.setitem(scans.PREFIX_REDUCTION_MAX, "cpu", 64)
-    force(monkeypatch, variant, rblock=4 if variant == "looped" else 16)
-    check_against_eager(_cumulative, [torch.randn(5, 11, device=device)], codegen=TritonCodegen())
-
-
 def test_persistent_with_several_rows_per_block(device, monkeypatch):
     force(monkeypatch, "persistent", rblock=64, xblock=4)
     fn, inputs = CASES["layernorm_gelu"]

@@ -144,14 +144,10 @@ class LoweringContext:
         scan_type: str,
         dtype: torch.dtype,
         src_dtype: torch.dtype,
-        val: torch.Tensor | None = None,
-        size: Sequence[sympy.Expr] | None = None,
+        val: torch.Tensor,
     ) -> TensorRef:
-        """Add a Scan node along ``dim`` (its buffer takes val's layout, else ``size``)."""
-        if val is not None:
-            size, stride, _ = val_layout(val)
-        else:
-            stride = None
+        """Add a Scan node along ``dim``; its buffer takes val's layout."""
+        size, stride, _ = val_layout(val)
         buf = self.new_buffer(dtype, self.device, size, stride)
         body = Scan(buf.size, dim, scan_type, inner_fn, src_dtype)
         self.graph.nodes.append(ComputedNode(buf, body, self.origins()))

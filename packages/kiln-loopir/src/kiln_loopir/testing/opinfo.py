@@ -52,8 +52,7 @@ DEFAULT_OPS = [
 ]  # fmt: skip
 INTEGER_OPS = ["add", "mul", "where", "sum", "amax", "remainder", "bitwise_xor", "gather"]
 BOOL_OPS = ["logical_and", "any", "all", "where", "eq", "max"]
-# Lowered as prefix reductions along short dimensions only (kiln_loopir.lowering.scans): the
-# tests raise the limit to check them on OpInfo's samples.
+# Scans (kiln_loopir.lowering.scans), checked where the code generator renders them.
 CUMULATIVE_OPS = ["cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"]
 
 
