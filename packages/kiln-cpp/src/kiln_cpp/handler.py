@@ -38,6 +38,9 @@ class ReductionLoop:
     body: list[str] = field(default_factory=list)
     closed: bool = False  # a reduction finished here: later nodes need a new loop
     reductions: list[Accumulation] = field(default_factory=list)  # for vectorize.py
+    # a scan loop: where the scan's update starts in ``body``, and the value it scans
+    scan_start: int | None = None
+    scanned: str | None = None
 
 
 class _NodeValues(dict):
@@ -237,6 +240,7 @@ class CppOpsHandler:
         self._place()
         loop = self._loop
         assert loop is not None, "a scan outside a scan loop"
+        loop.scan_start, loop.scanned = len(loop.body), value
         acc = f"acc{self._count}"
         self._count += 1
         vt = value_type(src_dtype)
