@@ -111,7 +111,32 @@ CASES = {
         lambda: [_f(4, 16).bfloat16(), _f(4, 16).bfloat16()],
     ),
     "float16": (lambda a: a.sum(-1) * 2, lambda: [_f(4, 16).half()]),
+    "scans": (
+        lambda a: (
+            torch.cumsum(a, 0),
+            torch.cumprod(a * 0.01 + 1, 1),
+            torch.logcumsumexp(a, 1),
+            *torch.cummax(a, 0),
+            torch.cummin(a, 1).indices,
+        ),
+        lambda: [_with_nans_and_ties(_f(7, 150))],
+    ),
+    "scans_of_a_producer_in_blocks": (  # 150 steps: three blocks of values, the last short
+        lambda a: (torch.cumsum(a.sin(), 1), *torch.cummin(a.exp(), 1), torch.cumsum(a.cos(), 0)),
+        lambda: [_with_nans_and_ties(_f(7, 150))],
+    ),
+    "scan_bfloat16_and_int": (
+        lambda a, i: (torch.cumsum(a, 1), torch.cumsum(i, 0), torch.cummax(i, 1).indices),
+        lambda: [_f(3, 70).bfloat16(), torch.randint(-3, 3, (5, 9))],
+    ),
 }
+
+
+def _with_nans_and_ties(a):
+    a[2, 5] = a[3, 100] = float("nan")  # a NaN stays in every scan after it
+    a[1, :4] = 0.5  # ties: cummax/cummin take the latest
+    a[4, 7] = float("-inf")
+    return a
 
 
 @pytest.mark.filterwarnings("ignore:var_mean.*degrees of freedom")  # eager's, on no elements

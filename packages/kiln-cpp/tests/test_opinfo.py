@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from kiln_cpp import CppCodegen
-from kiln_loopir.testing.opinfo import BOOL_OPS, DEFAULT_OPS, INTEGER_OPS, check_op, select_ops
+from kiln_loopir.testing.opinfo import (
+    BOOL_OPS,
+    CUMULATIVE_OPS,
+    DEFAULT_OPS,
+    INTEGER_OPS,
+    check_op,
+    select_ops,
+)
 
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
 CODEGEN = CppCodegen()
@@ -53,3 +60,8 @@ def test_lowered_op_matches_eager(op, dtype):
 @pytest.mark.parametrize("op", list(select_ops(op_db)), ids=_id)
 def test_op_db_sweep(op, dtype):
     _check(op, dtype, max_samples=8)
+
+
+@pytest.mark.parametrize("op", list(select_ops(op_db, CUMULATIVE_OPS)), ids=lambda op: op.full_name)
+def test_cumulative_ops_as_scans(op):
+    _check(op, torch.float32, max_samples=3)

@@ -9,7 +9,14 @@ slow.
 import pytest
 import torch
 
-from kiln_loopir.testing.opinfo import BOOL_OPS, DEFAULT_OPS, INTEGER_OPS, check_op, select_ops
+from kiln_loopir.testing.opinfo import (
+    BOOL_OPS,
+    CUMULATIVE_OPS,
+    DEFAULT_OPS,
+    INTEGER_OPS,
+    check_op,
+    select_ops,
+)
 
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
 DTYPES = (torch.float32, torch.int64, torch.bool)
@@ -43,3 +50,8 @@ def test_op_db_sweep(op, dtype):
 )
 def test_lowered_op_matches_eager_on_integers_and_bools(op, dtype):
     _check(op, dtype, max_samples=2)
+
+
+@pytest.mark.parametrize("op", list(select_ops(op_db, CUMULATIVE_OPS)), ids=lambda op: op.full_name)
+def test_cumulative_ops_as_scans(op):
+    _check(op, torch.float32, max_samples=3)

@@ -79,6 +79,28 @@ def test_scatter_is_never_fused():
     assert len(scatter_kernels) == 1 and len(scatter_kernels[0].nodes) == 1
 
 
+def test_scan_computes_its_producer_and_is_never_fused():
+    fn = lambda x: torch.cumsum(x.sin(), 0) * 2  # noqa: E731
+    inputs = [torch.randn(6, 5)]
+    graph = lower(trace_aten(fn, inputs), inputs, scans=True)
+    eliminate_dead_nodes(graph)
+    graph.verify()
+    assert "Scan(sum, ranges=[6, 5], dim=0)" in str(graph) and "sin(" in str(graph)
+    after = order(fuse(unfused(graph)))
+    after.verify()
+    scan_kernels = [k for k in kernels(after) if k.has_scan()]
+    assert len(scan_kernels) == 1 and len(scan_kernels[0].nodes) == 1
+    assert "ranges=[5] reduction_ranges=[6]" in scan_kernels[0].header()
+    assert len(kernels(after)) == 2  # the scan (sin computed in it), the multiplication
+    check_against_eager(fn, inputs)
+
+
+def test_without_scans_a_cumulative_op_is_an_aten_call():
+    inputs = [torch.randn(3, 5)]
+    graph = lower(trace_aten(lambda x: torch.cumsum(x, 1), inputs), inputs)
+    assert "extern aten.cumsum.default" in str(graph)
+
+
 def test_pointwise_broadcast_consumer_joins_as_inner_level():
     # x.sum(1) then a [N, D] consumer of it: outer reduction + inner pointwise, one kernel
     _, after = schedules(lambda x: x - x.sum(1, keepdim=True) / 3, [torch.randn(4, 6)])

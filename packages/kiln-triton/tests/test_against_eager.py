@@ -87,6 +87,13 @@ CASES = {
     "negative_index": (lambda x, i: x[i] * 2, [_f(6, 3), _i(-6, 6, 4)]),
     "scatter_add": (lambda x, i, s: x.scatter_add(0, i, s), [_f(5, 3), _i(0, 5, 4, 3), _f(4, 3)]),
     "matmul_epilogue": (lambda x, w, b: F.gelu(x @ w + b), [_f(4, 6), _f(6, 3), _f(3)]),
+    "searchsorted_histc": (
+        lambda s, v: (
+            torch.searchsorted(torch.sort(s).values, v, right=True),
+            torch.histc(v, bins=4, min=-1, max=1),
+        ),
+        [_f(9), _f(2, 5)],
+    ),
     "zero_dim_and_empty": (
         lambda x, y, e: (x * y + x.sum(), e + 1, e.sum(0)),
         [_f(), _f(3), _f(0, 4)],
@@ -126,6 +133,25 @@ def test_looped_reductions_match_eager(name, device, monkeypatch):
     force(monkeypatch, "looped", rblock=4)
     fn, inputs = CASES[name]
     check_against_eager(fn, materialize(inputs, device), codegen=TritonCodegen())
+
+
+def _cumulative(x):
+    return (
+        torch.cumsum(x.sin(), 1),
+        torch.cumprod(x * 0.1 + 1, 0),
+        torch.logcumsumexp(x, 0),
+        *torch.cummax(x, 1),
+        torch.cummin(x, 0).indices,
+    )
+
+
+@pytest.mark.parametrize("variant", ["looped", "persistent"])
+def test_cumulative_ops_as_scans(variant, device, monkeypatch):
+    force(monkeypatch, variant, rblock=4 if variant == "looped" else 16)
+    x = torch.randn(5, 11, device=device)
+    x[2, 5] = x[3, 1] = float("nan")  # a NaN stays in every scan after it
+    x[1, :4] = 0.5  # ties: cummax/cummin take the latest
+    check_against_eager(_cumulative, [x], codegen=TritonCodegen())
 
 
 def test_persistent_with_several_rows_per_block(device, monkeypatch):

@@ -41,6 +41,15 @@ EXTRA_OPS: dict[object, str] = {
     aten.min.default: "the smallest element (x.min()), one reduction",
     aten.var_mean.correction: "variance and mean in one pass (Welford)",
     aten.erfinv.default: "a pointwise op that kiln-loopir lowers",
+    aten.cumprod.default: "a cumulative product (a scan)",
+    aten.logcumsumexp.default: "a cumulative logsumexp (a scan)",
+    aten.cummax.default: "running maximum and its position (two scans)",
+    aten.cummin.default: "running minimum and its position (two scans)",
+    aten.searchsorted.Tensor: "a binary search per element, unrolled in a pointwise kernel",
+    aten.searchsorted.Scalar: "a binary search for one value",
+    aten.bucketize.Tensor: "searchsorted with the arguments swapped",
+    aten.bucketize.Scalar: "searchsorted of one value",
+    aten.histc.default: "a histogram: each element's bin, then a scatter-add",
     aten.sym_size.int: "one symbolic size of a tensor",
     aten.sym_stride.int: "one symbolic stride of a tensor",
     aten.sym_numel.default: "symbolic element count",
@@ -195,3 +204,7 @@ def native_dropout_backward(
     else:
         out = (grad_output * mask.type_as(grad_output)) * scale
     return out.clone(memory_format=suggest_memory_format(grad_output))
+
+
+# modules that register decompositions of their own (imported for the registrations)
+from kiln_autograd import embedding_bag  # noqa: E402, F401

@@ -106,6 +106,7 @@ class CppCodegen:
 
     name = "cpp"
     device_types = ("cpu",)
+    renders_scans = True  # cumulative ops: a loop walked in order (render.py)
 
     def __init__(self) -> None:
         self.builds = 0

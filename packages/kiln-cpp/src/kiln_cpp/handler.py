@@ -38,6 +38,9 @@ class ReductionLoop:
     body: list[str] = field(default_factory=list)
     closed: bool = False  # a reduction finished here: later nodes need a new loop
     reductions: list[Accumulation] = field(default_factory=list)  # for vectorize.py
+    # a scan loop: where the scan's update starts in ``body``, and the value it scans
+    scan_start: int | None = None
+    scanned: str | None = None
 
 
 class _NodeValues(dict):
@@ -229,6 +232,54 @@ class CppOpsHandler:
         loop.closed = True
         self._reduced = True
         return self._emit(f"static_cast<{value_type(out_dtype)}>({result})", out_dtype)
+
+    def scan(self, scan_type: str, value: str, src_dtype: torch.dtype) -> str:
+        """The running value at this step of the scan loop (walked in order, never
+        vectorised): its accumulator is declared before the loop, updated in it."""
+        value = self.to_dtype(value, src_dtype)
+        self._place()
+        loop = self._loop
+        assert loop is not None, "a scan outside a scan loop"
+        loop.scan_start, loop.scanned = len(loop.body), value
+        acc = f"acc{self._count}"
+        self._count += 1
+        vt = value_type(src_dtype)
+        wide = "double" if src_dtype.is_floating_point else vt  # as ATen's CPU scans
+        lim = f"std::numeric_limits<{vt}>"
+        step = f"r{len(self.kernel.reduction_ranges) - 1}"
+        if scan_type in ("sum", "prod"):
+            op = "+" if scan_type == "sum" else "*"
+            init = "0" if scan_type == "sum" else "1"
+            loop.prologue.append(f"{wide} {acc} = {init};")
+            loop.body.append(f"{acc} = {acc} {op} static_cast<{wide}>({value});")
+            return self._emit(f"static_cast<{vt}>({acc})", src_dtype)
+        if scan_type == "logsumexp":
+            loop.prologue.append(f"double {acc} = -std::numeric_limits<double>::infinity();")
+            loop.body.append(f"{acc} = kiln::log_add_exp(static_cast<double>({value}), {acc});")
+            return self._emit(f"static_cast<{vt}>({acc})", src_dtype)
+        if scan_type in ("max", "min"):
+            if src_dtype.is_floating_point:
+                init = f"-{lim}::infinity()" if scan_type == "max" else f"{lim}::infinity()"
+                update = f"kiln::{scan_type}_float<{vt}>({acc}, {value})"
+            else:
+                init = f"{lim}::lowest()" if scan_type == "max" else f"{lim}::max()"
+                update = f"std::{scan_type}<{vt}>({acc}, {value})"
+            loop.prologue.append(f"{vt} {acc} = {init};")
+            loop.body.append(f"{acc} = {update};")
+            return self._emit(acc, src_dtype)
+        if scan_type in ("argmax", "argmin"):
+            # ATen's cummax/cummin: the latest of equal values, a NaN once seen and its
+            # latest position
+            cmp = ">=" if scan_type == "argmax" else "<="
+            better = f"{value} {cmp} {acc}_v"
+            if src_dtype.is_floating_point:
+                better = f"std::isnan({value}) || (!std::isnan({acc}_v) && {better})"
+            loop.prologue += [f"{vt} {acc}_v = {vt}(0);", f"int64_t {acc} = 0;"]
+            loop.body.append(
+                f"if ({step} == 0 || {better}) {{ {acc}_v = {value}; {acc} = {step}; }}"
+            )
+            return self._emit(acc, torch.int64)
+        raise CppCodegenError(f"kiln-cpp does not render scan {scan_type!r} yet")
 
     def _reduction_parts(self, kind, acc, v, vt, is_float, src_dtype):
         is_bool = src_dtype == torch.bool

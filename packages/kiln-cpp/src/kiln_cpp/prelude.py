@@ -55,6 +55,13 @@ template <typename T> inline T max_float(T a, T b) {
 template <typename T> inline T min_float(T a, T b) {
   return (std::isnan(a) || a < b) ? a : b;
 }
+// log(exp(x) + exp(y)) as ATen's logcumsumexp takes each step (NaN and infinities kept)
+template <typename T> inline T log_add_exp(T x, T y) {
+  T lo = std::isnan(y) ? y : std::min(x, y);
+  T hi = std::isnan(y) ? y : std::max(x, y);
+  if (lo != hi || std::isfinite(lo)) return std::log1p(std::exp(lo - hi)) + hi;
+  return x;
+}
 template <typename T> inline T pow_int(T base, T exp) {
   if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
   T out = 1;

@@ -6,9 +6,11 @@ inside them, and the body the handler rendered; the innermost loop is vectorised
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 
+from kiln_cpp.dtypes import value_type
 from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
 from kiln_cpp.printer import cexpr
 from kiln_cpp.vectorize import (
@@ -101,6 +103,10 @@ def render_kernel(kernel: Kernel) -> str:
     lines = [f"// {kernel.header()}", f'extern "C" int {kernel.name}({", ".join(params)}) {{']
     lines.append("  int kiln_oob = 0;  // set when an indirect index is out of range")
     ind = "  "
+    if kernel.has_scan():
+        lines += [ind + line for line in _scan_kernel_lines(kernel, handler, ind)]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
     items = merge_independent_loops(handler.items)
     items = reuse_across_loops(items, *_reduction_point(kernel))
     if not handler.has_scatter and column_reduction(kernel, items):
@@ -165,6 +171,66 @@ def render_kernel(kernel: Kernel) -> str:
     lines.append(ind + "return kiln_oob;")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _scan_kernel_lines(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list[str]:
+    """A scan kernel: the outer loops in parallel, the scan loop in order inside them
+    (its accumulators declared before it, every step stored)."""
+    (loop,) = [i for i in handler.items if isinstance(i, ReductionLoop)]
+    before = [i for i in handler.items if isinstance(i, str)]  # the outer level's lines
+    n = len(kernel.ranges)
+    lines = []
+    if n:
+        collapse = f" collapse({n})" if n > 1 else ""
+        lines.append(f"#pragma omp parallel for{collapse} if({_parallel_when(kernel)})")
+    lines += _loops("x", kernel.ranges, "")
+    lines.append("{")
+    lines += [ind + line for line in before + loop.prologue]
+    (size,) = kernel.reduction_ranges
+    blocked = _scan_in_blocks(loop, handler, cexpr(size), ind)
+    if blocked is not None:
+        lines += [ind + line for line in blocked]
+    else:
+        lines += [ind + line for line in _loops("r", kernel.reduction_ranges, "")]
+        lines += [ind + "{", *[ind * 2 + line for line in loop.body], ind + "}"]
+    return lines + ["}"]
+
+
+SCAN_BLOCK = 64  # the values of a scan computed ahead, vectorised, per block of steps
+_DEFINED = re.compile(r"^const [\w:<>]+ (tmp\d+) = ")
+
+
+def _scan_in_blocks(loop: ReductionLoop, handler: CppOpsHandler, size: str, ind: str):
+    """The scan loop in blocks of :data:`SCAN_BLOCK` steps: the values of a block computed
+    first in an ``omp simd`` loop (a producer's math vectorised), then scanned in order. None
+    where the values take no computing (a load) or the body does not split there (a value
+    line touches the out-of-range flag, or the scan's part reads another of them)."""
+    values, steps = loop.body[: loop.scan_start], loop.body[loop.scan_start :]
+    defined = [m[1] for line in values if (m := _DEFINED.match(line))]
+    if len(values) < 2 or len(defined) != len(values) or any("kiln_oob" in v for v in values):
+        return None
+    if any(re.search(rf"\b{v}\b", line) for line in steps for v in defined if v != loop.scanned):
+        return None
+    vt = value_type(handler.dtypes[loop.scanned])
+    r0 = "r0"
+    return [
+        f"for (int64_t {r0}_block = 0; {r0}_block < {size}; {r0}_block += {SCAN_BLOCK})",
+        "{",
+        f"{ind}const int64_t {r0}_end = std::min<int64_t>({r0}_block + {SCAN_BLOCK}, {size});",
+        f"{ind}{vt} kiln_scanned[{SCAN_BLOCK}];",
+        f"{ind}#pragma omp simd",
+        f"{ind}for (int64_t {r0} = {r0}_block; {r0} < {r0}_end; ++{r0})",
+        f"{ind}{{",
+        *[ind * 2 + line for line in values],
+        f"{ind * 2}kiln_scanned[{r0} - {r0}_block] = {loop.scanned};",
+        f"{ind}}}",
+        f"{ind}for (int64_t {r0} = {r0}_block; {r0} < {r0}_end; ++{r0})",
+        f"{ind}{{",
+        f"{ind * 2}const {vt} {loop.scanned} = kiln_scanned[{r0} - {r0}_block];",
+        *[ind * 2 + line for line in steps],
+        f"{ind}}}",
+        "}",
+    ]
 
 
 def render_group(group: LaunchGroup) -> str:

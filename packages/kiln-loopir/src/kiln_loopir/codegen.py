@@ -27,6 +27,8 @@ class Codegen(Protocol):
       ``kernel.size_args`` (size symbols) are the launch arguments, in that order.
     - ``compile(sources)``: one callable per source, same order. The host program calls
       ``kernel(*buffers, *sizes)`` with tensors for the buffers and ints for the sizes.
+    - optionally ``renders_scans = True``: it renders kernels with a Scan node (cumulative
+      ops); without it the lowering makes none.
 
     The object registered in the entry-point group (a module is fine) is used as it is.
     """

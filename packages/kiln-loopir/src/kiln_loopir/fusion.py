@@ -8,7 +8,8 @@ Rules (checked in :func:`try_fuse`):
   space: softmax and layernorm+gelu become one kernel);
 - horizontal: independent kernels over the same space that read a common buffer merge;
 - never across a dependency through a third step (that would form a cycle), never a
-  Scatter (it writes where an index says), never across devices;
+  Scatter (it writes where an index says) or a Scan (it stores at every step), never across
+  devices;
 - never a pointwise kernel into a reduction of a big space to one point (a full sum),
   except as a producer the reduction reads: such a kernel runs as one program (one
   thread block, one thread), and the pointwise work would run there serially too.
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from kiln_loopir.ir import LoopGraph, Scatter, TensorRef
+from kiln_loopir.ir import LoopGraph, Scan, Scatter, TensorRef
 from kiln_loopir.kernel import Kernel, _same, inner_orders, node_level
 
 
@@ -73,8 +74,8 @@ def serializes(a: Kernel, b: Kernel, space: tuple[list, list]) -> bool:
 
 def try_fuse(a: Kernel, b: Kernel, name: str) -> Kernel | None:
     """``a`` and ``b`` (``a`` first) as one kernel, or None when a rule forbids it."""
-    if any(isinstance(n.body, Scatter) for n in a.nodes + b.nodes):
-        return None
+    if any(isinstance(n.body, (Scatter, Scan)) for n in a.nodes + b.nodes):
+        return None  # a scatter writes where an index says; a scan stores at every step
     if a.device != b.device:
         return None
     space = merged_space(a, b)

@@ -7,8 +7,8 @@ The IR is closed and small:
   (view, reshape, permute, expand, slice, select, squeeze, unsqueeze, as_strided ...) is
   an index remap expressed this way: reading element ``i`` of the view loads the buffer at
   ``offset + sum(i_k * stride_k)``.
-- :class:`Pointwise`, :class:`Reduction`, :class:`Scatter`: loop nests with a
-  define-by-run ``inner_fn``; a :class:`ComputedNode` stores one of them into its buffer.
+- :class:`Pointwise`, :class:`Reduction`, :class:`Scan`, :class:`Scatter`: loop nests with
+  a define-by-run ``inner_fn``; a :class:`ComputedNode` stores one of them into its buffer.
 - :class:`ExternNode`: an ATen op run eagerly by the host program (matmul, convolution,
   attention, and every op with no lowering).
 - :class:`LoopGraph`: inputs, nodes in program order, outputs; prints and verifies.
@@ -35,6 +35,11 @@ REDUCTION_TYPES = (
     "sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford.mean", "welford.m2",
     "dot",
 )  # fmt: skip
+
+
+# what a Scan combines: the running sum, product, maximum, minimum or logsumexp, or the
+# position of the running maximum (minimum), the latest of equal values and of NaNs
+SCAN_TYPES = ("sum", "prod", "max", "min", "logsumexp", "argmax", "argmin")
 
 
 class IRError(AssertionError):
@@ -188,6 +193,42 @@ class Reduction:
 
 
 @dataclass(eq=False)
+class Scan:
+    """``buffer[index] = scan(type, inner_fn(ops, index with j at dim) for j <= index[dim])``:
+    a cumulative op along ``dim``.
+
+    Its loops are the ranges but ``dim`` (the outer ones) and ``ranges[dim]``, walked in
+    order (a kernel's reduction range): every step stores the running value.
+    ``scan_type`` is one of :data:`SCAN_TYPES`; ``argmax``/``argmin`` give the position
+    along ``dim`` (int64), ``src_dtype`` is the dtype of the values combined.
+    """
+
+    ranges: tuple[sympy.Expr, ...]
+    dim: int
+    scan_type: str
+    inner_fn: Callable
+    src_dtype: torch.dtype
+
+    kind = "Scan"
+
+    def outer_ranges(self) -> list[sympy.Expr]:
+        return [r for d, r in enumerate(self.ranges) if d != self.dim]
+
+    def loop_ranges(self) -> tuple[list[sympy.Expr], list[sympy.Expr]]:
+        return _drop_ones(self.outer_ranges()), [self.ranges[self.dim]]
+
+    def full_index(self, loop_index, loop_rindex) -> list[sympy.Expr]:
+        outer = _expand_loop_index(self.outer_ranges(), loop_index)
+        return [*outer[: self.dim], loop_rindex[0], *outer[self.dim :]]
+
+    def call(self, ops, loop_index, loop_rindex):
+        return self.inner_fn(ops, self.full_index(loop_index, loop_rindex))
+
+    def header(self) -> str:
+        return f"Scan({self.scan_type}, ranges={_dims(self.ranges)}, dim={self.dim})"
+
+
+@dataclass(eq=False)
 class Scatter(PointLoop):
     """``buffer[index_fn(ops, index)] (=|+=) inner_fn(ops, index)`` over ``ranges``.
 
@@ -210,14 +251,14 @@ class Scatter(PointLoop):
 
 @dataclass(eq=False)
 class ComputedNode:
-    """A loop nest (Pointwise, Reduction or Scatter) that writes ``buffer``.
+    """A loop nest (Pointwise, Reduction, Scan or Scatter) that writes ``buffer``.
 
     ``origins`` names the aten ops the node was lowered from (``"aten.gelu.default"``), in
     order: the FX node's op (the op before decomposition where the graph records it) after
     those of the producers its inner function inlined. Kernel names are made of them."""
 
     buffer: Buffer
-    body: Pointwise | Reduction | Scatter
+    body: Pointwise | Reduction | Scan | Scatter
     origins: tuple[str, ...] = ()
 
     @property
@@ -230,17 +271,21 @@ class ComputedNode:
         p, r = self.body.loop_ranges()
         xs, rs = index_vars(len(p)), reduction_vars(len(r))
         value = self.body.call(handler, xs, rs)
-        return handler, value, self.store_index(handler, xs)
+        return handler, value, self.store_index(handler, xs, rs)
 
-    def store_index(self, ops, loop_index) -> sympy.Expr:
+    def store_index(self, ops, loop_index, loop_rindex=()) -> sympy.Expr:
         if isinstance(self.body, Scatter):
             return sympy.expand(self.body.call_index(ops, loop_index))
+        if isinstance(self.body, Scan):  # every step of the scan loop stores
+            return self.buffer.store_index(self.body.full_index(loop_index, loop_rindex))
         return self.buffer.store_index(_expand_loop_index(self.body.ranges, loop_index))
 
     def format(self) -> list[str]:
         handler, value, index = self.trace()
         if isinstance(self.body, Reduction):
             value = handler.reduction(self.body.reduction_type, value, self.body.src_dtype)
+        if isinstance(self.body, Scan):
+            value = handler.scan(self.body.scan_type, value, self.body.src_dtype)
         accumulate = isinstance(self.body, Scatter) and self.body.accumulate
         handler.store(self.name, index, value, accumulate)
         lines = [f"{self.name}: {self.buffer.describe()} = {self.body.header()}"]

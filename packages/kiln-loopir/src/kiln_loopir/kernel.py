@@ -7,7 +7,10 @@ and ``reduction_ranges`` (the inner loops: ``r0 ..``). Each of its nodes runs at
 - ``inner``: a Pointwise node whose loop ranges equal ``ranges + reduction_ranges``: once
   per point of the whole space;
 - ``reduction``: a Reduction node with ``(ranges, reduction_ranges)`` as its loop ranges:
-  reduces over the inner loops, once per outer point.
+  reduces over the inner loops, once per outer point;
+- ``scan``: a Scan node with ``(ranges, reduction_ranges)`` as its loop ranges: walks the
+  one inner loop in order, storing the running value at every step. A kernel with a scan
+  holds nothing else (the fusion rules keep it alone).
 
 Nodes run in order at each outer point. A node reads a buffer written earlier in the same
 kernel only at the point where it was written (the fusion rule guarantees it), so the value
@@ -28,6 +31,7 @@ from kiln_loopir.ir import (
     LoopGraph,
     Pointwise,
     Reduction,
+    Scan,
     Scatter,
     _dims,
 )
@@ -42,8 +46,9 @@ def _same(a, b) -> bool:
 def node_level(node: ComputedNode, ranges, reduction_ranges) -> str | None:
     """The level ``node`` runs at in a kernel over this space (loop order kept), or None."""
     p, r = node.body.loop_ranges()
-    if isinstance(node.body, Reduction):
-        return "reduction" if _same(p, ranges) and _same(r, reduction_ranges) else None
+    if isinstance(node.body, (Reduction, Scan)):
+        fits = _same(p, ranges) and _same(r, reduction_ranges)
+        return ("reduction" if isinstance(node.body, Reduction) else "scan") if fits else None
     if _same(p, ranges):
         return "outer"
     if reduction_ranges and _same(p, list(ranges) + list(reduction_ranges)):
@@ -59,7 +64,7 @@ def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int
     tuple giving, for each of the node's loop dimensions, the kernel dimension it takes."""
     p, _ = node.body.loop_ranges()
     full = list(ranges) + list(reduction_ranges)
-    if isinstance(node.body, Reduction) or not reduction_ranges or len(p) != len(full):
+    if isinstance(node.body, (Reduction, Scan)) or not reduction_ranges or len(p) != len(full):
         return []
     found = []
     for order in itertools.permutations(range(len(full))):
@@ -151,9 +156,11 @@ class Kernel:
                 index = node.store_index(ops, loops)
             else:
                 value = node.body.call(ops, xs, rs)
-                index = node.store_index(ops, xs)
+                index = node.store_index(ops, xs, rs)
             if isinstance(node.body, Reduction):
                 value = ops.reduction(node.body.reduction_type, value, node.body.src_dtype)
+            if isinstance(node.body, Scan):
+                value = ops.scan(node.body.scan_type, value, node.body.src_dtype)
             stores[node.name] = index
             accumulate = isinstance(node.body, Scatter) and node.body.accumulate
             if node.name not in self.local_buffers:
@@ -176,6 +183,9 @@ class Kernel:
             for load in handler.loads
             if load.buffer in stores
         )
+
+    def has_scan(self) -> bool:
+        return any(isinstance(n.body, Scan) for n in self.nodes)
 
     def header(self) -> str:
         kinds = ", ".join(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from kiln_loopir.ir import ComputedNode, Reduction, Scatter
+from kiln_loopir.ir import ComputedNode, Reduction, Scan, Scatter
 
 PREFIX = "kiln"
 MAX_OPS = 4  # op words in a name, ``etc`` included
@@ -58,7 +58,7 @@ def op_words(nodes: Sequence[ComputedNode]) -> list[str]:
         found = [w for w in map(op_word, node.origins) if w]
         if not found:
             body = node.body
-            kind = "reduction" if isinstance(body, Reduction) else "pointwise"
+            kind = {Reduction: "reduction", Scan: "scan"}.get(type(body), "pointwise")
             found = ["scatter" if isinstance(body, Scatter) else kind]
         words.update(dict.fromkeys(found))
     return list(words)

@@ -35,11 +35,12 @@ BINARY_OPS: tuple[str, ...] = (
 # load(buffer, index, mask=None), constant(value, dtype), index_expr(expr, dtype),
 # to_dtype(x, dtype), where(cond, a, b), masked(mask, body, other),
 # indirect_indexing(x, size), rand(seed, offset), randn(seed, offset); and, used by a
-# kernel's body rather than by inner functions: reduction(type, value, src_dtype) and
+# kernel's body rather than by inner functions: reduction(type, value, src_dtype),
+# scan(type, value, src_dtype) (the running value at this step of a scan loop) and
 # store(buffer, index, value, accumulate=False).
 STRUCTURAL_OPS: tuple[str, ...] = (
     "load", "constant", "index_expr", "to_dtype", "where", "masked", "indirect_indexing",
-    "rand", "randn", "reduction", "store",
+    "rand", "randn", "reduction", "scan", "store",
 )  # fmt: skip
 ALL_OPS = UNARY_OPS + BINARY_OPS + STRUCTURAL_OPS
 # the operations whose result is bool whatever their operands' dtype
@@ -175,6 +176,9 @@ class TraceHandler:
 
     def reduction(self, reduction_type: str, value: str, src_dtype: torch.dtype) -> str:
         return self._emit(f"reduction({reduction_type!r}, {value}, {dtype_str(src_dtype)})")
+
+    def scan(self, scan_type: str, value: str, src_dtype: torch.dtype) -> str:
+        return self._emit(f"scan({scan_type!r}, {value}, {dtype_str(src_dtype)})")
 
     def store(self, name: str, index: sympy.Expr, value: str, accumulate: bool = False) -> None:
         op = "store_add" if accumulate else "store"

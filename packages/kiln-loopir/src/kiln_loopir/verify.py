@@ -6,12 +6,14 @@ import sympy
 
 from kiln_loopir.ir import (
     REDUCTION_TYPES,
+    SCAN_TYPES,
     Buffer,
     ComputedNode,
     ExternNode,
     IRError,
     LoopGraph,
     Reduction,
+    Scan,
     Scatter,
     TensorRef,
 )
@@ -45,6 +47,9 @@ def check_node_body(node: ComputedNode, defined: dict[str, Buffer], size_names: 
     )
     if isinstance(body, Reduction):
         _check(body.reduction_type in REDUCTION_TYPES, f"{node.name}: unknown reduction type")
+    if isinstance(body, Scan):
+        _check(body.scan_type in SCAN_TYPES, f"{node.name}: unknown scan type")
+        _check(0 <= body.dim < len(body.ranges), f"{node.name}: scan dim {body.dim} out of range")
     handler, value, store = node.trace()
     _check(isinstance(value, str), f"{node.name}: inner_fn returned {value!r}, not an ops value")
     p, r = body.loop_ranges()

@@ -98,6 +98,7 @@ class TritonCodegen:
 
     name = "triton"
     device_types = ("cuda",)
+    renders_scans = True  # cumulative ops: tl.associative_scan over rows (render.py)
 
     def __init__(self, parallel_compile: bool = True) -> None:
         self.parallel_compile = parallel_compile

@@ -173,6 +173,31 @@ def argmin_combine(a, ia, b, ib):
     return tl.where(take_a, a, b), tl.where(take_a, ia, ib)
 
 
+# -- scans: ``a`` the running value (earlier), ``b`` the later one ----------------------------
+@triton.jit
+def log_add_exp_combine(a, b):
+    # log(exp(a) + exp(b)) as ATen's logcumsumexp steps: a NaN on either side stays, equal
+    # infinities are kept as they are
+    lo = tl.minimum(a, b)
+    hi = tl.maximum(a, b)
+    keep = (lo == hi) & ~isfinite(lo)
+    out = tl.where(keep, b, libdevice.log1p(tl.exp(lo - hi)) + hi)
+    return tl.where((a != a) | (b != b), a + b, out)
+
+
+@triton.jit
+def cummax_combine(a, ia, b, ib):
+    # the later of equal values; a NaN once seen stays, at its latest position
+    take_b = (b != b) | ((a == a) & (b >= a))
+    return tl.where(take_b, b, a), tl.where(take_b, ib, ia)
+
+
+@triton.jit
+def cummin_combine(a, ia, b, ib):
+    take_b = (b != b) | ((a == a) & (b <= a))
+    return tl.where(take_b, b, a), tl.where(take_b, ib, ia)
+
+
 @triton.jit
 def welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
     n = n_a + n_b

@@ -469,8 +469,9 @@ class KernelRenderer:
             "    pid = pid.to(tl.int64)",
         ]
 
-    def _straight_body(self, reduction_lines=None) -> list[str]:
-        """Every value and store in program order (pointwise and persistent kernels)."""
+    def _straight_body(self, reduction_lines=None, scan_lines=None) -> list[str]:
+        """Every value and store in program order (pointwise, persistent and scan
+        kernels)."""
         lines: list[str] = []
         done: dict = {}
         stores = sorted(self.rec.stores, key=lambda s: s.after)
@@ -481,6 +482,8 @@ class KernelRenderer:
                 si += 1
             if v.op == "reduction":
                 lines += reduction_lines(v, done)
+            elif v.op == "scan":
+                lines += scan_lines(v)
             else:
                 lines += self.value_lines(v)
         for s in stores[si:]:
@@ -678,6 +681,72 @@ class KernelRenderer:
         inner += update
         return before + ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + x for x in inner]
 
+    # -- scans -------------------------------------------------------------------------------
+    def _scan_of_block(self, v: Value) -> tuple[list[str], Callable[[str, str], str]]:
+        """Lines scanning value ``v``'s block along its rows, and ``after(a, a_index)``: the
+        expression that combines a running value (its position, for argmax/argmin) before
+        the block with the block's scan."""
+        kind, i, n = v.attrs["type"], v.args[0].name, v.name
+        values = f"tl.broadcast_to({i}, [XBLOCK, RBLOCK])"
+        if kind in ("argmax", "argmin"):
+            fn = f"kt.cum{kind[3:]}_combine"
+            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)"
+            scan = f"{n}_v, {n} = tl.associative_scan(({values}, {idx}), 1, {fn})"
+            return [scan], lambda a, a_index: f"{fn}({a}, {a_index}, {n}_v, {n})"
+        if kind == "sum":
+            return [f"{n} = tl.cumsum({values}, 1)"], lambda a, _: f"{a} + {n}"
+        if kind == "prod":
+            return [f"{n} = tl.cumprod({values}, 1)"], lambda a, _: f"{a} * {n}"
+        if kind in ("max", "min"):
+            fn = f"kt.{kind}_combine"
+        elif kind == "logsumexp":
+            fn = "kt.log_add_exp_combine"
+        else:
+            raise TritonCodegenError(f"kiln-triton does not render scan {kind!r} yet")
+        return [f"{n} = tl.associative_scan({values}, 1, {fn})"], lambda a, _: f"{fn}({a}, {n})"
+
+    def persistent_scan(self, v: Value) -> list[str]:
+        """A scan over rows held whole (``RBLOCK`` covers them); lanes past the row's end
+        come after its elements and change none of them."""
+        lines, _ = self._scan_of_block(v)
+        return lines + self._round(v)
+
+    def scan_function(self, suffix: str) -> list[str]:
+        """The persistent or looped variant of a kernel with a scan (its one node). The
+        looped one walks the rows in chunks of ``RBLOCK``: each chunk's scan is combined
+        with the running value the chunk before left at its last element (the
+        identity before the first)."""
+        head, body = self._reduction_head(suffix)
+        if suffix == "persistent":
+            body += ["rindex = rbase"] + self._rdefs()
+            body += self._straight_body(scan_lines=self.persistent_scan)
+            return head + ["    " + line for line in body]
+        (v,) = [x for x in self.rec.values if x.op == "scan"]
+        kind, src, n = v.attrs["type"], v.attrs["src"], v.name
+        arg = kind in ("argmax", "argmin")
+        ident = _identity(kind, src)
+        body.append(f"{n}_carry = tl.full([XBLOCK, 1], {ident}, {compute_type(src)})")
+        if arg:
+            body.append(f"{n}_carry_index = tl.zeros([XBLOCK, 1], tl.int64)")
+        last = "rindex == tl.minimum(roffset + RBLOCK, rnumel) - 1"
+
+        def scan_lines(v: Value) -> list[str]:
+            lines, after = self._scan_of_block(v)
+            running = after(f"{n}_carry", f"{n}_carry_index")
+            lines.append(f"{n}_v, {n} = {running}" if arg else f"{n} = {running}")
+            value = f"{n}_v" if arg else n
+            lines.append(f"{n}_carry = tl.sum(tl.where({last}, {value}, 0), 1, keep_dims=True)")
+            if arg:
+                lines.append(
+                    f"{n}_carry_index = tl.sum(tl.where({last}, {n}, 0), 1, keep_dims=True)"
+                )
+            return lines + self._round(v)
+
+        inner = ["rindex = roffset + rbase"] + self._rdefs()
+        inner += self._straight_body(scan_lines=scan_lines)
+        body += ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + x for x in inner]
+        return head + ["    " + line for line in body]
+
     # -- the module ----------------------------------------------------------------------------
     def meta(self, split_count: int = 0) -> dict:
         """The launcher's metadata; ``split_count``: the split variant's workspace parts."""
@@ -707,7 +776,9 @@ class KernelRenderer:
     def source(self) -> str:
         out = [f"# {self.kernel.header()}", HEADER]
         parts: list[tuple[str, str]] = []
-        if self.space.tiling.kind == "reduction":
+        if self.kernel.has_scan():
+            out += self.scan_function("persistent") + ["", ""] + self.scan_function("looped")
+        elif self.space.tiling.kind == "reduction":
             out += self.persistent_function() + ["", ""] + self.looped_function()
             parts = split_parts(self)
             if parts:

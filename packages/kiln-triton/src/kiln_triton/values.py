@@ -156,6 +156,11 @@ class RecordingHandler:
             out = src_dtype
         return self._value("reduction", (value,), out, False, type=reduction_type, src=src_dtype)
 
+    def scan(self, scan_type: str, value: Value, src_dtype: torch.dtype) -> Value:
+        value = self.to_dtype(value, src_dtype)
+        out = torch.int64 if scan_type in ("argmax", "argmin") else src_dtype
+        return self._value("scan", (value,), out, True, type=scan_type, src=src_dtype)
+
     def store(self, name: str, index: sympy.Expr, value: Value, accumulate: bool = False) -> None:
         index = sympy.expand(index)
         deps, inner = self._index_deps(index)

@@ -58,6 +58,7 @@ class ObservedCodegen:
         self.inner = inner
         self.name = inner.name
         self.device_types = inner.device_types
+        self.renders_scans = getattr(inner, "renders_scans", False)
         self.frame = frame
         self.kind = kind
         if hasattr(inner, "render_group"):  # it chains kernels: one call per launch group

@@ -16,7 +16,17 @@ import torch
 import torch.fx
 
 from kiln_loopir.ir import Buffer, ExternNode, GraphInput, LoopGraph, TensorRef
-from kiln_loopir.lowering import extern, indexing, matmul, pointwise, random, reductions, views
+from kiln_loopir.lowering import (
+    bucketing,
+    extern,
+    indexing,
+    matmul,
+    pointwise,
+    random,
+    reductions,
+    scans,
+    views,
+)
 from kiln_loopir.lowering.context import LoweringContext, val_layout
 from kiln_loopir.lowering.registry import (
     LOWERINGS,
@@ -29,7 +39,15 @@ from kiln_loopir.runtime import view_layout
 from kiln_loopir.symbols import data_dependent_symbols, is_data_dependent, to_expr
 
 __all__ = ["lower", "register_lowering", "find_lowering", "lowered_ops", "LOWERINGS"]
-_ = (indexing, matmul, pointwise, random, reductions)  # imported for their registrations
+_ = (
+    bucketing,
+    indexing,
+    matmul,
+    pointwise,
+    random,
+    reductions,
+    scans,
+)  # imported for their registrations
 aten = torch.ops.aten
 log = logging.getLogger("kiln.loopir")
 
@@ -74,8 +92,13 @@ def _live_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     return live
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopGraph:
-    """Lower ``gm`` (aten ops, fake-tensor ``meta["val"]`` on every node) to a LoopGraph."""
+def lower(
+    gm: torch.fx.GraphModule, example_inputs: list | None = None, *, scans: bool = False
+) -> LoopGraph:
+    """Lower ``gm`` (aten ops, fake-tensor ``meta["val"]`` on every node) to a LoopGraph.
+
+    ``scans``: whether the code generator renders Scan nodes (``renders_scans``); without
+    them cumulative ops are prefix reductions along short dimensions, else ATen calls."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     examples = list(example_inputs) if example_inputs is not None else [None] * len(placeholders)
     if len(examples) != len(placeholders):
@@ -103,6 +126,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list | None = None) -> LoopG
     graph = LoopGraph(inputs, size_hints=_size_hints(inputs, vals, example_inputs))
     ctx = LoweringContext(graph)
     ctx.graph_device = _graph_device(gm, vals)
+    ctx.scans = scans
     live = _live_nodes(gm)
     for node in gm.graph.nodes:
         if node.op == "get_attr" and node in live:

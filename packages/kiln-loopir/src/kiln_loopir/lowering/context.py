@@ -14,6 +14,7 @@ from kiln_loopir.ir import (
     LoopGraph,
     Pointwise,
     Reduction,
+    Scan,
     Scatter,
     TensorRef,
 )
@@ -37,6 +38,7 @@ class LoweringContext:
     def __init__(self, graph: LoopGraph) -> None:
         self.graph = graph
         self.graph_device = torch.device("cpu")  # where the graph's kernels run
+        self.scans = False  # whether the code generator renders Scan nodes
         self.val: object = None
         self.arg_vals: tuple = ()
         self._count = 0
@@ -131,6 +133,23 @@ class LoweringContext:
             inner_fn,
             src_dtype,
         )
+        self.graph.nodes.append(ComputedNode(buf, body, self.origins()))
+        return buf.ref()
+
+    def scan(
+        self,
+        inner_fn: Callable,
+        *,
+        dim: int,
+        scan_type: str,
+        dtype: torch.dtype,
+        src_dtype: torch.dtype,
+        val: torch.Tensor,
+    ) -> TensorRef:
+        """Add a Scan node along ``dim``; its buffer takes val's layout."""
+        size, stride, _ = val_layout(val)
+        buf = self.new_buffer(dtype, self.device, size, stride)
+        body = Scan(buf.size, dim, scan_type, inner_fn, src_dtype)
         self.graph.nodes.append(ComputedNode(buf, body, self.origins()))
         return buf.ref()
 

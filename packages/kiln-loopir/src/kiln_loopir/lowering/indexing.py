@@ -1,5 +1,5 @@
 """Lowerings that move data by index: cat, padding, gather, embedding, advanced indexing,
-index_select, and the scatters (scatter, scatter_add, index_put, slice/select_scatter)."""
+index_select, flip, and the scatters (scatter, scatter_add, index_put, slice/select_scatter)."""
 
 from __future__ import annotations
 
@@ -273,5 +273,17 @@ def select_scatter(ctx, x: TensorRef, src: TensorRef, dim, index):
         pos = list(idx[:dim]) + list(idx[dim + 1 :])
         inside = ops.masked(mask, lambda: src.load(ops, pos), 0)
         return ops.where(mask, inside, x.load(ops, idx))
+
+    return ctx.pointwise(inner_fn)
+
+
+@register_lowering(aten.flip.default)
+def flip(ctx, x: TensorRef, dims):
+    flipped = {d % len(x.size) for d in dims} if x.size else set()
+    load_x = ctx.inlined_loader(x)
+
+    def inner_fn(ops, idx):
+        pos = [x.size[d] - 1 - i if d in flipped else i for d, i in enumerate(idx)]
+        return load_x(ops, pos)
 
     return ctx.pointwise(inner_fn)

@@ -11,7 +11,7 @@ from kiln_loopir.symbols import py_expr
 
 
 class _RenderHandler(TraceHandler):
-    """The tracing handler, with reductions told the grid they reduce."""
+    """The tracing handler, with reductions and scans told the grid they walk."""
 
     def __init__(self, nred: int) -> None:
         super().__init__()
@@ -22,6 +22,9 @@ class _RenderHandler(TraceHandler):
             f"reduction({reduction_type!r}, {value}, {dtype_str(src_dtype)}, grid, {self.nred}, "
             "device)"
         )
+
+    def scan(self, scan_type, value, src_dtype):
+        return self._emit(f"scan({scan_type!r}, {value}, {dtype_str(src_dtype)}, grid, device)")
 
 
 class ReferenceCodegen:
@@ -34,6 +37,7 @@ class ReferenceCodegen:
 
     name = "reference"
     device_types = ("cpu", "cuda")
+    renders_scans = True
 
     def render(self, kernel: Kernel) -> str:
         params = list(kernel.args) + [str(s) for s in kernel.size_args]

@@ -212,12 +212,31 @@ def _tensor_args(fn):
     return wrapped
 
 
+def scan(kind: str, value, src_dtype, grid: tuple, device=None) -> torch.Tensor:
+    """The running ``kind`` of ``value`` (broadcast to ``grid``) along the last dim."""
+    v = torch.as_tensor(value).to(device=device, dtype=src_dtype).expand(grid)
+    if v.numel() == 0:
+        return torch.zeros(grid, dtype=torch.int64 if kind.startswith("arg") else v.dtype)
+    if kind == "sum":
+        return v.cumsum(-1, dtype=src_dtype)
+    if kind == "prod":
+        return v.cumprod(-1, dtype=src_dtype)
+    if kind == "logsumexp":
+        return v.logcumsumexp(-1)
+    if v.dtype == torch.bool:  # torch's cummax refuses bool: order False < True as 0 < 1
+        out = scan(kind, v.to(torch.uint8), torch.uint8, grid, device)
+        return out if kind.startswith("arg") else out.to(torch.bool)
+    values, positions = v.cummax(-1) if kind.endswith("max") else v.cummin(-1)
+    return positions if kind.startswith("arg") else values
+
+
 def namespace() -> dict[str, object]:
     """The globals a rendered reference kernel runs with."""
     ns: dict[str, object] = {name: _tensor_args(fn) for name, fn in ELEMENTWISE.items()}
     ns.update(
         torch=torch, index_var=index_var, flat=flat, load=load, store=store,
-        store_add=store_add, reduction=reduction, constant=constant, index_expr=index_expr,
+        store_add=store_add, reduction=reduction, scan=scan, constant=constant,
+        index_expr=index_expr,
         to_dtype=to_dtype, where=where, masked=masked, indirect_indexing=indirect_indexing,
         minimum=minimum, maximum=maximum, rand=rand, randn=randn,
     )  # fmt: skip

@@ -19,7 +19,15 @@ from kiln_loopir.decompose import decompose
 from kiln_loopir.lowering.registry import find_lowering, is_view_op
 from kiln_loopir.testing import Sample, SampleResult, check_samples, trace_aten
 
-__all__ = ["SKIP", "DEFAULT_OPS", "select_ops", "op_samples", "check_op", "OpResult"]
+__all__ = [
+    "SKIP",
+    "DEFAULT_OPS",
+    "CUMULATIVE_OPS",
+    "select_ops",
+    "op_samples",
+    "check_op",
+    "OpResult",
+]
 
 # Ops whose results are random, or that return something eager compares differently.
 SKIP = {
@@ -31,17 +39,21 @@ SKIP = {
     "nn.functional.rrelu", "empty", "empty_like", "empty_strided", "new_empty",
     "new_empty_strided", "empty_permuted",
 }  # fmt: skip
-# A subset quick enough for every test run: pointwise, reductions, norms, views, indexing.
+# A subset quick enough for every test run: pointwise, reductions, norms, views, indexing,
+# bucketing.
 DEFAULT_OPS = [
-    "abs", "add", "addcmul", "amax", "argmax", "atan2", "cat", "clamp", "div",
-    "embedding", "exp", "expand", "gather", "index_select", "isnan", "log_softmax",
-    "logical_and", "logsumexp", "masked_fill", "maximum", "mean", "mul", "native_layer_norm",
-    "nn.functional.gelu", "nn.functional.pad", "nn.functional.relu", "permute", "pow",
-    "remainder", "rsqrt", "scatter_add", "sigmoid", "softmax", "stack", "std", "sub", "sum",
-    "t", "tanh", "transpose", "var_mean", "where",
+    "abs", "add", "addcmul", "amax", "argmax", "atan2", "cat", "clamp",
+    "div", "embedding", "exp", "expand", "flip", "gather", "histc",
+    "index_select", "isnan", "log_softmax", "logical_and", "logsumexp",
+    "masked_fill", "maximum", "mean", "mul", "native_layer_norm", "nn.functional.gelu",
+    "nn.functional.pad", "nn.functional.relu", "permute", "pow", "remainder", "rsqrt",
+    "scatter_add", "searchsorted", "sigmoid", "softmax", "stack", "std", "sub", "sum", "t",
+    "tanh", "transpose", "var_mean", "where",
 ]  # fmt: skip
 INTEGER_OPS = ["add", "mul", "where", "sum", "amax", "remainder", "bitwise_xor", "gather"]
 BOOL_OPS = ["logical_and", "any", "all", "where", "eq", "max"]
+# Scans (kiln_loopir.lowering.scans), checked where the code generator renders them.
+CUMULATIVE_OPS = ["cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"]
 
 
 def select_ops(op_db: Iterable, names: Iterable[str] | None = None) -> Iterator:
