@@ -6,8 +6,11 @@ parameters and every cache entry's guards inlined, newest first.
             return ___run0(x, y, scale=scale)
         return ___captured.cache_miss((x, y), {'scale': scale})
 
-An entry whose code only returns one output of its graph, computed from the arguments, is
-called as ``___graph0(x, y)[0]``: no transformed frame in between.
+The graph of an entry is called from here, on the inputs the guards have read (bound to
+names as they are read: ``(___r0_1 := self._parameters['weight'])``), and the rest of
+the transformed code runs as its epilogue, ``___epilogue0(___graph0(x, ___r0_1), x, y,
+scale=scale)``; an entry whose code only returns one output of its graph is called as
+``___graph0(x, ___r0_1)[0]``: no transformed frame at all.
 """
 
 from __future__ import annotations
@@ -129,6 +132,25 @@ def _renamer(n: int, names):
     return rename
 
 
+def graph_call(n: int, result, sig: Signature, read, scope: dict) -> str | None:
+    """Entry ``n``'s action as a call of its graph on the inputs its guards read (each
+    was bound to a name by the guard's shared reads; ``read(expr)`` names it): the graph's
+    output when that is what the frame returns, else the epilogue of the transformed code
+    on the graph's outputs. None when the entry has no graph, or an input no guard reads."""
+    found = result.direct or result.after_graph
+    if found is None:
+        return None
+    compiled, expressions, then = found
+    if not all(expr in result.guard.sources for expr in expressions):
+        return None
+    scope[f"___graph{n}"] = compiled
+    graph = f"___graph{n}({', '.join(read(expr) for expr in expressions)})"
+    if result.direct is not None:
+        return f"{graph}[{then}]"
+    scope[f"___epilogue{n}"] = then
+    return f"___epilogue{n}({graph}, {sig.call_args()})"
+
+
 def make_call(fn, bound: bool, entries=()):
     """``__call__`` for a captured ``fn`` over its cache ``entries`` (newest first); with
     ``bound``, the first parameter is the object the capture is bound to. None when the
@@ -151,12 +173,8 @@ def make_call(fn, bound: bool, entries=()):
             tensors = ", ".join(shared.rewrite(expr) for expr in guard.tensor_exprs)
             checks.append(rename(f"___tensors_match({tensors})"))
         condition = " and ".join(checks) or "True"
-        fast = entry.result.direct
-        if fast is not None:
-            compiled, argument_names, index = fast
-            scope[f"___graph{n}"] = compiled
-            action = f"___graph{n}({', '.join(argument_names)})[{index}]"
-        else:
+        action = graph_call(n, entry.result, sig, lambda expr: rename(shared.rewrite(expr)), scope)
+        if action is None:
             scope[f"___run{n}"] = entry.result.function
             action = f"___run{n}({call_args})"
         lines += [f"    if {condition}:", f"        return {action}"]

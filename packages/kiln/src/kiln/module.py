@@ -16,6 +16,12 @@ import threading
 import types
 
 import torch
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 
 from kiln.frames import call_timing_capture
 
@@ -149,11 +155,30 @@ class CompiledModule(torch.nn.Module):
         for registry in ("_parameters", "_buffers", "_modules"):
             object.__setattr__(self, registry, getattr(module, registry))
 
+    def __call__(self, *args, **kwargs):
+        # nn.Module's call without its work where there is none to do (no hooks on the
+        # wrapper, no global hooks, no TorchScript trace, Kiln not disabled): the captured
+        # module's forward, which runs the model eagerly if the model has hooks
+        if (
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or _global_forward_hooks
+            or _global_forward_pre_hooks
+            or _global_backward_hooks
+            or _global_backward_pre_hooks
+            or self._compiled_call_impl is not None
+            or compilation_disabled()
+            or torch._C._get_tracing_state()
+        ):
+            return super().__call__(*args, **kwargs)
+        return call_timing_capture(self._captured.forward, args, kwargs, self._orig_mod)
+
     def forward(self, *args, **kwargs):
         if compilation_disabled():
             return self._orig_mod(*args, **kwargs)
-        label = type(self._orig_mod).__qualname__
-        return call_timing_capture(self._captured, args, kwargs, label)
+        return call_timing_capture(self._captured, args, kwargs, self._orig_mod)
 
     @property
     def training(self) -> bool:

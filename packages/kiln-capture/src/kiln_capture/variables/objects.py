@@ -10,6 +10,12 @@ import re
 import types
 
 import torch
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 
 from kiln_capture.exc import GraphBreak, UserError
 from kiln_capture.sources import AttrSource, ItemSource, ModuleMemberSource
@@ -301,20 +307,19 @@ MODULE_INTROSPECTION = {
 
 
 def has_hooks(module: torch.nn.Module) -> bool:
-    from torch.nn.modules import module as module_impl
-
-    own = (
-        module._forward_hooks,
-        module._forward_pre_hooks,
-        module._backward_hooks,
-        getattr(module, "_backward_pre_hooks", {}),
+    """Whether calling ``module`` runs hooks (its own or global ones). Called at every call
+    of a captured module: the reads are written out."""
+    own = module.__dict__
+    return bool(
+        own.get("_forward_hooks")
+        or own.get("_forward_pre_hooks")
+        or own.get("_backward_hooks")
+        or own.get("_backward_pre_hooks")
+        or _global_forward_hooks
+        or _global_forward_pre_hooks
+        or _global_backward_hooks
+        or _global_backward_pre_hooks
     )
-    global_hooks = (
-        module_impl._global_forward_hooks,
-        module_impl._global_forward_pre_hooks,
-        module_impl._global_backward_hooks,
-    )
-    return any(own) or any(global_hooks)
 
 
 class PythonModuleVariable(ObjectVariable):
