@@ -437,6 +437,15 @@ class DataclassVariable(Variable):
         return super().unpack(tx)
 
     def reconstruct(self, cg):
+        from kiln_capture.model_outputs import model_output_builder
+        from kiln_capture.variables.tensor import TensorVariable
+
+        builder = model_output_builder(
+            self.cls, self.fields, lambda v: isinstance(v, TensorVariable)
+        )
+        if builder is not None:  # a Hugging Face output of tensors: built directly
+            cg.call_object(builder, [self.fields[name] for name in builder.present])
+            return
         init_fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
         names = [n for n in init_fields if n in self.fields]
         cg.call_object(self.cls, [self.fields[n] for n in names], kw_names=tuple(names))

@@ -1,0 +1,88 @@
+"""The per-call path: the dispatcher calls each entry's graph on the inputs its guards read,
+then the rest of the transformed code (its epilogue); nothing is read twice."""
+
+import torch
+from recording import Recorder
+
+from kiln_capture import capture
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.linear(x).relu()
+
+
+class Labelled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return {"y": y, "total": y.sum(), "label": "out"}
+
+
+def never_called(*args, **kwargs):
+    raise AssertionError("the transformed function ran: the dispatcher should call the graph")
+
+
+def bypass_transformed_function(captured) -> str:
+    """Make the entry's transformed function fail if called; the dispatcher's source."""
+    inner = captured._captured
+    inner.entries[0].result.function = never_called
+    inner.rebuild_dispatch()
+    return inner.dispatch_source()
+
+
+def test_a_graph_output_returned_is_the_graph_called_on_the_guarded_reads():
+    model = Scaled()
+    captured = capture(model, Recorder())
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(captured(x), model(x))
+    source = bypass_transformed_function(captured)
+    assert "return ___graph0(" in source and ")[0]" in source
+    assert "return ___graph0(x, ___r0_" in source, "inputs are the guards' reads"
+    torch.testing.assert_close(captured(x), model(x))
+
+
+def test_other_returns_run_the_epilogue_on_the_graph_outputs():
+    model = Labelled()
+    backend = Recorder()
+    captured = capture(model, backend)
+    x = torch.randn(2, 3)
+    captured(x)
+    source = bypass_transformed_function(captured)
+    assert "return ___epilogue0(___graph0(" in source
+    got, expected = captured(x), model(x)
+    assert got.keys() == expected.keys() and got["label"] == "out"
+    torch.testing.assert_close(got["y"], expected["y"])
+    torch.testing.assert_close(got["total"], expected["total"])
+    # a parameter replaced by another tensor of the same kind: the guards pass and read it
+    with torch.no_grad():
+        model.linear.weight = torch.nn.Parameter(torch.randn(3, 3))
+    torch.testing.assert_close(captured(x)["y"], model(x)["y"])
+    assert len(backend.graphs) == 1
+
+
+def test_the_epilogue_replays_side_effects():
+    seen = []
+
+    def fn(x, log):
+        y = x * 2
+        log.append(y)
+        return y + 1, len(log)
+
+    captured = capture(fn, Recorder())
+    x = torch.randn(3)
+    for n in (1, 2):
+        seen.clear()
+        seen.extend([None] * (n - 1))
+        out, length = captured(x, seen)
+        assert length == n and len(seen) == n
+        torch.testing.assert_close(seen[-1], x * 2)
+        torch.testing.assert_close(out, x * 2 + 1)
+    assert "___epilogue0(" in captured.dispatch_source()
