@@ -132,9 +132,11 @@ def _renamer(n: int, names):
     return rename
 
 
-def graph_call(n: int, result, sig: Signature, read, scope: dict) -> str | None:
+def graph_call(
+    n: int, result, sig: Signature, shared: SharedReads, rename, scope: dict
+) -> str | None:
     """Entry ``n``'s action as a call of its graph on the inputs its guards read (each
-    was bound to a name by the guard's shared reads; ``read(expr)`` names it): the graph's
+    was bound to a name by the guard's shared reads, as ``shared`` names it): the graph's
     output when that is what the frame returns, else the epilogue of the transformed code
     on the graph's outputs. None when the entry has no graph, or an input no guard reads."""
     found = result.direct or result.after_graph
@@ -144,7 +146,8 @@ def graph_call(n: int, result, sig: Signature, read, scope: dict) -> str | None:
     if not all(expr in result.guard.sources for expr in expressions):
         return None
     scope[f"___graph{n}"] = compiled
-    graph = f"___graph{n}({', '.join(read(expr) for expr in expressions)})"
+    inputs = ", ".join(rename(shared.rewrite(expr)) for expr in expressions)
+    graph = f"___graph{n}({inputs})"
     if result.direct is not None:
         return f"{graph}[{then}]"
     scope[f"___epilogue{n}"] = then
@@ -173,7 +176,7 @@ def make_call(fn, bound: bool, entries=()):
             tensors = ", ".join(shared.rewrite(expr) for expr in guard.tensor_exprs)
             checks.append(rename(f"___tensors_match({tensors})"))
         condition = " and ".join(checks) or "True"
-        action = graph_call(n, entry.result, sig, lambda expr: rename(shared.rewrite(expr)), scope)
+        action = graph_call(n, entry.result, sig, shared, rename, scope)
         if action is None:
             scope[f"___run{n}"] = entry.result.function
             action = f"___run{n}({call_args})"
