@@ -86,3 +86,47 @@ def test_the_epilogue_replays_side_effects():
         torch.testing.assert_close(seen[-1], x * 2)
         torch.testing.assert_close(out, x * 2 + 1)
     assert "___epilogue0(" in captured.dispatch_source()
+
+
+class Settings:
+    def __init__(self):
+        self.scale = 2.0
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, settings):
+        super().__init__()
+        self.settings = settings
+
+    def forward(self, x):
+        return x * self.settings.scale
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.settings = Settings()
+        self.layers = torch.nn.ModuleList(Layer(self.settings) for _ in range(3))
+
+    def forward(self, x):
+        x = x + self.settings.scale
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_an_object_read_through_several_paths_is_guarded_once():
+    model = Stack()
+    backend = Recorder()
+    captured = capture(model, backend)
+    x = torch.randn(3)
+    torch.testing.assert_close(captured(x), model(x))
+    source = captured._captured.dispatch_source()
+    assert source.count(".scale") == 1, "the shared object's attribute is checked once"
+    assert source.count(".settings) is ___r0_") == 3, "each other path checks identity"
+    model.settings.scale = 3.0  # seen through every path
+    torch.testing.assert_close(captured(x), model(x))
+    model.layers[1].settings = Settings()  # no longer the same object
+    model.layers[1].settings.scale = 5.0
+    torch.testing.assert_close(captured(x), model(x))
+    assert len(backend.graphs) == 3
