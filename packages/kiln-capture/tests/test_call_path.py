@@ -130,3 +130,59 @@ def test_an_object_read_through_several_paths_is_guarded_once():
     model.layers[1].settings.scale = 5.0
     torch.testing.assert_close(captured(x), model(x))
     assert len(backend.graphs) == 3
+
+
+class Remapped:
+    """Reads some names under others, as Hugging Face configs do with ``attribute_map``."""
+
+    aliases = {"width": "size"}
+
+    def __init__(self):
+        self.size = 2.0
+        self.offset = 1.0
+
+    def __getattribute__(self, key):
+        aliases = super().__getattribute__("aliases")
+        if key in aliases:
+            key = aliases[key]
+        return super().__getattribute__(key)
+
+
+class Opaque(Remapped):
+    def __getattribute__(self, key):
+        if id(key) == 0:  # a builtin capture does not trace: the read stays whole
+            return None
+        return super().__getattribute__(key)
+
+
+def scaled(x, settings):
+    return x * settings.width + settings.offset
+
+
+def test_a_custom_getattribute_is_traced_and_the_guards_read_past_it():
+    backend = Recorder()
+    captured = capture(scaled, backend)
+    settings, x = Remapped(), torch.randn(3)
+    torch.testing.assert_close(captured(x, settings), scaled(x, settings))
+    source = captured.dispatch_source()
+    assert "object_getattribute(settings, 'size')" in source
+    assert "settings.width" not in source, "the class's __getattribute__ is not called"
+    settings.size = 3.0  # the name the alias leads to
+    torch.testing.assert_close(captured(x, settings), scaled(x, settings))
+    Remapped.aliases["offset"] = "size"  # the class's table changes what a name reads
+    try:
+        torch.testing.assert_close(captured(x, settings), scaled(x, settings))
+    finally:
+        del Remapped.aliases["offset"]
+    assert len(backend.graphs) == 3
+
+
+def test_a_custom_getattribute_capture_cannot_trace_is_called_by_the_guards():
+    backend = Recorder()
+    captured = capture(scaled, backend)
+    settings, x = Opaque(), torch.randn(3)
+    torch.testing.assert_close(captured(x, settings), scaled(x, settings))
+    assert "settings.width" in captured.dispatch_source()
+    settings.size = 3.0
+    torch.testing.assert_close(captured(x, settings), scaled(x, settings))
+    assert len(backend.graphs) == 2

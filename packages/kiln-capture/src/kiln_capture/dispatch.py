@@ -94,7 +94,7 @@ class SharedReads:
         base_reference = self.reference(base.expr())  # may bind names of its own first
         name = f"{self.prefix}{len(self.names)}"
         self.names[expr] = name
-        return f"({name} := {base_reference}{expr[len(base.expr()) :]})"
+        return f"({name} := {source.over(base_reference)})"
 
     def rewrite(self, code: str) -> str:
         out, i = [], 0

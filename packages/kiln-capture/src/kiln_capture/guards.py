@@ -84,6 +84,7 @@ class GuardSet:
             ___default_dtype=torch.get_default_dtype,
             ___any_autocast=torch._C._is_any_autocast_enabled,
             ___autocast=autocast_state,
+            ___object_getattribute=object.__getattribute__,
         )
         grad = torch.is_grad_enabled()
         self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")
