@@ -276,3 +276,27 @@ def test_a_changed_config_attribute_recompiles():
     assert reasons[1] == "___object_getattribute(self.config, 'return_dict') is True"
     assert type(actual) is tuple
     torch.testing.assert_close(actual, expected)
+
+
+def test_a_model_output_class_changed_after_capture_is_built_by_its_constructor():
+    from kiln_capture.model_outputs import ModelOutputBuilder
+
+    output_class = transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions
+    builder = ModelOutputBuilder(output_class, ["last_hidden_state", "pooler_output"])
+    hidden, pooled = torch.randn(1, 2, 4), torch.randn(1, 4)
+    built = builder(hidden, pooled)
+    assert list(built.keys()) == ["last_hidden_state", "pooler_output"]
+    original = output_class.__post_init__
+    seen = []
+
+    def post_init(self):
+        seen.append(self)
+        original(self)
+
+    output_class.__post_init__ = post_init
+    try:
+        rebuilt = builder(hidden, pooled)
+    finally:
+        output_class.__post_init__ = original
+    assert len(seen) == 1 and seen[0] is rebuilt, "the constructor ran"
+    assert list(rebuilt.keys()) == list(built.keys())

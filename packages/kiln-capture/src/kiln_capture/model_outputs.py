@@ -35,11 +35,19 @@ class ModelOutputBuilder:
         self.cls = cls
         self.present = tuple(present)
         self.none_fields = {f.name: None for f in dataclasses.fields(cls)}
-        self.methods = tuple(getattr(cls, name) for name in _METHODS)
+        self.init, self.post_init, self.setattr, self.setitem, self.new = (
+            getattr(cls, name) for name in _METHODS
+        )
 
     def __call__(self, *tensors):
         cls = self.cls
-        if tuple(getattr(cls, name) for name in _METHODS) != self.methods:
+        if not (
+            cls.__init__ is self.init
+            and cls.__post_init__ is self.post_init
+            and cls.__setattr__ is self.setattr
+            and cls.__setitem__ is self.setitem
+            and cls.__new__ is self.new
+        ):
             return cls(**dict(zip(self.present, tensors, strict=True)))
         out = cls.__new__(cls)
         attributes = out.__dict__

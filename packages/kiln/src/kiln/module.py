@@ -26,21 +26,29 @@ from torch.nn.modules.module import (
 from kiln.frames import call_timing_capture
 
 _state = threading.local()
+# disabled regions open in any thread: while there is none, a call reads only this (a
+# thread-local read costs more than the rest of a compiled module's call path)
+_open_regions = [0]
+_regions_lock = threading.Lock()
 
 
 def compilation_disabled() -> bool:
-    return getattr(_state, "disabled", 0) > 0
+    return _open_regions[0] > 0 and getattr(_state, "disabled", 0) > 0
 
 
 class DisabledRegion:
     """``with kiln.disable():`` or ``@kiln.disable``: Kiln-compiled callables run eagerly."""
 
     def __enter__(self):
+        with _regions_lock:
+            _open_regions[0] += 1
         _state.disabled = getattr(_state, "disabled", 0) + 1
         return self
 
     def __exit__(self, *exc) -> None:
         _state.disabled -= 1
+        with _regions_lock:
+            _open_regions[0] -= 1
 
     def __call__(self, fn):
         @functools.wraps(fn)
