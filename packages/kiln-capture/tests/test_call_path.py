@@ -186,3 +186,21 @@ def test_a_custom_getattribute_capture_cannot_trace_is_called_by_the_guards():
     settings.size = 3.0
     torch.testing.assert_close(captured(x, settings), scaled(x, settings))
     assert len(backend.graphs) == 2
+
+
+def every_kind_of_parameter(a, /, b, *rest, scale=2.0, **options):
+    out = (a * b + sum(rest)) * scale
+    return {"out": out, "options": sorted(options)}
+
+
+def test_the_epilogue_takes_every_kind_of_parameter():
+    captured = capture(every_kind_of_parameter, Recorder())
+    a, b = torch.randn(3), torch.randn(3)
+    for _ in range(2):
+        got = captured(a, b, 1.0, 2.0, scale=3.0, flag=True)
+        expected = every_kind_of_parameter(a, b, 1.0, 2.0, scale=3.0, flag=True)
+        torch.testing.assert_close(got["out"], expected["out"])
+        assert got["options"] == expected["options"] == ["flag"]
+    assert "___epilogue0(___graph0(" in captured.dispatch_source()
+    got = captured(a, b, 1.0, 2.0, flag=True)  # the default scale
+    torch.testing.assert_close(got["out"], every_kind_of_parameter(a, b, 1.0, 2.0)["out"])
