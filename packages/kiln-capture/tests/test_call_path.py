@@ -204,3 +204,27 @@ def test_the_epilogue_takes_every_kind_of_parameter():
     assert "___epilogue0(___graph0(" in captured.dispatch_source()
     got = captured(a, b, 1.0, 2.0, flag=True)  # the default scale
     torch.testing.assert_close(got["out"], every_kind_of_parameter(a, b, 1.0, 2.0)["out"])
+
+
+class Slotted:
+    __slots__ = ("size",)
+
+    def __init__(self):
+        self.size = 2.0
+
+    def __getattribute__(self, key):
+        return super().__getattribute__(key)
+
+
+def sized(x, settings):
+    return x * settings.size
+
+
+def test_a_custom_getattribute_on_a_class_with_slots():
+    backend = Recorder()
+    captured = capture(sized, backend)
+    settings, x = Slotted(), torch.randn(3)
+    torch.testing.assert_close(captured(x, settings), sized(x, settings))
+    settings.size = 4.0
+    torch.testing.assert_close(captured(x, settings), sized(x, settings))
+    assert len(backend.graphs) == 2

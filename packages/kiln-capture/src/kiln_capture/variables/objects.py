@@ -127,11 +127,18 @@ class ObjectVariable(Variable):
         if name == "__dict__":
             known = tx.output.wrapped.get(source)
             if known is None:
-                attributes = object.__getattribute__(value, "__dict__")
+                try:
+                    attributes = object.__getattribute__(value, "__dict__")
+                except AttributeError as exc:  # a class with __slots__ only
+                    raise UserError(exc) from None
                 tx.output.guards.type(source, attributes)
                 known = tx.output.wrapped[source] = InstanceDictVariable(attributes, source)
             return known
-        if name not in object.__getattribute__(value, "__dict__"):
+        try:
+            in_instance = name in object.__getattribute__(value, "__dict__")
+        except AttributeError:  # a class with __slots__ only
+            in_instance = False
+        if not in_instance:
             static = inspect.getattr_static(value, name, None)
             bound = bind_class_attribute(tx, static, self, type(value))
             if bound is not None:
