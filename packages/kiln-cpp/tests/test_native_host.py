@@ -9,7 +9,10 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln_cpp.host.arena import ALIGNMENT, plan_arena
+from kiln_cpp.host.render import fills_out
 from kiln_loopir import compile_fx
+from kiln_loopir.scheduler import step_reads, step_writes
 
 
 def _compile(fn, inputs, host_program="native", tracing_mode="fake"):
@@ -81,6 +84,70 @@ def test_extern_ops_views_and_outputs_that_view_inputs():
     assert got[1].stride() == want[1].stride()
     assert got[1].data_ptr() == fresh[0].data_ptr()  # a view of the input, as eager
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_intermediates_share_one_allocation_per_call():
+    inputs = _mlp_inputs(batch=8, width=64, layers=6)
+    compiled = _compile(mlp, inputs)
+    source = compiled.native_host.source
+    assert "kiln_arena_block" in source
+    # the arena and the one output: no allocation per intermediate
+    assert source.count("kiln_api->empty_strided(") == 2
+    for _ in range(3):  # a fresh block each call: outputs of earlier calls stay intact
+        fresh = _mlp_inputs(batch=8, width=64, layers=6)
+        torch.testing.assert_close(compiled(*fresh)[0], mlp(*fresh)[0], rtol=1e-4, atol=1e-5)
+
+
+def _live_steps(schedule, name: str) -> tuple[int, int]:
+    steps = [
+        i for i, step in enumerate(schedule.steps) if name in step_reads(step) | step_writes(step)
+    ]
+    return steps[0], steps[-1]
+
+
+@pytest.mark.parametrize("case", ["mlp", "attention"])
+def test_arena_buffers_live_at_once_never_overlap(case):
+    if case == "mlp":
+        compiled = _compile(mlp, _mlp_inputs(batch=4, width=48, layers=5))
+    else:
+        inputs = [
+            torch.randn(64, 128),
+            torch.randn(128, 384),
+            torch.randn(384),
+            torch.randn(128, 128),
+        ]
+        compiled = _compile(attention_block, inputs)
+    schedule, plan = compiled.schedule, compiled.memory_plan
+    kept = {o.buffer for o in compiled.graph.outputs}
+    arena = plan_arena(schedule, plan, kept, _out_filled(schedule))
+    assert arena.offsets and not kept & set(arena.offsets)
+    shared = {}  # a buffer that takes another's storage, and that buffer
+    for sp in plan.steps:
+        shared |= {**sp.reuse, **sp.in_place}
+
+    def storage(name):
+        while name in shared:
+            name = shared[name]
+        return name
+
+    buffers = compiled.graph.buffers()
+    names = sorted(arena.offsets)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if storage(a) == storage(b):
+                assert arena.offsets[a] == arena.offsets[b]
+                continue
+            (a0, a1), (b0, b1) = _live_steps(schedule, a), _live_steps(schedule, b)
+            ra = (arena.offsets[a], arena.offsets[a] + int(buffers[a].nbytes()))
+            rb = (arena.offsets[b], arena.offsets[b] + int(buffers[b].nbytes()))
+            if a0 <= b1 and b0 <= a1:
+                assert ra[1] <= rb[0] or rb[1] <= ra[0], f"{a} and {b} overlap while both live"
+    assert arena.size % ALIGNMENT == 0
+    assert all(offset % ALIGNMENT == 0 for offset in arena.offsets.values())
+
+
+def _out_filled(schedule) -> dict[int, list[str]]:
+    return {i: [fills_out(s)] for i, s in enumerate(schedule.steps) if fills_out(s)}
 
 
 def test_an_index_out_of_range_raises_index_error():

@@ -103,13 +103,103 @@ def test_native_host_program_launches_through_the_driver():
     python = compile_fx(gm, inputs, codegen=TritonCodegen(), host_program="python")
     assert python.program.native is None
 
-    def kernels(fn):
+    def kernels(fn):  # Kiln's (cuBLAS picks the product's kernels for each caller)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fn(*fresh)
             torch.cuda.synchronize()
-        return sorted(e.name for e in prof.events() if e.device_type.name == "CUDA")
+        names = (e.name for e in prof.events() if e.device_type.name == "CUDA")
+        return sorted(name for name in names if name.startswith("kiln_"))
 
     assert kernels(compiled.program.call) == kernels(python.program.call)
+
+
+def _products(x, w, b, wt):
+    h = torch.addmm(b, x, w)  # a bias over the columns: cuBLASLt's bias epilogue
+    g = torch.mm(x[:, 8:72], wt.t()[8:72])  # views: an offset, an operand stored by columns
+    return torch.relu(h) + g.sum(), torch.mm(h.t(), x)  # an operand stored by columns
+
+
+def _products_inputs(dtype):
+    def randn(*size):
+        return torch.randn(*size, device="cuda", dtype=dtype)
+
+    return [randn(48, 96), randn(96, 80) / 10, randn(80), randn(80, 96) / 8]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_native_host_program_multiplies_matrices_through_cublaslt(dtype):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln_loopir import compile_fx
+
+    inputs = _products_inputs(dtype)
+    gm = make_fx(_products, tracing_mode="fake")(*inputs)
+    compiled = compile_fx(gm, inputs, codegen=TritonCodegen(), host_program="native")
+    source = compiled.native_host.source
+    assert source.count("kiln_api->cuda_gemm(") == 3, source
+    assert "call_extern" not in source  # no product through ATen
+    tolerance = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}[dtype]
+    for _ in range(2):
+        fresh = _products_inputs(dtype)
+        got, want = compiled.program.call(*fresh), _products(*fresh)
+        for g, w in zip(got, want, strict=True):
+            scale = w.abs().max().item()
+            torch.testing.assert_close(g, w, rtol=tolerance, atol=tolerance * scale)
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        compiled.program.call(*fresh)
+        torch.cuda.synchronize()
+    aten = [e.name for e in prof.events() if e.name in ("aten::mm", "aten::addmm")]
+    assert not aten, aten
+
+
+def _heads(x, heads):  # [batch, length, heads * dim] -> [batch, heads, length, dim], a view
+    b, n, _ = x.shape
+    return x.view(b, n, heads, -1).transpose(1, 2)
+
+
+def _flash_causal(x, w):
+    q, k, v = (_heads(t, 4) for t in (x @ w).chunk(3, dim=-1))
+    out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)[0]
+    return (out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1) * 2,)
+
+
+def _efficient_masked(x, w, bias):
+    q, k, v = (_heads(t, 4) for t in (x @ w).chunk(3, dim=-1))
+    bias = bias.expand(x.shape[0], 4, x.shape[1], x.shape[1])
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, False, 0.0, False, scale=0.2
+    )[0]
+    return (out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1) + 1,)
+
+
+@pytest.mark.parametrize(
+    ("fn", "dtype"), [(_flash_causal, torch.bfloat16), (_efficient_masked, torch.float16)]
+)
+def test_native_host_program_computes_attention_with_its_own_kernel(fn, dtype):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln_loopir import compile_fx
+
+    n = 100 if fn is _flash_causal else 96  # a bias's rows 16-element aligned, as ATen asks
+
+    def inputs():
+        x = torch.randn(2, n, 256, device="cuda", dtype=dtype)
+        w = torch.randn(256, 768, device="cuda", dtype=dtype) / 16
+        bias = torch.randn(2, 1, n, n, device="cuda", dtype=dtype)
+        bias[:, :, :, n - 10 :] = float("-inf")  # keys masked out
+        return [x, w, bias][: 3 if fn is _efficient_masked else 2]
+
+    example = inputs()
+    gm = make_fx(fn, tracing_mode="fake")(*example)
+    compiled = compile_fx(gm, example, codegen=TritonCodegen(), host_program="native")
+    source = compiled.native_host.source
+    assert "attention_fwd" in source and "call_extern" not in source, source
+    for _ in range(2):
+        fresh = inputs()
+        (got,), (want,) = compiled.program.call(*fresh), fn(*fresh)
+        scale = want.float().abs().max().item()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * scale)
 
 
 def test_native_host_program_hands_misaligned_inputs_to_python():

@@ -96,6 +96,7 @@ def test_debug_dump_writes_every_stage_with_fixed_names(tmp_path):
                 "loopir_fused.txt",
                 "kernels.cpp",
                 "host.py",
+                "host.cpp",  # the native host program
             )
         ),
     }
@@ -113,6 +114,9 @@ def test_debug_dump_writes_every_stage_with_fixed_names(tmp_path):
         host = (frame / "forward_host.py").read_text()
         assert f"{name}(" in host or f"status = {name}(" in kernels  # alone or in a group
     assert "def call(" in (frame / "backward_host.py").read_text()
+    native = (frame / "forward_host.cpp").read_text()
+    assert 'extern "C" int kiln_host_call(' in native
+    assert all(f"{name}(" in native for name in names)  # kernels called directly
 
 
 def test_debug_dump_has_one_folder_per_frame_and_replaces_old_runs(tmp_path):

@@ -13,6 +13,7 @@ import torch.fx
 
 from kiln_loopir import runtime, symbols
 from kiln_loopir.codegen import Codegen, resolve_codegen
+from kiln_loopir.constants import fold_constants
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
 from kiln_loopir.host import HostNotRendered, generate_host, kernel_launch_args
@@ -228,7 +229,8 @@ def compile_fx(
     gm = decompose(gm)  # 1. the norms through torch._decomp
     graph = lower(gm, example_inputs)  # 2. aten -> loop IR
     graph.verify()
-    eliminate_dead_nodes(graph)  # 3. drop what nothing reads
+    fold_constants(graph)  # 3. one-element constants written into the nodes reading them,
+    eliminate_dead_nodes(graph)  # then what nothing reads dropped
     graph.verify()
     schedule = schedule_graph(graph, fusion=fusion)  # 4. kernels, fusion, order
     schedule.verify()

@@ -25,8 +25,10 @@ import sympy
 import torch
 
 from kiln_loopir.host import HostNotRendered
+from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
+from kiln_triton.attention import AttentionCall, attention_call, attention_fwd, compile_attention
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
 
@@ -62,6 +64,12 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
     _require_compiled_kernels()
     host = NativeHost.from_dict(data, load_runtime())
     for record in host.launches:
+        if "attention" in record:
+            compiled, _ = compile_attention(**record["attention"])
+            if _shape_of_compiled(record["attention"]["grid"], compiled) != record["launch"]:
+                raise HostNotRendered("the attention kernel plans another launch than cached")
+            host.functions.append(int(compiled.function))
+            continue
         launch = _planned(kernels[record["kernel"]], [_zeros(*a) for a in record["args"]])
         compiled = getattr(launch, "compiled", None)
         if compiled is None or _shape_of(launch, compiled) != record["launch"]:
@@ -99,7 +107,11 @@ def _zeros(size, stride, dtype: str, device: str) -> torch.Tensor:
 
 def _shape_of(launch, compiled) -> list:
     """What the source bakes in of a launch: grid, block, shared memory."""
-    grid = list((*launch.grid, 1, 1)[:3])
+    return _shape_of_compiled(launch.grid, compiled)
+
+
+def _shape_of_compiled(grid, compiled) -> list:
+    grid = list((*grid, 1, 1)[:3])
     return [grid, 32 * compiled.metadata.num_warps, compiled.metadata.shared]
 
 
@@ -118,6 +130,8 @@ class CudaLauncher:
         self.pointer_args: set[str] = set()
         for kernel in schedule.kernels():
             self.launches[kernel.name] = self._plan(kernel, kernels[kernel.name])
+        self.device = next(iter(self.buffers.values())).device if self.buffers else "cuda"
+        self.attention: dict[int, tuple[AttentionCall, PlannedLaunch]] = {}
 
     def _plan(self, kernel: Kernel, fn: TritonKernel) -> PlannedLaunch | None:
         if kernel.size_args:
@@ -139,7 +153,11 @@ class CudaLauncher:
         for attr in ("global_scratch_size", "profile_scratch_size"):
             if getattr(meta, attr, 0):
                 raise HostNotRendered(f"{kernel.name} needs {attr}={getattr(meta, attr)}")
-        params = self._params(kernel, launch, compiled)
+        names = list(launch.fn.arg_names)
+        values = dict(zip(names, [*kernel.args, *launch.numels], strict=False))
+        values.update({n: launch.kwargs[n] for n in names if n in launch.kwargs})
+        params = _params(kernel.name, names, values, compiled)
+        self.pointer_args |= {value for ctype, value in params if ctype == "void*" and value}
         self.functions.append(int(compiled.function))
         self.records.append(
             {
@@ -162,29 +180,6 @@ class CudaLauncher:
     def _zeros(self, name: str) -> torch.Tensor:
         return _zeros(*self._layout(name))
 
-    def _params(self, kernel: Kernel, launch, compiled) -> list[tuple[str, object]]:
-        names = list(launch.fn.arg_names)
-        values = dict(zip(names, [*kernel.args, *launch.numels], strict=False))
-        values.update({n: launch.kwargs[n] for n in names if n in launch.kwargs})
-        signature = dict(compiled.src.signature)
-        params: list[tuple[str, object]] = []
-        for key, kind in signature.items():
-            name = names[key] if isinstance(key, int) else key
-            if kind == "constexpr":
-                continue
-            if kind.startswith("*"):
-                params.append(("void*", values[name]))
-                self.pointer_args.add(values[name])
-            elif kind in C_TYPES:
-                params.append((C_TYPES[kind], values[name]))
-            else:
-                raise HostNotRendered(f"{kernel.name}: parameter {name} of type {kind}")
-        extra = _ptx_params(compiled) - len(params)
-        if extra < 0:
-            raise HostNotRendered(f"{kernel.name}: its PTX takes fewer parameters than expected")
-        params += [("void*", None)] * extra  # scratch pointers, unused at size 0
-        return params
-
     # -- what render_host asks for --------------------------------------------------------
     def prologue(self, inputs: list[str]) -> list[str]:
         lines = ["void* kiln_stream = kiln_api->cuda_stream();"]
@@ -196,27 +191,120 @@ class CudaLauncher:
                 ]
         return lines
 
-    def lines(self, kernel: Kernel) -> list[str]:
+    def lines(self, kernel: Kernel, pointer) -> list[str]:
+        """The launch of ``kernel``; ``pointer(name)`` is a buffer's data pointer as C++."""
         planned = self.launches[kernel.name]
         if planned is None:
             return [f"// {kernel.name}: nothing to compute at these sizes"]
-        lines = ["{"]
-        for i, (ctype, value) in enumerate(planned.params):
-            if ctype == "void*":
-                init = "nullptr" if value is None else f"kiln_api->data_ptr({value}.get())"
-            else:
-                init = repr(value) if ctype in ("float", "double") else str(int(value))
-            lines.append(f"  {ctype} p{i} = {init};")
-        refs = ", ".join(f"&p{i}" for i in range(len(planned.params))) or "nullptr"
-        gx, gy, gz = planned.grid
-        lines += [
-            f"  void* params[] = {{{refs}}};",
-            f"  if (kiln_api->cuda_launch(kiln_stream, kiln_functions[{planned.function}], "
-            f"{gx}, {gy}, {gz}, {planned.block}, {planned.shared}, params))",
-            "    return -1;",
-            f"}}  // {kernel.name}",
-        ]
-        return lines
+        return _launch_lines(planned, pointer, kernel.name)
+
+    def computes(self, node: ExternNode, read: set[str]) -> str | None:
+        """The output buffer of ``node`` where a kernel of Kiln's computes it in place of
+        the ATen op (:mod:`kiln_triton.attention`), else None."""
+        if id(node) not in self.attention:
+            call = attention_call(node, read)
+            if call is None or not _aligned_views(call):
+                return None
+            self.attention[id(node)] = (call, self._plan_attention(call))
+            self.pointer_args |= {r.buffer for r in _operands(call)}  # checked at entry
+        return self.attention[id(node)][0].out
+
+    def _plan_attention(self, call: AttentionCall) -> PlannedLaunch:
+        args = call.arguments()
+        compile_args = {
+            "args": {k: v for k, v in args.items() if k != "grid"},
+            "grid": list(args["grid"]),
+            "dtypes": [str(r.dtype).removeprefix("torch.") for r in _operands(call)],
+            "spans": [_span(r) for r in _operands(call)] + [_out_span(call)],
+            "device": str(self.device),
+        }
+        compiled, grid = compile_attention(**compile_args)
+        values = {**args, "Q": call.q, "K": call.k, "V": call.v, "Out": call.out}
+        values["Bias"] = call.bias if call.bias is not None else call.q
+        names = list(attention_fwd.arg_names)
+        params = _params("attention_fwd", names, values, compiled)
+        self.functions.append(int(compiled.function))
+        self.records.append(
+            {"kernel": "attention_fwd", "attention": compile_args,
+             "launch": _shape_of_compiled(grid, compiled)}
+        )  # fmt: skip
+        meta = compiled.metadata
+        return PlannedLaunch(
+            len(self.functions) - 1, grid, 32 * meta.num_warps, meta.shared, params
+        )
+
+    def extern_lines(self, node: ExternNode, pointer, ref_pointer) -> list[str] | None:
+        """The launch computing ``node`` (after :meth:`computes` took it), else None."""
+        if id(node) not in self.attention:
+            return None
+        call, planned = self.attention[id(node)]
+
+        def operand(value) -> str:
+            return ref_pointer(value) if isinstance(value, TensorRef) else pointer(value)
+
+        return _launch_lines(planned, operand, f"attention_fwd ({node.target})")
+
+
+def _params(kernel: str, names: list[str], values: dict, compiled) -> list[tuple[str, object]]:
+    """The launch parameters of ``compiled`` (its signature less the constants), each as
+    (C type, value), the value of a pointer being what ``values`` gives for it; then the
+    null scratch pointers its PTX takes after them."""
+    params: list[tuple[str, object]] = []
+    for key, kind in dict(compiled.src.signature).items():
+        name = names[key] if isinstance(key, int) else key
+        if kind == "constexpr":
+            continue
+        if kind.startswith("*"):
+            params.append(("void*", values[name]))
+        elif kind in C_TYPES:
+            params.append((C_TYPES[kind], values[name]))
+        else:
+            raise HostNotRendered(f"{kernel}: parameter {name} of type {kind}")
+    extra = _ptx_params(compiled) - len(params)
+    if extra < 0:
+        raise HostNotRendered(f"{kernel}: its PTX takes fewer parameters than expected")
+    return params + [("void*", None)] * extra  # scratch pointers, unused at size 0
+
+
+def _launch_lines(planned: PlannedLaunch, pointer, what: str) -> list[str]:
+    lines = ["{"]
+    for i, (ctype, value) in enumerate(planned.params):
+        if ctype == "void*":
+            init = "nullptr" if value is None else pointer(value)
+        else:
+            init = repr(float(value)) if ctype in ("float", "double") else str(int(value))
+        lines.append(f"  {ctype} p{i} = {init};")
+    refs = ", ".join(f"&p{i}" for i in range(len(planned.params))) or "nullptr"
+    gx, gy, gz = planned.grid
+    return lines + [
+        f"  void* params[] = {{{refs}}};",
+        f"  if (kiln_api->cuda_launch(kiln_stream, kiln_functions[{planned.function}], "
+        f"{gx}, {gy}, {gz}, {planned.block}, {planned.shared}, params))",
+        "    return -1;",
+        f"}}  // {what}",
+    ]
+
+
+def _operands(call: AttentionCall) -> list[TensorRef]:
+    return [call.q, call.k, call.v] + ([call.bias] if call.bias is not None else [])
+
+
+def _span(ref: TensorRef) -> int:
+    """Elements from the start of ``ref``'s buffer to one past its last element."""
+    return (
+        int(ref.offset)
+        + 1
+        + sum((int(n) - 1) * int(s) for n, s in zip(ref.size, ref.stride, strict=True))
+    )
+
+
+def _out_span(call: AttentionCall) -> int:
+    return 1 + sum((int(n) - 1) * s for n, s in zip(call.q.size, call.out_stride, strict=True))
+
+
+def _aligned_views(call: AttentionCall) -> bool:
+    """Views 16-byte aligned past their buffer's start (as the kernel is compiled for)."""
+    return all(int(r.offset) * r.dtype.itemsize % 16 == 0 for r in _operands(call))
 
 
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)

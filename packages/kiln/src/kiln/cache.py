@@ -33,7 +33,7 @@ from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 4  # 4: the code generator's native host program, where it built one
+FORMAT = 5  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products)
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 
 

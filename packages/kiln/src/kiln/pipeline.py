@@ -309,6 +309,8 @@ class AtenCompiler:
         frame.dump(frame.file_name(f"{kind}_loopir_fused.txt"), entry.schedule)
         frame.dump(frame.file_name(f"{kind}_kernels{suffix}"), _kernels_text(kernels) or "")
         frame.dump(frame.file_name(f"{kind}_host.py"), entry.host_source)
+        if entry.native_host is not None:  # what runs: the host program as C++
+            frame.dump(frame.file_name(f"{kind}_host.cpp"), entry.native_host["source"])
 
 
 def aot_backend(config: Config, frame: Frame, generate: bool):

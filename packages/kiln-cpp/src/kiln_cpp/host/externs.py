@@ -37,6 +37,9 @@ class ExternCall:
     sizes: list[str] = field(default_factory=list)  # C++ size expressions it passes, in order
     prepared: object = None
 
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "prepared"}
+
     def prepare(self, runtime) -> None:
         try:
             self.prepared = runtime.Extern(

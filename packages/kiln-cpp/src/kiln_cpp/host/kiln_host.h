@@ -18,6 +18,10 @@ typedef struct KilnApi {
   /* a view of base's storage, offset elements past base's own storage offset */
   KilnTensor* (*view)(KilnTensor* base, int ndim, const int64_t* size,
                       const int64_t* stride, int64_t offset);
+  /* a tensor of dtype with this layout in arena's storage (a block of bytes), starting
+   * byte_offset bytes into it */
+  KilnTensor* (*arena_view)(KilnTensor* arena, int64_t byte_offset, int ndim,
+                            const int64_t* size, const int64_t* stride, int dtype);
   KilnTensor* (*alias)(KilnTensor* t); /* another reference to the same tensor */
   void (*release)(KilnTensor* t);
   void* (*data_ptr)(KilnTensor* t);
@@ -40,9 +44,13 @@ typedef struct KilnApi {
    * 0 on success */
   int (*cuda_launch)(void* stream, void* function, uint32_t grid_x, uint32_t grid_y,
                      uint32_t grid_z, uint32_t block_x, uint32_t shared_bytes, void** params);
+  /* D = A @ B (+ bias) on stream, a product prepared when the program loads (a cuBLASLt
+   * call: see cuda_gemm.h); 0 on success */
+  int (*cuda_gemm)(KilnExtern* gemm, void* stream, const void* a, const void* b,
+                   const void* bias, void* d);
 } KilnApi;
 
-#define KILN_API_VERSION 3
+#define KILN_API_VERSION 4
 /* what kiln_host_call returns when this call's inputs need the Python host program
  * (a tensor not aligned as the kernels were compiled for) */
 #define KILN_RUN_PYTHON 2

@@ -20,6 +20,8 @@ import sympy
 import torch
 
 from kiln_cpp.handler import pointer_type
+from kiln_cpp.host import gemm
+from kiln_cpp.host.arena import Arena, plan_arena
 from kiln_cpp.host.externs import ExternCall, HostNotRendered, extern_call, out_variant
 from kiln_cpp.printer import cexpr
 from kiln_loopir.host import size_sources
@@ -73,7 +75,7 @@ class NativeHost:
     needs: the extern calls to prepare, in order, and how many inputs and outputs."""
 
     source: str
-    externs: list[ExternCall]
+    externs: list[ExternCall | gemm.GemmCall]  # prepared ATen calls and matrix products
     n_inputs: int  # the graph's inputs, then its constants
     n_outputs: int
     input_names: list[str]
@@ -83,12 +85,9 @@ class NativeHost:
 
     def to_dict(self) -> dict:
         """Plain data (for an on-disk cache); :meth:`from_dict` makes it again."""
-        externs = [
-            {k: v for k, v in call.__dict__.items() if k != "prepared"} for call in self.externs
-        ]
         return {
             "source": self.source,
-            "externs": externs,
+            "externs": [call.to_dict() for call in self.externs],
             "n_inputs": self.n_inputs,
             "n_outputs": self.n_outputs,
             "input_names": list(self.input_names),
@@ -97,7 +96,10 @@ class NativeHost:
 
     @classmethod
     def from_dict(cls, data: dict, runtime) -> NativeHost:
-        externs = [ExternCall(**fields) for fields in data["externs"]]
+        externs = [
+            gemm.rebuild(fields) if fields.get("kind") == "gemm" else ExternCall(**fields)
+            for fields in data["externs"]
+        ]
         for call in externs:
             call.prepare(runtime)
         return cls(
@@ -184,7 +186,17 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
             raise HostNotRendered(f"an output is {out!r}, not a tensor")
     read = {name for step in schedule.steps for name in step_reads(step)}
     read |= {o.buffer for o in graph.outputs}
-    renderer = _Renderer(graph.buffers(), _Layouts(), runtime, read, launcher)
+    steps = [_seed_on_the_cpu(s) if _is_seed(s) else s for s in schedule.steps]
+    computes = getattr(launcher, "computes", None)  # extern ops a launcher's kernel computes
+    out_filled: dict[int, list[str]] = {}  # the buffers each extern step writes into
+    for i, step in enumerate(steps):
+        if computes and isinstance(step, ExternNode) and computes(step, read):
+            out_filled[i] = [b.name for b in step.outputs if b is not None]  # unread but one
+        elif fills_out(step):
+            out_filled[i] = [fills_out(step)]
+    kept = {o.buffer for o in graph.outputs}
+    arena = plan_arena(schedule, plan, kept, out_filled)
+    renderer = _Renderer(graph.buffers(), _Layouts(), runtime, read, launcher, arena)
     inputs = [i.name for i in graph.inputs] + [c.name for c in graph.constants]
     body = [f"KilnRef {', '.join(inputs)};"] if inputs else []
     body += [f"{name}.borrow(in[{k}]);" for k, name in enumerate(inputs)]
@@ -192,23 +204,24 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
     body += bind + check
     if launcher is not None:
         body += launcher.prologue(inputs)
-    names = sorted(set(renderer.buffers) - set(inputs))
+    names = sorted(set(renderer.buffers) - set(inputs) - set(arena.offsets))
     if names:
         body.append(f"KilnRef {', '.join(names)};")
+    body += renderer.arena_allocation()
     reused = {old for p in plan.steps for old in p.reuse.values()}
-    for step, sp in zip(schedule.steps, plan.steps, strict=True):
+    for i, (step, sp) in enumerate(zip(steps, plan.steps, strict=True)):
         for name in sp.allocate:
             body += renderer.allocate(name)
         for new, old in {**sp.reuse, **sp.in_place}.items():
             body += renderer.alias(new, old)
-            if new in sp.reuse:
+            if new in sp.reuse and old not in arena:
                 body.append(f"{old}.reset();  // reused")
         if isinstance(step, Kernel):
             body += renderer.kernel(step)
         else:
-            body += renderer.extern(step)
+            body += renderer.extern(step, out_filled.get(i, []))
         freed = [n for n in sp.free if n not in reused] + list(sp.in_place.values())
-        body += [f"{n}.reset();" for n in dict.fromkeys(freed)]
+        body += [f"{n}.reset();" for n in dict.fromkeys(freed) if n not in arena]
     for k, out in enumerate(graph.outputs):
         body += renderer.output(k, out)
     body.append("return 0;")
@@ -237,8 +250,11 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
 
 
 class _Renderer:
-    def __init__(self, buffers: dict[str, Buffer], layouts: _Layouts, runtime, read, launcher):
+    def __init__(
+        self, buffers: dict[str, Buffer], layouts: _Layouts, runtime, read, launcher, arena: Arena
+    ):
         self.buffers = buffers
+        self.arena = arena
         self.launcher = launcher
         self.read = read  # buffers something reads: the extern results whose layout matters
         self.layouts = layouts
@@ -249,17 +265,42 @@ class _Renderer:
     def _layout_args(self, size, stride) -> str:
         return f"{len(size)}, {self.layouts(size)}, {self.layouts(stride)}"
 
-    def allocate(self, name: str) -> list[str]:
-        b = self.buffers[name]
-        dtype = self.runtime.scalar_type(b.dtype)
-        device_type, index = self.runtime.device_code(torch.device(b.device))
-        call = (
-            f"kiln_api->empty_strided({self._layout_args(b.size, b.stride)}, {dtype}, "
-            f"{device_type}, {index})"
+    def _empty(self, size, stride, dtype: torch.dtype, device: str) -> str:
+        device_type, index = self.runtime.device_code(torch.device(device))
+        return (
+            f"kiln_api->empty_strided({self._layout_args(size, stride)}, "
+            f"{self.runtime.scalar_type(dtype)}, {device_type}, {index})"
         )
-        return [f"if (!kiln_set({name}, {call})) return -1;"]
+
+    def arena_allocation(self) -> list[str]:
+        """The one allocation the arena buffers live in (see :mod:`kiln_cpp.host.arena`)."""
+        if not self.arena.offsets:
+            return []
+        block = self._empty((self.arena.size,), (1,), torch.uint8, self.arena.device)
+        return [
+            f"KilnRef kiln_arena_block;  // one block for {len(self.arena.offsets)} buffer(s)",
+            f"if (!kiln_set(kiln_arena_block, {block})) return -1;",
+            "char* const kiln_arena =",
+            "    static_cast<char*>(kiln_api->data_ptr(kiln_arena_block.get()));",
+        ]
+
+    def pointer(self, name: str) -> str:
+        """The C++ expression of buffer ``name``'s data pointer."""
+        if name in self.arena:
+            return f"(kiln_arena + {self.arena.offsets[name]})"
+        return f"kiln_api->data_ptr({name}.get())"
+
+    def allocate(self, name: str) -> list[str]:
+        if name in self.arena:
+            return []
+        b = self.buffers[name]
+        return [
+            f"if (!kiln_set({name}, {self._empty(b.size, b.stride, b.dtype, b.device)})) return -1;"
+        ]
 
     def alias(self, new: str, old: str) -> list[str]:
+        if new in self.arena:
+            return []
         b, o = self.buffers[new], self.buffers[old]
         if tuple(b.size) == tuple(o.size) and tuple(b.stride) == tuple(o.stride):
             return [f"{new}.reset(kiln_api->alias({old}.get()));"]
@@ -270,11 +311,8 @@ class _Renderer:
 
     def kernel(self, kernel: Kernel) -> list[str]:
         if self.launcher is not None:
-            return self.launcher.lines(kernel)
-        args = [
-            f"({pointer_type(kernel.arg_dtypes[a])}) kiln_api->data_ptr({a}.get())"
-            for a in kernel.args
-        ]
+            return self.launcher.lines(kernel, self.pointer)
+        args = [f"({pointer_type(kernel.arg_dtypes[a])}) {self.pointer(a)}" for a in kernel.args]
         args += [cexpr(s) for s in kernel.size_args]
         return [
             f"if ({kernel.name}({', '.join(args)})) {{",
@@ -285,28 +323,64 @@ class _Renderer:
 
     def tensor(self, ref: TensorRef, lines: list[str]) -> str:
         """The name holding ``ref``: its buffer, or a temporary view made in ``lines``."""
-        if ref.is_whole(self.buffers[ref.buffer]):
+        b = self.buffers[ref.buffer]
+        if ref.is_whole(b) and ref.buffer not in self.arena:
             return ref.buffer
         name = f"view{self.temps}"
         self.temps += 1
         lines.append(f"KilnRef {name};")
-        view = self.view(ref.buffer, ref.size, ref.stride, ref.offset)
+        if ref.buffer in self.arena:
+            offset = cexpr(self.arena.offsets[ref.buffer] + ref.offset * b.dtype.itemsize)
+            view = (
+                f"kiln_api->arena_view(kiln_arena_block.get(), {offset}, "
+                f"{self._layout_args(ref.size, ref.stride)}, {self.runtime.scalar_type(b.dtype)})"
+            )
+        else:
+            view = self.view(ref.buffer, ref.size, ref.stride, ref.offset)
         lines.append(f"if (!kiln_set({name}, {view})) return -1;")
         return name
 
-    def extern(self, node: ExternNode) -> list[str]:
-        if node.target is make_seed:
-            node = _seed_on_the_cpu(node)
+    def ref_pointer(self, ref: TensorRef) -> str:
+        """The C++ expression of the data pointer of view ``ref`` (a static offset)."""
+        offset = int(ref.offset) * ref.dtype.itemsize
+        base = self.pointer(ref.buffer)
+        return base if offset == 0 else f"(static_cast<char*>({base}) + {offset})"
+
+    def product(self, node: ExternNode, out: str | None) -> list[str] | None:
+        """``node`` as one cuBLASLt call (see :mod:`kiln_cpp.host.gemm`), or None."""
+        call = gemm.gemm_call(node) if self.launcher is not None and out else None
+        if call is None:
+            return None
+        try:
+            call.prepare(self.runtime)
+        except HostNotRendered:
+            return None  # an ATen call, as for any other op
+        index = len(self.externs)
+        self.externs.append(call)
+        a, b, *bias = (self.ref_pointer(r) for r in call.operands)
+        pointers = ", ".join([a, b, bias[0] if bias else "nullptr", self.pointer(out)])
+        return [
+            *self.allocate(out),
+            f"if (kiln_api->cuda_gemm(kiln_externs[{index}], kiln_stream, {pointers}))",
+            "  return -1;  // " + call.op_name,
+        ]
+
+    def extern(self, node: ExternNode, filled: list[str]) -> list[str]:
+        """The call of ``node``'s op; with ``filled`` (the buffer it fills), its ``out=``
+        overload filling that buffer (no allocation by the op, no copy); or the launch of
+        the launcher's kernel computing it into ``filled`` (its results, the first read)."""
+        launch = getattr(self.launcher, "extern_lines", None)
+        lines = launch(node, self.pointer, self.ref_pointer) if launch else None
+        if lines is not None:
+            return [line for name in filled for line in self.allocate(name)] + lines
+        out = filled[0] if filled else None
+        product = self.product(node, out)
+        if product is not None:
+            return product
         lines: list[str] = []
-        out = None
-        if (
-            isinstance(node.target, torch._ops.OpOverload)
-            and out_variant(node.target) is not None
-            and len(node.outputs) == 1
-            and node.outputs[0] is not None
-        ):
-            out = node.outputs[0].name  # filled in place: no allocation by the op, no copy
+        if out is not None:
             lines += self.allocate(out)
+            out = self.tensor(self.buffers[out].ref(), lines)
         call = extern_call(node, lambda ref: self.tensor(ref, lines), out, cexpr)
         call.prepare(self.runtime)
         index = len(self.externs)
@@ -346,6 +420,19 @@ class _Renderer:
             return [f"out[{k}] = kiln_api->alias({ref.buffer}.get());"]
         view = self.view(ref.buffer, ref.size, ref.stride, ref.offset)
         return [f"if (!(out[{k}] = {view})) return -1;"]
+
+
+def _is_seed(step) -> bool:
+    return isinstance(step, ExternNode) and step.target is make_seed
+
+
+def fills_out(step) -> str | None:
+    """The buffer an extern step fills through its op's ``out=`` overload, if it does."""
+    if not isinstance(step, ExternNode) or not isinstance(step.target, torch._ops.OpOverload):
+        return None
+    if out_variant(step.target) is None or len(step.outputs) != 1 or step.outputs[0] is None:
+        return None
+    return step.outputs[0].name
 
 
 def _seed_on_the_cpu(node: ExternNode) -> ExternNode:

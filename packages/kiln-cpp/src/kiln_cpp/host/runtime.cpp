@@ -25,6 +25,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 extern "C" {
@@ -95,6 +96,22 @@ KilnTensor* api_view(KilnTensor* base, int ndim, const int64_t* size, const int6
     return K(new at::Tensor(at::as_strided(b, c10::IntArrayRef(size, ndim),
                                            c10::IntArrayRef(stride, ndim),
                                            b.storage_offset() + offset)));
+  } catch (const std::exception& e) {
+    keep_error(e);
+    return nullptr;
+  }
+}
+
+KilnTensor* api_arena_view(KilnTensor* arena, int64_t byte_offset, int ndim, const int64_t* size,
+                           const int64_t* stride, int dtype) {
+  try {
+    const at::Tensor& block = *T(arena);
+    const auto meta = c10::scalarTypeToTypeMeta(static_cast<c10::ScalarType>(dtype));
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(block.storage()),
+                                                     block.key_set(), meta);
+    impl->set_sizes_and_strides(c10::IntArrayRef(size, ndim), c10::IntArrayRef(stride, ndim),
+                                byte_offset / static_cast<int64_t>(meta.itemsize()));
+    return K(new at::Tensor(std::move(impl)));
   } catch (const std::exception& e) {
     keep_error(e);
     return nullptr;
@@ -183,6 +200,9 @@ int api_cuda_launch(void* stream, void* function, uint32_t gx, uint32_t gy, uint
   return 0;
 }
 
+// -- CUDA: matrix products through cuBLASLt --------------------------------------------------
+#include "cuda_gemm.h"
+
 // -- prepared extern calls ---------------------------------------------------------------------
 struct TensorSlot {
   size_t position;  // in the stack
@@ -258,9 +278,10 @@ int api_call_extern(KilnExtern* x, KilnTensor* const* tensors, const int64_t* si
 }
 
 const KilnApi API = {
-    KILN_API_VERSION, api_empty_strided, api_view,        api_alias,       api_release,
+    KILN_API_VERSION, api_empty_strided, api_view,        api_arena_view,  api_alias,
+    api_release,
     api_data_ptr,     api_size,          api_stride,      api_call_extern, api_match_layout,
-    api_index_error,  api_cuda_stream,   api_cuda_launch,
+    api_index_error,  api_cuda_stream,   api_cuda_launch, api_cuda_gemm,
 };
 
 // -- Python -> IValue, for the arguments of an extern call -------------------------------------
@@ -500,7 +521,8 @@ PyObject* program_new(PyTypeObject*, PyObject* args, PyObject*) {
   }
   std::vector<KilnExtern*> prepared;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(externs); ++i) {
-    void* p = PyCapsule_GetPointer(PyTuple_GET_ITEM(externs, i), "kiln.Extern");
+    PyObject* capsule = PyTuple_GET_ITEM(externs, i);  // a kiln.Extern or a kiln.Gemm
+    void* p = PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule));
     if (p == nullptr) return nullptr;
     prepared.push_back(static_cast<KilnExtern*>(p));
   }
@@ -667,6 +689,9 @@ PyObject* device_code(PyObject*, PyObject* device) {
 PyMethodDef module_methods[] = {
     {"Extern", make_extern, METH_VARARGS,
      "Extern(op, overload, template, n_outputs): an ATen op call prepared once."},
+    {"Gemm", make_gemm, METH_VARARGS,
+     "Gemm(dtype, m, n, k, a_ld, a_by_columns, b_ld, b_by_columns, d_ld, bias, device, name): "
+     "a matrix product on CUDA through cuBLASLt, prepared once."},
     {"scalar_type", scalar_type, METH_O, "The c10::ScalarType number of a torch.dtype."},
     {"device_code", device_code, METH_O, "(c10::DeviceType number, index) of a torch.device."},
     {nullptr, nullptr, 0, nullptr}};

@@ -30,6 +30,7 @@ from kiln_cpp.errors import CppCompileError
 HERE = Path(__file__).parent
 SOURCE = HERE / "runtime.cpp"
 HEADER = HERE / "kiln_host.h"
+PARTS = [HERE / "cuda_gemm.h"]  # included by the source
 MODULE = "kiln_host_runtime"
 
 
@@ -71,6 +72,7 @@ def _key(cxx: str) -> str:
     for part in (
         SOURCE.read_text(),
         HEADER.read_text(),
+        *(part.read_text() for part in PARTS),
         torch.__version__,
         sys.version,
         build._compiler_version(cxx),
