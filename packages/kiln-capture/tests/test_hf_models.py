@@ -222,3 +222,81 @@ def test_training_step_matches_eager_with_the_same_seed():
     assert captured_grads.keys() == eager_grads.keys()
     for name, grad in eager_grads.items():
         torch.testing.assert_close(captured_grads[name], grad, msg=name)
+
+
+def test_model_output_is_built_as_its_constructor_builds_it():
+    from kiln_capture.model_outputs import ModelOutputBuilder
+
+    model, make_inputs = bert()
+    model.eval()
+    captured = kiln_capture.capture(model, lambda gm, example_inputs: gm.forward)
+    inputs = make_inputs()
+    with torch.no_grad():
+        captured(**inputs)
+        actual, expected = captured(**inputs), model(**inputs)
+    epilogue = captured._captured.entries[0].result.after_graph[2]
+    assert any(isinstance(c, ModelOutputBuilder) for c in epilogue.__code__.co_consts)
+    assert type(actual) is type(expected)
+    assert list(actual.keys()) == list(expected.keys())
+    assert list(vars(actual)) == list(vars(expected))
+    assert [k for k, v in vars(actual).items() if v is None] == [
+        k for k, v in vars(expected).items() if v is None
+    ]
+    for got, want in zip(actual.to_tuple(), expected.to_tuple(), strict=True):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(actual[0], expected[0])
+    torch.testing.assert_close(actual["pooler_output"], expected.pooler_output)
+
+
+def test_a_changed_config_attribute_recompiles():
+    model, make_inputs = bert()
+    model.eval()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    captured = kiln_capture.capture(model, backend)
+    inputs = make_inputs()
+    with torch.no_grad():
+        captured(**inputs)
+        model.config._attn_implementation = "eager"  # softmax(q k^T) v instead of sdpa
+        actual, expected = captured(**inputs), model(**inputs)
+        torch.testing.assert_close(actual.last_hidden_state, expected.last_hidden_state)
+        assert len(graphs) == 2
+        assert any("softmax" in str(n.target) for n in graphs[1].graph.nodes)
+        model.config.return_dict = False  # a tuple comes back
+        actual, expected = captured(**inputs), model(**inputs)
+    reasons = captured._captured.stats.recompile_reasons
+    # read past the config's __getattribute__, as what it reads
+    assert reasons[0] == (
+        "___object_getattribute(self.config, '_attn_implementation_internal') == 'sdpa'"
+    )
+    assert reasons[1] == "___object_getattribute(self.config, 'return_dict') is True"
+    assert type(actual) is tuple
+    torch.testing.assert_close(actual, expected)
+
+
+def test_a_model_output_class_changed_after_capture_is_built_by_its_constructor():
+    from kiln_capture.model_outputs import ModelOutputBuilder
+
+    output_class = transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions
+    builder = ModelOutputBuilder(output_class, ["last_hidden_state", "pooler_output"])
+    hidden, pooled = torch.randn(1, 2, 4), torch.randn(1, 4)
+    built = builder(hidden, pooled)
+    assert list(built.keys()) == ["last_hidden_state", "pooler_output"]
+    original = output_class.__post_init__
+    seen = []
+
+    def post_init(self):
+        seen.append(self)
+        original(self)
+
+    output_class.__post_init__ = post_init
+    try:
+        rebuilt = builder(hidden, pooled)
+    finally:
+        output_class.__post_init__ = original
+    assert len(seen) == 1 and seen[0] is rebuilt, "the constructor ran"
+    assert list(rebuilt.keys()) == list(built.keys())

@@ -109,6 +109,40 @@ def test_forward_hooks_on_the_wrapper_run(model_and_compiled):
     assert seen == [torch.Size([3, 16])]
 
 
+def test_a_call_without_hooks_goes_straight_to_the_captured_forward(model_and_compiled):
+    model, compiled = model_and_compiled
+    x = torch.randn(3, 16)
+    compiled(x)
+    captured = compiled._captured._captured
+    calls = []
+    dispatch = type(captured).__call__
+
+    def counted(*args, **kwargs):
+        calls.append(len(args))
+        return dispatch(*args, **kwargs)
+
+    type(captured).__call__ = counted
+    try:
+        torch.testing.assert_close(compiled(x), model(x))
+        assert calls, "the compiled graph's dispatcher ran"
+        calls.clear()
+        # hooks on the model, global hooks, kiln.disable(): the model's own call runs them
+        seen = []
+        handle = model.register_forward_hook(lambda mod, args, out: seen.append("model"))
+        torch.testing.assert_close(compiled(x), model(x))
+        handle.remove()
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda mod, args, out: seen.append("global") if mod is model else None
+        )
+        torch.testing.assert_close(compiled(x), model(x))
+        handle.remove()
+        with kiln.disable():
+            compiled(x)
+        assert seen == ["model", "model", "global", "global"] and not calls
+    finally:
+        type(captured).__call__ = dispatch
+
+
 def test_sequential_keeps_its_protocol():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     compiled = kiln.compile(model, backend="eager")

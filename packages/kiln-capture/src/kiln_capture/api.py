@@ -22,6 +22,7 @@ from kiln_capture import versions
 from kiln_capture.convert_frame import CaptureResult, convert_frame
 from kiln_capture.dispatch import make_call, read_signature
 from kiln_capture.exc import CaptureFailed, Unsupported, UserError
+from kiln_capture.variables.objects import has_hooks
 
 log = logging.getLogger("kiln.capture")
 
@@ -275,16 +276,15 @@ class CapturedModule(torch.nn.Module):
         super().__init__()
         self._orig_mod = module
         self._captured = captured
+        self.__dict__["_module"] = module  # the same, read without nn.Module's __getattr__
 
     def forward(self, *args, **kwargs):
-        from kiln_capture.variables.objects import has_hooks
-
-        if has_hooks(self._orig_mod):
-            return self._orig_mod(*args, **kwargs)
+        if has_hooks(self._module):
+            return self._module(*args, **kwargs)
         return self._captured(*args, **kwargs)
 
     def __getattr__(self, name):
-        if name in ("_orig_mod", "_captured"):
+        if name in ("_orig_mod", "_captured", "_module"):
             return super().__getattr__(name)
         return getattr(self._orig_mod, name)
 

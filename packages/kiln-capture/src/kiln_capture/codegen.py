@@ -1,5 +1,10 @@
 """Emitting bytecode for the transformed frame: reload graph inputs from their sources,
 call the compiled graph, replay side effects, rebuild outputs, and call resume functions.
+
+What follows the graph call is also made into a function of its own, the *epilogue*
+``epilogue(___graph_out, <the frame's parameters>)``: the dispatcher, whose guards have
+already read every graph input, calls the graph itself and then the epilogue, so that no
+input is read twice.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ class Codegen:
         self.graph_outputs = graph_outputs  # id(variable) -> index in the graph's output
         self.cached: dict[int, str] = {}  # id(mutable variable) -> temporary holding it
         self.keep_alive: list = []
+        self.prologue_end = 0  # instructions of the prologue
+        self.graph_called_at: int | None = None  # the first instruction after the graph call
 
     # --- primitives -------------------------------------------------------------
 
@@ -167,12 +174,14 @@ class Codegen:
             if not isinstance(inst, Instr) or inst.name not in PROLOGUE_OPS:
                 break
             self.emit(Instr(inst.name, inst.arg) if inst.arg is not None else Instr(inst.name))
+        self.prologue_end = len(self.instrs)
 
     def call_graph(self, compiled, input_sources: list) -> None:
         self.call(
             lambda: self.load_const(compiled), [lambda s=s: s.emit(self) for s in input_sources]
         )
         self.emit(Instr("STORE_FAST", GRAPH_OUT))
+        self.graph_called_at = len(self.instrs)
 
     def call_resume(self, resume_fn, stack_depth: int, local_names: list[str]) -> None:
         """Call ``resume_fn(*stack, *locals)`` with the stack left by the native instruction."""
@@ -220,12 +229,28 @@ class Codegen:
         return Label()
 
     def to_code(self, name_suffix: str = "") -> types.CodeType:
+        return self._assemble(self.instrs, name_suffix)
+
+    def epilogue_code(self) -> types.CodeType | None:
+        """The instructions after the graph call, as the code of
+        ``epilogue(___graph_out, <the frame's parameters>)``; None without a graph call."""
+        if self.graph_called_at is None:
+            return None
+        instrs = self.instrs[: self.prologue_end] + self.instrs[self.graph_called_at :]
+        return self._assemble(instrs, "_after_graph", first_argument=GRAPH_OUT)
+
+    def _assemble(self, instrs, name_suffix: str, first_argument: str | None = None):
         bytecode = Bytecode.from_code(self.code)
         bytecode.clear()
-        bytecode.extend(self.instrs)
+        bytecode.extend(instrs)
         bytecode.flags &= ~(0x20 | 0x80 | 0x100 | 0x200)
         if name_suffix:
             bytecode.name = self.code.co_name + name_suffix
+        if first_argument is not None:
+            bytecode.argnames = [first_argument, *bytecode.argnames]
+            bytecode.argcount += 1
+            if bytecode.posonlyargcount:
+                bytecode.posonlyargcount += 1
         return bytecode.to_code()
 
 

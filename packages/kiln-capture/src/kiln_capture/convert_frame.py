@@ -108,9 +108,13 @@ class CaptureResult:
     graph: torch.fx.GraphModule | None
     graph_break: GraphBreakRecord | None = None
     resumes: list = field(default_factory=list)
-    # (compiled graph, argument names, output index) when the whole frame is "return one
-    # output of the graph, computed from the arguments": the dispatcher calls it directly
+    # (compiled graph, input expressions, output index) when the whole frame is "return one
+    # output of the graph": the dispatcher calls the graph directly
     direct: tuple | None = None
+    # (compiled graph, input expressions, epilogue) for any frame with a graph: the
+    # dispatcher calls the graph on the inputs its guards read, then
+    # ``epilogue(graph outputs, *arguments)`` (the transformed code after the graph call)
+    after_graph: tuple | None = None
 
 
 class LazyLocal(Variable):
@@ -333,6 +337,7 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
         build_guard_function(fn, output.guards, shape_guards(output)),
         gm,
         direct=direct_call(output, compiled, indices, returned),
+        after_graph=graph_then_epilogue(fn, output, compiled, cg),
     )
 
 
@@ -429,14 +434,14 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         cg.emit(handler_entry.target)
         depth = handler.stack_depth + handler.push_lasti + 1
         resume_after(handler.target, (False,) * depth)
-    result = CaptureResult(
+    return CaptureResult(
         make_function(fn, cg),
         build_guard_function(fn, output.guards, shape_guards(output)),
         gm,
         break_info,
         resumes,
+        after_graph=graph_then_epilogue(fn, output, compiled, cg),
     )
-    return result
 
 
 def emit_native_call(cg, root, inst, wrap_callee, handler_entry=None) -> list[Variable]:
@@ -522,13 +527,29 @@ def _unbound(v) -> bool:
 
 
 def direct_call(output: OutputGraph, compiled, indices, returned):
-    """(compiled, argument names, output index) if the frame only returns one graph output
-    computed from its arguments and has no side effects; else None."""
+    """(compiled, input expressions, output index) if the frame only returns one graph
+    output and has no side effects; else None."""
     if compiled is None or id(returned) not in indices or not output.side_effects.is_empty():
         return None
-    if not all(isinstance(source, LocalSource) for source, _, _ in output.inputs):
+    return compiled, input_expressions(output), indices[id(returned)]
+
+
+def graph_then_epilogue(fn, output: OutputGraph, compiled, cg: Codegen):
+    """(compiled, input expressions, epilogue function) where the frame calls a graph."""
+    code = cg.epilogue_code() if compiled is not None else None
+    if code is None:
         return None
-    return compiled, [source.name for source, _, _ in output.inputs], indices[id(returned)]
+    epilogue = types.FunctionType(
+        code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__
+    )
+    epilogue.__kwdefaults__ = fn.__kwdefaults__
+    epilogue.__kiln_keep_alive__ = cg.keep_alive
+    return compiled, input_expressions(output), epilogue
+
+
+def input_expressions(output: OutputGraph) -> list[str]:
+    """The guard expression of each graph input (each is read by a guard)."""
+    return [source.expr() for source, _, _ in output.inputs]
 
 
 def shape_guards(output: OutputGraph) -> list[str]:

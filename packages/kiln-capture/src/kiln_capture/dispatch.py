@@ -6,14 +6,18 @@ parameters and every cache entry's guards inlined, newest first.
             return ___run0(x, y, scale=scale)
         return ___captured.cache_miss((x, y), {'scale': scale})
 
-An entry whose code only returns one output of its graph, computed from the arguments, is
-called as ``___graph0(x, y)[0]``: no transformed frame in between.
+The graph of an entry is called from here, on the inputs the guards have read (bound to
+names as they are read: ``(___r0_1 := self._parameters['weight'])``), and the rest of
+the transformed code runs as its epilogue, ``___epilogue0(___graph0(x, ___r0_1), x, y,
+scale=scale)``; an entry whose code only returns one output of its graph is called as
+``___graph0(x, ___r0_1)[0]``: no transformed frame at all.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 
@@ -72,14 +76,29 @@ class SharedReads:
     """Reads of guarded values, shared across one entry's guards: the first occurrence of an
     expression that has a base (``self._modules['a']``) binds it with ``:=``, later ones use
     the name. Occurrences are rewritten left to right, the order in which the ``and`` chain
-    evaluates them, so a name is always bound before it is used."""
+    evaluates them, so a name is always bound before it is used. After :meth:`plan`, only
+    the reads used more than once are bound (a name costs two instructions)."""
 
     def __init__(self, sources: dict, prefix: str):
         self.sources = sources
         self.prefix = prefix
         self.names: dict[str, str] = {}
+        self.shared: set[str] | None = None  # the reads bound to names; None: every read
         # longest first: at each position the longest guarded expression is the one meant
         self.ordered = sorted(sources, key=len, reverse=True)
+
+    def plan(self, codes: list[str]) -> None:
+        """Count the reads of ``codes`` (what will be rewritten, in order): a read is used
+        once per occurrence and once by each read built on it that is used at all."""
+        uses = Counter()
+        for code in codes:
+            for found in self.matches(code):
+                uses[found] += 1
+        for expr in self.ordered:  # a read is longer than its base: counted before it
+            base = getattr(self.sources[expr], "base", None)
+            if uses[expr] and base is not None:
+                uses[base.expr()] += 1
+        self.shared = {expr for expr, count in uses.items() if count > 1}
 
     def reference(self, expr: str) -> str:
         if expr in self.names:
@@ -88,10 +107,23 @@ class SharedReads:
         base = getattr(source, "base", None)
         if base is None:
             return expr  # an argument, a global dict: already a name
-        base_reference = self.reference(base.expr())  # may bind names of its own first
+        read = source.over(self.reference(base.expr()))  # may bind names of its own first
+        if self.shared is not None and expr not in self.shared:
+            return read  # read once: no name
         name = f"{self.prefix}{len(self.names)}"
         self.names[expr] = name
-        return f"({name} := {base_reference}{expr[len(base.expr()) :]})"
+        return f"({name} := {read})"
+
+    def matches(self, code: str):
+        """The guarded expressions ``code`` reads, left to right (the longest at each place)."""
+        i = 0
+        while i < len(code):
+            found = self.match_at(code, i)
+            if found is None:
+                i += 1
+            else:
+                yield found
+                i += len(found)
 
     def rewrite(self, code: str) -> str:
         out, i = [], 0
@@ -129,6 +161,35 @@ def _renamer(n: int, names):
     return rename
 
 
+def graph_inputs(result) -> list[str] | None:
+    """The expressions of the graph inputs where the dispatcher calls the graph itself
+    (every input is read by a guard), else None."""
+    found = result.direct or result.after_graph
+    if found is None or not all(expr in result.guard.sources for expr in found[1]):
+        return None
+    return list(found[1])
+
+
+def graph_call(
+    n: int, result, sig: Signature, shared: SharedReads, rename, scope: dict
+) -> str | None:
+    """Entry ``n``'s action as a call of its graph on the inputs its guards read (each
+    was bound to a name by the guard's shared reads, as ``shared`` names it): the graph's
+    output when that is what the frame returns, else the epilogue of the transformed code
+    on the graph's outputs. None when the entry has no graph, or an input no guard reads."""
+    found = result.direct or result.after_graph
+    if graph_inputs(result) is None:
+        return None
+    compiled, expressions, then = found
+    scope[f"___graph{n}"] = compiled
+    inputs = ", ".join(rename(shared.rewrite(expr)) for expr in expressions)
+    graph = f"___graph{n}({inputs})"
+    if result.direct is not None:
+        return f"{graph}[{then}]"
+    scope[f"___epilogue{n}"] = then
+    return f"___epilogue{n}({graph}, {sig.call_args()})"
+
+
 def make_call(fn, bound: bool, entries=()):
     """``__call__`` for a captured ``fn`` over its cache ``entries`` (newest first); with
     ``bound``, the first parameter is the object the capture is bound to. None when the
@@ -146,17 +207,18 @@ def make_call(fn, bound: bool, entries=()):
         rename = _renamer(n, guard.scope)
         scope.update({rename(k): v for k, v in guard.scope.items() if k.startswith("___")})
         shared = SharedReads(guard.sources, prefix=f"___r{n}_")
+        shared.plan(
+            [g.code for g in guard.inline_lines]
+            + list(guard.tensor_exprs)
+            + (graph_inputs(entry.result) or [])
+        )
         checks = [f"({rename(shared.rewrite(g.code))})" for g in guard.inline_lines]
         if guard.tensor_exprs:  # the parameters and buffers, in one call after the rest
             tensors = ", ".join(shared.rewrite(expr) for expr in guard.tensor_exprs)
             checks.append(rename(f"___tensors_match({tensors})"))
         condition = " and ".join(checks) or "True"
-        fast = entry.result.direct
-        if fast is not None:
-            compiled, argument_names, index = fast
-            scope[f"___graph{n}"] = compiled
-            action = f"___graph{n}({', '.join(argument_names)})[{index}]"
-        else:
+        action = graph_call(n, entry.result, sig, shared, rename, scope)
+        if action is None:
             scope[f"___run{n}"] = entry.result.function
             action = f"___run{n}({call_args})"
         lines += [f"    if {condition}:", f"        return {action}"]

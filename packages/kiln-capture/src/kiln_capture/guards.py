@@ -84,6 +84,7 @@ class GuardSet:
             ___default_dtype=torch.get_default_dtype,
             ___any_autocast=torch._C._is_any_autocast_enabled,
             ___autocast=autocast_state,
+            ___object_getattribute=object.__getattribute__,
         )
         grad = torch.is_grad_enabled()
         self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")
@@ -149,8 +150,15 @@ class GuardSet:
         self.add(f"{expr}.__func__ is {name}", f"{expr} is a method {value.__func__.__qualname__}")
 
     def no_hooks(self, source, module) -> None:
+        """The module's hook dicts are empty, read from its instance dict (one attribute
+        read instead of four through ``nn.Module.__getattr__``'s slower path)."""
         expr = self.bind(source)
-        hooks = [f"{expr}.{name}" for name in HOOK_DICTS if hasattr(module, name)]
+        own = [name for name in HOOK_DICTS if name in vars(module)]
+        others = [
+            f"{expr}.{name}" for name in HOOK_DICTS if name not in own and hasattr(module, name)
+        ]
+        hooks = [f"(___hooks := {expr}.__dict__)[{own[0]!r}]"] if own else []
+        hooks += [f"___hooks[{name!r}]" for name in own[1:]] + others
         self.add(f"not ({' or '.join(hooks)})", f"{expr} has no hooks")
 
     def type(self, source, value) -> None:

@@ -38,6 +38,8 @@ class OutputGraph:
         self.dynamic_dims = dynamic_dims  # source expr -> dims that are symbolic
         self.dynamic_ints = dynamic_ints  # source exprs of int arguments that are symbolic
         self.wrapped: dict = {}  # source -> variable, so a value read twice is one variable
+        # id(object) -> its variable, so an object read through two sources is one variable
+        self.objects_by_id: dict = {}
         self.inputs: list[tuple[object, torch.Tensor, TensorVariable]] = []
         self.input_by_id: dict[int, TensorVariable] = {}
         self.cells: dict[int, Variable] = {}

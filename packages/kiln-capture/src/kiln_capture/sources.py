@@ -14,6 +14,10 @@ class Source:
     def expr(self) -> str:
         raise NotImplementedError
 
+    def over(self, base: str) -> str:
+        """This source's expression with ``base`` standing for its base's."""
+        return base + self.expr()[len(self.base.expr()) :]
+
     def emit(self, cg) -> None:
         raise NotImplementedError
 
@@ -70,6 +74,30 @@ class AttrSource(Source):
     def emit(self, cg) -> None:
         self.base.emit(cg)
         cg.load_attr(self.attr)
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
+@dataclass(frozen=True)
+class GenericAttrSource(Source):
+    """``object.__getattribute__(base, attr)``: an attribute read past the class's own
+    ``__getattribute__`` (what ``super().__getattribute__(attr)`` reads inside it)."""
+
+    base: Source
+    attr: str
+
+    def expr(self) -> str:
+        return self.over(self.base.expr())
+
+    def over(self, base: str) -> str:
+        return f"___object_getattribute({base}, {self.attr!r})"
+
+    def emit(self, cg) -> None:
+        cg.call(
+            lambda: cg.load_const(object.__getattribute__),
+            [lambda: self.base.emit(cg), lambda: cg.load_const(self.attr)],
+        )
 
     def root(self) -> Source:
         return self.base.root()

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from time import perf_counter
 
 from kiln import logs
 
@@ -46,15 +47,17 @@ _frames_made = 0  # frames made in this process, to tell a call that compiled
 _staged_seconds = 0.0  # seconds charged to the stages of frames, in all
 
 
-def call_timing_capture(fn, args, kwargs, label: str):
+def call_timing_capture(fn, args, kwargs, what: object):
     """``fn(*args, **kwargs)``; when the call captured something, the time it took beyond
     the stages the frames timed is charged to ``capture`` (tracing the bytecode, building
-    guards and code, and the first run) and logged on the ``perf`` log."""
+    guards and code, and the first run) and logged on the ``perf`` log, naming ``what``
+    (a label, or the module called)."""
     made, staged = _frames_made, _staged_seconds
-    started = time.perf_counter()
+    started = perf_counter()
     out = fn(*args, **kwargs)
     if _frames_made != made:
-        elapsed = time.perf_counter() - started
+        elapsed = perf_counter() - started
+        label = what if isinstance(what, str) else type(what).__qualname__
         capture = max(elapsed - (_staged_seconds - staged), 0.0)
         with _lock:
             _totals["capture"] += capture

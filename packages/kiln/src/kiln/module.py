@@ -16,25 +16,39 @@ import threading
 import types
 
 import torch
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 
 from kiln.frames import call_timing_capture
 
 _state = threading.local()
+# disabled regions open in any thread: while there is none, a call reads only this (a
+# thread-local read costs more than the rest of a compiled module's call path)
+_open_regions = [0]
+_regions_lock = threading.Lock()
 
 
 def compilation_disabled() -> bool:
-    return getattr(_state, "disabled", 0) > 0
+    return _open_regions[0] > 0 and getattr(_state, "disabled", 0) > 0
 
 
 class DisabledRegion:
     """``with kiln.disable():`` or ``@kiln.disable``: Kiln-compiled callables run eagerly."""
 
     def __enter__(self):
+        with _regions_lock:
+            _open_regions[0] += 1
         _state.disabled = getattr(_state, "disabled", 0) + 1
         return self
 
     def __exit__(self, *exc) -> None:
         _state.disabled -= 1
+        with _regions_lock:
+            _open_regions[0] -= 1
 
     def __call__(self, fn):
         @functools.wraps(fn)
@@ -149,11 +163,30 @@ class CompiledModule(torch.nn.Module):
         for registry in ("_parameters", "_buffers", "_modules"):
             object.__setattr__(self, registry, getattr(module, registry))
 
+    def __call__(self, *args, **kwargs):
+        # nn.Module's call without its work where there is none to do (no hooks on the
+        # wrapper, no global hooks, no TorchScript trace, Kiln not disabled): the captured
+        # module's forward, which runs the model eagerly if the model has hooks
+        if (
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or _global_forward_hooks
+            or _global_forward_pre_hooks
+            or _global_backward_hooks
+            or _global_backward_pre_hooks
+            or self._compiled_call_impl is not None
+            or compilation_disabled()
+            or torch._C._get_tracing_state()
+        ):
+            return super().__call__(*args, **kwargs)
+        return call_timing_capture(self._captured.forward, args, kwargs, self._orig_mod)
+
     def forward(self, *args, **kwargs):
         if compilation_disabled():
             return self._orig_mod(*args, **kwargs)
-        label = type(self._orig_mod).__qualname__
-        return call_timing_capture(self._captured, args, kwargs, label)
+        return call_timing_capture(self._captured, args, kwargs, self._orig_mod)
 
     @property
     def training(self) -> bool:

@@ -90,7 +90,16 @@ def _wrap_new(tx, value, source) -> Variable:
     if isinstance(value, types.ModuleType):
         guards.identity(source, value)
         return objects.PythonModuleVariable(value, source)
-    return wrap_callable_or_object(tx, value, source, guard=True)
+    known = tx.output.objects_by_id.get(id(value))
+    if known is not None:
+        # an object already read another way (a config shared by every layer): one
+        # identity check, and its attributes are read and guarded once
+        guards.same_object(source, known.source)
+        return known
+    variable = wrap_callable_or_object(tx, value, source, guard=True)
+    if type(variable) is objects.ObjectVariable:
+        tx.output.objects_by_id[id(value)] = variable
+    return variable
 
 
 def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:

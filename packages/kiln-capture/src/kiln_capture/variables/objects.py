@@ -10,6 +10,12 @@ import re
 import types
 
 import torch
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 
 from kiln_capture.exc import GraphBreak, UserError
 from kiln_capture.sources import AttrSource, ItemSource, ModuleMemberSource
@@ -61,9 +67,33 @@ class ObjectVariable(Variable):
         pending = tx.side_effects.pending_attr(self, name)
         if pending is not None:
             return pending
-        return self.read_attr(tx, name)
+        custom = self.custom_getattribute()
+        if custom is None:
+            return self.read_attr(tx, name)
+        # the class's own __getattribute__ (a Hugging Face config's) would run at each read
+        # in the guards: traced, the guards check what it reads instead (the instance dict,
+        # the class's tables), past it
+        try:
+            return UserFunctionVariable(custom).call(tx, [self, ConstantVariable(name)], {})
+        except GraphBreak:
+            return self.read_plain_attr(tx, name)  # guarded through __getattribute__
 
     def read_attr(self, tx, name):
+        """``object.__getattribute__(value, name)``."""
+        if self.custom_getattribute() is not None:
+            return self.read_generic_attr(tx, name)
+        return self.read_plain_attr(tx, name)
+
+    def custom_getattribute(self):
+        """The class's own ``__getattribute__``, where guards read past it: a plain object
+        read from a source whose class has one written in Python."""
+        if type(self) is not ObjectVariable or self.source is None:
+            return None
+        found = getattr(type(self.value), "__getattribute__", None)
+        return found if isinstance(found, types.FunctionType) else None
+
+    def read_plain_attr(self, tx, name):
+        """``value.name``, guarded as read."""
         value = self.value
         try:
             static = inspect.getattr_static(value, name)
@@ -84,6 +114,39 @@ class ObjectVariable(Variable):
         except AttributeError as exc:
             raise UserError(exc) from None
         source = AttrSource(self.source, name) if self.source is not None else None
+        return wrap(tx, attr, source)
+
+    def read_generic_attr(self, tx, name):
+        """``object.__getattribute__(value, name)`` of an object whose class has its own
+        ``__getattribute__``: its instance dict, a method or property of its class, or an
+        instance or class attribute, guarded as read past that ``__getattribute__``."""
+        from kiln_capture.sources import GenericAttrSource
+
+        value = self.value
+        source = GenericAttrSource(self.source, name)
+        if name == "__dict__":
+            known = tx.output.wrapped.get(source)
+            if known is None:
+                try:
+                    attributes = object.__getattribute__(value, "__dict__")
+                except AttributeError as exc:  # a class with __slots__ only
+                    raise UserError(exc) from None
+                tx.output.guards.type(source, attributes)
+                known = tx.output.wrapped[source] = InstanceDictVariable(attributes, source)
+            return known
+        try:
+            in_instance = name in object.__getattribute__(value, "__dict__")
+        except AttributeError:  # a class with __slots__ only
+            in_instance = False
+        if not in_instance:
+            static = inspect.getattr_static(value, name, None)
+            bound = bind_class_attribute(tx, static, self, type(value))
+            if bound is not None:
+                return bound
+        try:
+            attr = object.__getattribute__(value, name)
+        except AttributeError as exc:
+            raise UserError(exc) from None
         return wrap(tx, attr, source)
 
     def call_method(self, tx, name, args, kwargs):
@@ -301,20 +364,19 @@ MODULE_INTROSPECTION = {
 
 
 def has_hooks(module: torch.nn.Module) -> bool:
-    from torch.nn.modules import module as module_impl
-
-    own = (
-        module._forward_hooks,
-        module._forward_pre_hooks,
-        module._backward_hooks,
-        getattr(module, "_backward_pre_hooks", {}),
+    """Whether calling ``module`` runs hooks (its own or global ones). Called at every call
+    of a captured module: the reads are written out."""
+    own = module.__dict__
+    return bool(
+        own.get("_forward_hooks")
+        or own.get("_forward_pre_hooks")
+        or own.get("_backward_hooks")
+        or own.get("_backward_pre_hooks")
+        or _global_forward_hooks
+        or _global_forward_pre_hooks
+        or _global_backward_hooks
+        or _global_backward_pre_hooks
     )
-    global_hooks = (
-        module_impl._global_forward_hooks,
-        module_impl._global_forward_pre_hooks,
-        module_impl._global_backward_hooks,
-    )
-    return any(own) or any(global_hooks)
 
 
 class PythonModuleVariable(ObjectVariable):
@@ -432,6 +494,15 @@ class DataclassVariable(Variable):
         return super().unpack(tx)
 
     def reconstruct(self, cg):
+        from kiln_capture.model_outputs import model_output_builder
+        from kiln_capture.variables.tensor import TensorVariable
+
+        builder = model_output_builder(
+            self.cls, self.fields, lambda v: isinstance(v, TensorVariable)
+        )
+        if builder is not None:  # a Hugging Face output of tensors: built directly
+            cg.call_object(builder, [self.fields[name] for name in builder.present])
+            return
         init_fields = [f.name for f in dataclasses.fields(self.cls) if f.init]
         names = [n for n in init_fields if n in self.fields]
         cg.call_object(self.cls, [self.fields[n] for n in names], kw_names=tuple(names))
@@ -544,6 +615,45 @@ class RealMethodVariable(Variable):
             raise GraphBreak(f"{self.describe()} with non-constant arguments")
         result = tx.run_user_code(self.method, self.obj.value, *(a.as_constant() for a in args))
         return wrap_derived(tx, result)
+
+
+class InstanceDictVariable(Variable):
+    """An object's instance dict read past its class's ``__getattribute__``, looked up by
+    constant keys: a key present is guarded as any value, a key absent by ``not in``."""
+
+    def __init__(self, value: dict, source):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return dict
+
+    def has(self, tx, name) -> bool:
+        found = name in self.value
+        expr = tx.output.guards.bind(self.source)
+        check = f"{name!r} {'in' if found else 'not in'} {expr}"
+        tx.output.guards.add(check, f"{expr} {'has' if found else 'has no'} {name!r}")
+        return found
+
+    def lookup(self, tx, key, default: Variable | None):
+        from kiln_capture.sources import ItemSource
+
+        name = key.as_constant()
+        if name in self.value:
+            return wrap(tx, self.value[name], ItemSource(self.source, name))
+        self.has(tx, name)
+        if default is None:
+            raise UserError(KeyError(name))
+        return default
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "get" and not kwargs and len(args) in (1, 2) and args[0].is_constant():
+            return self.lookup(tx, args[0], args[1] if len(args) == 2 else ConstantVariable(None))
+        if name == "__getitem__" and args[0].is_constant():
+            return self.lookup(tx, args[0], None)
+        if name == "__contains__" and args[0].is_constant():
+            return ConstantVariable(self.has(tx, args[0].as_constant()))
+        raise GraphBreak(f"method {name}() of an instance dict")
 
 
 class ReadAttrVariable(Variable):
