@@ -189,6 +189,10 @@ def same(a: object, b: object, tol: dict | None = None, path: str = "value") -> 
             same(a.grad, b.grad, tol, f"{path}.grad")
         return
     assert type(a) is type(b), f"{path}: type {type(a).__name__} != {type(b).__name__}"
+    if type(a).__module__ == "numpy":  # an ndarray or a NumPy scalar
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        same(torch.as_tensor(a), torch.as_tensor(b), tol, path)
+        return
     if isinstance(a, torch.nn.Module):
         same(a.state_dict(), b.state_dict(), tol, f"{path}.state_dict()")
         same(_public_attrs(a), _public_attrs(b), tol, f"{path}.__dict__")

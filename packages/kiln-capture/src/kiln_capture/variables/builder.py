@@ -30,6 +30,7 @@ from kiln_capture.variables.functions import (
     UserFunctionVariable,
     is_torch_callable,
 )
+from kiln_capture.variables.ndarray import is_numpy_function
 
 
 def is_namedtuple_class(cls) -> bool:
@@ -102,7 +103,7 @@ def _wrap_new(tx, value, source) -> Variable:
     return variable
 
 
-def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:
+def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = True) -> Variable:
     from kiln_capture.variables import objects
     from kiln_capture.variables.builtin_calls import BuiltinVariable, is_pure_builtin
 
@@ -116,6 +117,11 @@ def wrap_callable_or_object(tx, value, source, guard: bool) -> Variable:
             guards.type(source, value)
     if is_special_torch_function(value):
         return TorchFunctionVariable(value, source)
+    if trace_numpy and is_numpy_function(value):
+        from kiln_capture.variables.ndarray import NumpyFunctionVariable
+
+        fallback = wrap_callable_or_object(tx, value, source, guard=False, trace_numpy=False)
+        return NumpyFunctionVariable(value, fallback, source)
     if has_builtin_handler(value):
         return BuiltinVariable(value, source)
     if isinstance(value, types.FunctionType):
@@ -157,9 +163,11 @@ def _identity_guarded(value) -> bool:
     ):
         return False  # a builtin method bound to an object is a new object at every read
     # functions, classes and builtins by identity; instances (callable or not) by type
-    return isinstance(
-        value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
-    ) or is_torch_callable(value)
+    return (
+        isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType))
+        or is_torch_callable(value)
+        or is_numpy_function(value)
+    )
 
 
 def wrap_derived(tx, value) -> Variable:

@@ -443,6 +443,10 @@ BUILTIN_HANDLERS[min] = _extreme(min, "min")
 
 @builtin(abs)
 def _abs(tx, x):
+    from kiln_capture.variables.ndarray import NumpyArrayVariable
+
+    if isinstance(x, NumpyArrayVariable):
+        return apply_operator(tx, operator.abs, [x])
     if is_graph_value(x):
         return tx.output.call_graph("call_function", operator.abs, [x], {})
     return None

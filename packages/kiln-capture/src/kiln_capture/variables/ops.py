@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 
 from kiln_capture.exc import GraphBreak, UserError
+from kiln_capture.variables import ndarray
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.constant import ConstantVariable
 from kiln_capture.variables.containers import (
@@ -15,6 +16,7 @@ from kiln_capture.variables.containers import (
     SetVariable,
     TupleVariable,
 )
+from kiln_capture.variables.ndarray import NumpyArrayVariable
 from kiln_capture.variables.tensor import SymNodeVariable, TensorVariable
 
 GRAPH_TYPES = (TensorVariable, SymNodeVariable)
@@ -26,6 +28,8 @@ def is_graph_value(v: Variable) -> bool:
 
 def apply_operator(tx, op, args: list[Variable]) -> Variable:
     """``op(*args)`` for an ``operator`` function: in the graph, folded, or on containers."""
+    if any(isinstance(a, NumpyArrayVariable) for a in args):
+        return ndarray.call_operator(tx, op, args)
     if any(is_graph_value(a) for a in args):
         if op in (operator.contains,):
             raise GraphBreak("`in` on a tensor needs its data")

@@ -44,7 +44,6 @@ STATIC_METHODS = {
 DATA_DEPENDENT = {
     "item",
     "tolist",
-    "numpy",
     "__bool__",
     "__index__",
     "__int__",
@@ -102,6 +101,10 @@ class TensorVariable(Variable):
         raise GraphBreak(f"tensor attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "numpy":
+            from kiln_capture.variables.ndarray import tensor_numpy
+
+            return tensor_numpy(tx, self, args, kwargs)
         if name in DATA_DEPENDENT:
             raise GraphBreak(f"Tensor.{name}() needs the tensor's data")
         turns_grad_on = name != "requires_grad_" or not args or args[0].truthy(tx)

@@ -63,6 +63,11 @@ def call_torch_function(tx, fn, args, kwargs) -> Variable:
             f"{fn.__module__}.{fn.__qualname__}() runs outside the graph "
             f"(it changes global state or runs autograd)"
         )
+    if args and type(args[0]).__name__ == "NumpyArrayVariable":
+        from kiln_capture.variables import ndarray
+
+        if fn in ndarray.TENSOR_FROM_NDARRAY:
+            return ndarray.tensor_from_ndarray(tx, fn, args, kwargs)
     if fn is torch.is_tensor:
         from kiln_capture.variables.tensor import TensorVariable
 
