@@ -182,7 +182,16 @@ def table(outcomes: list[Outcome]) -> str:
         row["externs"] += o.externs
         row["with_extern"] += o.externs > 0
         ops[o.dtype].add(o.op)
-    head = ("dtype", "ops", "samples", "passed", "eager", "failed", "extern calls", "samples w/")
+    head = (
+        "dtype",
+        "ops",
+        "samples",
+        "passed",
+        "eager",
+        "failed",
+        "extern calls",
+        "samples w/ extern",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     total = collections.Counter()
     for dtype in sorted(rows, key=lambda d: (d != "float32", d)):
