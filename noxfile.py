@@ -1,4 +1,4 @@
-"""Development sessions: tests per package, end-to-end, integration, lint, demo, bench.
+"""Development sessions: tests per package, end-to-end, slow, integration, lint, demo, bench.
 
 Every session builds its own virtual environment and installs what it needs, so each one
 works on a fresh machine: torch comes from the CPU build that pip finds on local disk.
@@ -78,6 +78,13 @@ def tests(session: nox.Session, package: str) -> None:
     )
     install(session, with_siblings(package))
     pytest(session, f"packages/{package}/tests", "-m", "not slow and not gpu")
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """Every package's slow tests (the OpInfo sweeps among them), on the CPU."""
+    install(session, PACKAGES)
+    pytest(session, *(f"packages/{p}/tests" for p in PACKAGES), "-m", "slow and not gpu")
 
 
 @nox.session

@@ -24,3 +24,12 @@ def fresh_caches(tmp_path_factory):
 def reset_kiln():
     kiln.reset()
     yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The OpInfo sweep's table (per dtype: samples passed, eager, failed, extern calls)."""
+    import opinfo_sweep
+
+    if opinfo_sweep.RESULTS:
+        terminalreporter.write_sep("=", "OpInfo samples through kiln.compile")
+        terminalreporter.write_line(opinfo_sweep.table(opinfo_sweep.RESULTS))
