@@ -312,3 +312,17 @@ def test_errors_keep_the_type_eager_raises():
         inverse(torch.zeros(4, 4))  # eager's type
     with pytest.raises(torch.linalg.LinAlgError):
         compiled.program.call(torch.zeros(4, 4))
+
+
+def test_empty_int_lists_and_sparse_results_pass_through_extern_calls():
+    def ops(x):
+        return x.repeat([]) * 2, x.reshape(1).to_sparse()
+
+    x = torch.randn(())
+    compiled = _compile(ops, [x])
+    assert compiled.program.native is not None
+    fresh = torch.randn(())
+    got, want = compiled.program.call(fresh), ops(fresh)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1].layout == torch.sparse_coo
+    torch.testing.assert_close(got[1].to_dense(), want[1].to_dense())

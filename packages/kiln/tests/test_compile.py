@@ -216,3 +216,17 @@ def test_explain_reports_graphs_and_breaks():
     assert report.graph_count == 2
     assert len(report.graph_breaks) == 1
     assert "def guard(" in str(report)
+
+
+def test_views_of_another_dtype_keep_their_dtype(tmp_path):
+    def views(x):
+        return torch.view_as_complex(x), x.view(torch.int32), (x * 2).sum()
+
+    compiled = kiln.compile(views, options={"debug_dir": str(tmp_path), "cache": False})
+    x = torch.randn(6, 2)
+    got, want = compiled(x), views(x)
+    assert (tmp_path / "frame000" / "forward_kernels.cpp").exists()  # compiled, not eager
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w)
+    assert got[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # a view

@@ -19,18 +19,7 @@ import pytest
 CHUNKS = 16
 
 # op (OpInfo full name) -> why it fails today, through kiln.compile on the CPU
-_NATIVE_OUT_LIST = (
-    "the native host program's extern .out call passes an int list that ATen reads as a "
-    "generic list (INTERNAL ASSERT: Expected SymIntList or IntList); the Python one passes"
-)
 KNOWN_FAILURES: dict[str, str] = {
-    "view_as_complex": "a wrong result: float32 where eager gives complex64 (complex dtypes)",
-    "as_strided_scatter": _NATIVE_OUT_LIST,
-    "repeat": _NATIVE_OUT_LIST,
-    "tile": _NATIVE_OUT_LIST,
-    "resize_as_": _NATIVE_OUT_LIST,
-    "to_sparse": "native host program: the extern .out call copies a sparse result into a "
-    "dense buffer; the Python one passes",
     "nn.functional.embedding_bag": "bfloat16 with per_sample_weights: the weighted sum rounds "
     "differently from eager and from float32 (0.25 off 72.5)",
     "nn.functional.hinge_embedding_loss": "bfloat16, margin 8.4, reduction='mean': 0.024 off "

@@ -232,4 +232,9 @@ def _view_like(base: torch.Tensor, like: torch.Tensor, requires_grad: bool) -> t
     # Under no_grad a view's requires_grad follows its base, as eager's views do.
     if not requires_grad and torch.is_grad_enabled():
         base = base.detach()
+    if like.dtype != base.dtype:  # a view of another dtype (view_as_complex, view(dtype))
+        try:
+            base = base.view(like.dtype)
+        except RuntimeError:
+            return like  # the graph's own view: its dtype and values are right
     return base.as_strided(like.size(), like.stride(), like.storage_offset())

@@ -24,6 +24,8 @@ from kiln_loopir.host import HostNotRendered
 from kiln_loopir.ir import ExternNode, TensorRef
 
 _MISSING = object()
+# ops whose results have another layout than strided (a planned buffer cannot hold them)
+NOT_STRIDED = ("sparse", "mkldnn", "nested")
 
 
 @dataclass
@@ -57,6 +59,8 @@ def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     and returns it (``aten.addmm.out`` for ``aten.addmm.default``), else None."""
     if len(op._schema.returns) != 1 or op._overloadname != "default":
         return None
+    if any(layout in op._schema.name for layout in NOT_STRIDED):
+        return None  # its result is not a strided tensor a planned buffer could hold
     out = getattr(op.overloadpacket, "out", None)
     if out is None:
         return None
@@ -168,6 +172,8 @@ class _Encoder:
         raise HostNotRendered(f"{self.op}: cannot pass {value!r} as {arg_type}")
 
     def sequence(self, value: list, arg_type: str) -> tuple:
+        if not value:  # an empty list: its items' type is the argument's
+            return _EMPTY_LISTS.get(_item_type(arg_type), ("il", []))
         if all(v is None or isinstance(v, TensorRef) for v in value) and "Tensor" in arg_type:
             slots = [None if v is None else self.slot(v) for v in value]
             return ("otl" if "Optional[Tensor]" in arg_type else "tl", slots)
@@ -183,6 +189,28 @@ class _Encoder:
         if all(isinstance(v, (int, float, sympy.Number)) for v in value):
             return ("fl", [float(v) for v in value])
         raise HostNotRendered(f"{self.op}: cannot pass {value!r} as {arg_type}")
+
+
+_EMPTY_LISTS = {
+    "int": ("il", []),
+    "float": ("fl", []),
+    "bool": ("bl", []),
+    "tensor": ("tl", []),
+    "optional_tensor": ("otl", []),
+}
+
+
+def _item_type(arg_type: str) -> str:
+    """The kind of item a list argument of schema type ``arg_type`` holds."""
+    lowered = arg_type.lower()
+    if "tensor" in lowered:
+        return (
+            "optional_tensor" if "optional[tensor]" in lowered or "tensor?" in lowered else "tensor"
+        )
+    for kind in ("bool", "float", "int"):
+        if kind in lowered:
+            return kind
+    return "int"
 
 
 def _is_size(value) -> bool:
