@@ -180,8 +180,8 @@ def test_more_architectures_are_one_graph_equal_to_eager(name):
     check_one_graph(*MORE_MODELS[name]())
 
 
-def check_one_graph(model, make_inputs):
-    torch.manual_seed(0)
+def capture_eval(model) -> tuple[object, list]:
+    """``model`` in eval mode, captured, and the list its graphs are appended to."""
     model.eval()
     graphs = []
 
@@ -189,7 +189,12 @@ def check_one_graph(model, make_inputs):
         graphs.append(gm)
         return gm.forward
 
-    captured = kiln_capture.capture(model, backend)
+    return kiln_capture.capture(model, backend), graphs
+
+
+def check_one_graph(model, make_inputs):
+    torch.manual_seed(0)
+    captured, graphs = capture_eval(model)
     for _ in range(2):  # the second call runs the cached capture
         inputs = make_inputs()
         with torch.no_grad():
@@ -250,14 +255,7 @@ def test_model_output_is_built_as_its_constructor_builds_it():
 
 def test_a_changed_config_attribute_recompiles():
     model, make_inputs = bert()
-    model.eval()
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    captured = kiln_capture.capture(model, backend)
+    captured, graphs = capture_eval(model)
     inputs = make_inputs()
     with torch.no_grad():
         captured(**inputs)
