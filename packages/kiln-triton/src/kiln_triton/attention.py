@@ -27,7 +27,6 @@ import triton.language as tl
 from kiln_loopir.ir import ExternNode, TensorRef
 
 aten = torch.ops.aten
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -105,6 +104,7 @@ OPS = {
     aten._scaled_dot_product_flash_attention.default: (0, 1, 2, None, 3, 4),
 }
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ALIGNMENT = 16  # bytes: a view's offset into its buffer the kernel is compiled to assume
 
 
 @dataclass
@@ -119,6 +119,24 @@ class AttentionCall:
     out_stride: tuple[int, ...]
     scale: float
     causal: bool
+
+    @property
+    def operands(self) -> list[TensorRef]:
+        return [self.q, self.k, self.v] + ([self.bias] if self.bias is not None else [])
+
+    def compile_args(self, device: str) -> dict:
+        """What :func:`compile_attention` takes for this call: plain data (a cache entry
+        keeps it to compile the kernel again)."""
+        args = self.arguments()
+        pairs = zip(_ints(self.q.size), self.out_stride, strict=True)
+        out_span = 1 + sum((n - 1) * s for n, s in pairs)
+        return {
+            "args": {k: v for k, v in args.items() if k != "grid"},
+            "grid": list(args["grid"]),
+            "dtypes": [str(r.dtype).removeprefix("torch.") for r in self.operands],
+            "spans": [_span(r) for r in self.operands] + [out_span],
+            "device": device,
+        }
 
     def arguments(self) -> dict:
         """The kernel's non-pointer arguments (strides, sizes, constants)."""
@@ -179,6 +197,8 @@ def attention_call(node: ExternNode, read: set[str]) -> AttentionCall | None:
         return None
     if bias is not None and tuple(_ints(bias.size))[-2:] not in ((m, n), (1, n), (m, 1), (1, 1)):
         return None
+    if any(int(r.offset) * r.dtype.itemsize % ALIGNMENT for r in refs):
+        return None  # a view past an aligned start: the kernel assumes aligned pointers
     scale = node.kwargs.get("scale")
     scale = float(scale) if scale is not None else d**-0.5
     return AttentionCall(q, k, v, bias, out.name, _ints(out.stride), scale, causal)
@@ -186,6 +206,12 @@ def attention_call(node: ExternNode, read: set[str]) -> AttentionCall | None:
 
 def _ints(values) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
+
+
+def _span(ref: TensorRef) -> int:
+    """Elements from the start of ``ref``'s buffer to one past its last element."""
+    pairs = zip(_ints(ref.size), _ints(ref.stride), strict=True)
+    return int(ref.offset) + 1 + sum((n - 1) * s for n, s in pairs)
 
 
 def _broadcast4(bias: TensorRef) -> tuple | None:

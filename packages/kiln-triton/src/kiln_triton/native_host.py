@@ -293,23 +293,16 @@ class CudaLauncher:
         the ATen op (:mod:`kiln_triton.attention`), else None."""
         if id(node) not in self.attention:
             call = attention_call(node, read)
-            if call is None or not _aligned_views(call):
+            if call is None:
                 return None
             self.attention[id(node)] = (call, self._plan_attention(call))
-            self.pointer_args |= {r.buffer for r in _operands(call)}  # checked at entry
+            self.pointer_args |= {r.buffer for r in call.operands}  # checked at entry
         return self.attention[id(node)][0].out
 
     def _plan_attention(self, call: AttentionCall) -> PlannedLaunch:
-        args = call.arguments()
-        compile_args = {
-            "args": {k: v for k, v in args.items() if k != "grid"},
-            "grid": list(args["grid"]),
-            "dtypes": [str(r.dtype).removeprefix("torch.") for r in _operands(call)],
-            "spans": [_span(r) for r in _operands(call)] + [_out_span(call)],
-            "device": str(self.device),
-        }
+        compile_args = call.compile_args(str(self.device))
         compiled, grid = compile_attention(**compile_args)
-        values = {**args, "Q": call.q, "K": call.k, "V": call.v, "Out": call.out}
+        values = {**compile_args["args"], "Q": call.q, "K": call.k, "V": call.v, "Out": call.out}
         values["Bias"] = call.bias if call.bias is not None else call.q
         planned = self._launch("attention_fwd", compiled, grid, attention_fwd.arg_names, [], values)
         self.records.append(
@@ -368,28 +361,6 @@ def _launch_lines(planned: PlannedLaunch, pointer, what: str) -> list[str]:
         "    return -1;",
         f"}}  // {what}",
     ]
-
-
-def _operands(call: AttentionCall) -> list[TensorRef]:
-    return [call.q, call.k, call.v] + ([call.bias] if call.bias is not None else [])
-
-
-def _span(ref: TensorRef) -> int:
-    """Elements from the start of ``ref``'s buffer to one past its last element."""
-    return (
-        int(ref.offset)
-        + 1
-        + sum((int(n) - 1) * int(s) for n, s in zip(ref.size, ref.stride, strict=True))
-    )
-
-
-def _out_span(call: AttentionCall) -> int:
-    return 1 + sum((int(n) - 1) * s for n, s in zip(call.q.size, call.out_stride, strict=True))
-
-
-def _aligned_views(call: AttentionCall) -> bool:
-    """Views 16-byte aligned past their buffer's start (as the kernel is compiled for)."""
-    return all(int(r.offset) * r.dtype.itemsize % 16 == 0 for r in _operands(call))
 
 
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)

@@ -185,10 +185,9 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
             raise HostNotRendered(f"an output is {out!r}, not a tensor")
     read = {name for step in schedule.steps for name in step_reads(step)}
     read |= {o.buffer for o in graph.outputs}
-    steps = schedule.steps
     computes = getattr(launcher, "computes", None)  # extern ops a launcher's kernel computes
     out_filled: dict[int, list[str]] = {}  # the buffers each extern step writes into
-    for i, step in enumerate(steps):
+    for i, step in enumerate(schedule.steps):
         if computes and isinstance(step, ExternNode) and computes(step, read):
             out_filled[i] = [b.name for b in step.outputs if b is not None]  # unread but one
         elif fills_out(step):
@@ -208,7 +207,7 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
         body.append(f"KilnRef {', '.join(names)};")
     body += renderer.arena_allocation()
     reused = {old for p in plan.steps for old in p.reuse.values()}
-    for i, (step, sp) in enumerate(zip(steps, plan.steps, strict=True)):
+    for i, (step, sp) in enumerate(zip(schedule.steps, plan.steps, strict=True)):
         for name in sp.allocate:
             body += renderer.allocate(name)
         for new, old in {**sp.reuse, **sp.in_place}.items():
