@@ -3,7 +3,9 @@
 For each model, size and phase (bf16 inference under ``torch.no_grad()``, and a training
 step: ``zero_grad(set_to_none=True)``, forward, ``loss.backward()`` with the loss
 ``out.float().square().mean()``), and each mode (eager, ``torch.compile``,
-``torch.compile(mode="reduce-overhead")``, ``kiln.compile``,
+``torch.compile(mode="reduce-overhead")``, ``kiln launches`` = ``kiln.compile`` with
+``options={"cudagraphs": False}`` (every kernel launched by the host program), ``kiln.compile``
+(the default mode: big graphs replay CUDA graphs with fresh outputs) and
 ``kiln.compile(mode="reduce-overhead")``):
 
 - **wall µs**: ``n`` back-to-back calls between two ``torch.cuda.synchronize()``, over

@@ -49,17 +49,20 @@ def compile_checked(
     *,
     mode: str | None = None,
     calls: int = 2,
+    options: dict | None = None,
 ) -> tuple[Callable, Compiled]:
-    """``kiln.compile(model, mode=mode)`` and what it compiled during ``calls`` runs of
-    ``first_call(compiled)`` (a forward, or a training step with its backward; the second
-    run catches a recompile).
+    """``kiln.compile(model, mode=mode, options=options)`` and what it compiled during
+    ``calls`` runs of ``first_call(compiled)`` (a forward, or a training step with its
+    backward; the second run catches a recompile).
 
     Raises if Kiln warned (a fallback to eager) or compiled no graph.
     """
     debug = Path(tempfile.mkdtemp(prefix="kiln-bench-"))
     try:
         compiled = kiln.compile(
-            model, mode=mode, options={"debug_dir": str(debug), "fallback": False}
+            model,
+            mode=mode,
+            options={**(options or {}), "debug_dir": str(debug), "fallback": False},
         )
         with warnings.catch_warnings():
             # "kiln: ... runs eagerly", "kiln-capture runs ... eagerly", mode fallbacks

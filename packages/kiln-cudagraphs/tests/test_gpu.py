@@ -282,3 +282,53 @@ def test_kiln_compile_output_overwritten_by_the_next_call_raises(kiln_with_plugi
         with pytest.raises(RuntimeError, match="overwritten"):
             outs[2].sum()
         outs[3].sum()  # the latest output is valid
+
+
+def test_kiln_compile_default_mode_replays_big_graphs_with_outputs_of_their_own(
+    kiln_with_plugins,
+):
+    kiln = kiln_with_plugins
+    model = encoder()  # left in training mode (no dropout): eval takes torch's fast path
+    compiled = kiln.compile(model, options={"cache": False})
+    before = kiln_cudagraphs.stats()
+    xs = [torch.randn(4, 12, 16, device="cuda") for _ in range(5)]
+    with torch.no_grad():
+        outs = [compiled(x) for x in xs]  # every output kept: none is overwritten
+        for x, out in zip(xs, outs, strict=True):
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    after = kiln_cudagraphs.stats()
+    assert after.captures - before.captures == 1, after.reasons
+    assert after.replays - before.replays == 3, after
+    assert len({out.data_ptr() for out in outs}) == len(outs)
+
+
+def test_kiln_compile_default_mode_training_step_equals_eager(kiln_with_plugins):
+    kiln = kiln_with_plugins
+    model = encoder()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"cache": False})
+    before = kiln_cudagraphs.stats()
+    for _ in range(4):
+        x = torch.randn(4, 12, 16, device="cuda")
+        kept = compiled(x)  # two forwards before one backward: each keeps its own results
+        loss = (compiled(x * 2).square().mean() + kept.mean()) / 2
+        loss.backward()
+        expected = (reference(x * 2).square().mean() + reference(x).mean()) / 2
+        expected.backward()
+        torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+    after = kiln_cudagraphs.stats()
+    assert after.replays - before.replays >= 4, after  # forward and backward graphs replay
+
+
+def test_kiln_compile_default_mode_launches_small_graphs_directly(kiln_with_plugins):
+    kiln = kiln_with_plugins
+    model = mlp().eval()
+    compiled = kiln.compile(model, options={"cache": False})
+    before = kiln_cudagraphs.stats()
+    with torch.no_grad():
+        for x in [torch.randn(16, 32, device="cuda") for _ in range(4)]:
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+    after = kiln_cudagraphs.stats()
+    assert (after.warmups, after.replays) == (before.warmups, before.replays), after

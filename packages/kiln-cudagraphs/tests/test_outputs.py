@@ -45,3 +45,19 @@ def test_reinterpreted_input_is_refused():
     x = torch.randn(4)
     with pytest.raises(UnsupportedOutput, match="output 0 is a torch.int32 view of input 0"):
         OutputPlan([x.view(torch.int32)], [x])
+
+
+def test_outputs_of_several_blocks_are_copied_into_one():
+    static_in = [torch.randn(3)]
+    a = torch.randn(5, 3)  # three outputs in three blocks of graph memory, of two dtypes
+    b = torch.randint(0, 9, (7,))
+    c = torch.randn(2, 2).to(torch.float64).t()
+    plan = OutputPlan([a, b, c], static_in)
+    out = plan.fresh(static_in)
+    for got, want in zip(out, (a, b, c), strict=True):
+        assert got.dtype == want.dtype and got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got.data_ptr() % 16 == 0
+    assert len({t.untyped_storage().data_ptr() for t in out}) == 1
+    a.neg_()
+    torch.testing.assert_close(out[0], -a)

@@ -406,3 +406,34 @@ def test_unchecked_outputs_are_left_out_of_the_replay_check():
         torch.testing.assert_close(lenient(x)[0], x * 2)
     s = kiln_cudagraphs.stats(lenient)
     assert (s.captures, s.replays, s.failed_captures) == (1, 2, 0)
+
+
+def two_outputs(x, w, b):
+    h = torch.relu(x @ w + b)
+    return (h, h.sum(0) * 2)
+
+
+def test_fresh_outputs_outlive_later_replays_and_never_raise(access_errors):
+    r = runner(two_outputs, static_inputs=PARAMS, fresh_outputs=True)
+    w, b = torch.randn(8, 5), torch.randn(5)
+    xs = [torch.randn(4, 8) for _ in range(5)]
+    kept = [r(x, w, b) for x in xs]
+    assert kiln_cudagraphs.stats(r).replays == 3
+    for x, (h, s) in zip(xs, kept, strict=True):  # every call's outputs are its own
+        want_h, want_s = two_outputs(x, w, b)
+        torch.testing.assert_close(h, want_h)
+        torch.testing.assert_close(s, want_s)
+    assert access_errors.storages == []  # nothing handed out over graph memory
+    h, s = kept[-1]  # one block holds a call's outputs
+    assert h.untyped_storage().data_ptr() == s.untyped_storage().data_ptr()
+
+
+def test_fresh_outputs_runner_logs_a_refusal_at_info(caplog):
+    r = runner(static_inputs=PARAMS, fresh_outputs=True, recorder=FailingRecorder())
+    w, b = torch.randn(8, 5), torch.randn(5)
+    with caplog.at_level(logging.INFO, logger="kiln.cudagraphs"):
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    (record,) = [r for r in caplog.records if "runs without CUDA graphs" in r.getMessage()]
+    assert record.levelno == logging.INFO

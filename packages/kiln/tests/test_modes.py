@@ -39,7 +39,7 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
             device_types = ("cuda",)
 
             def wrap(compiled, example_inputs, **hints):
-                return ("replayed", compiled, example_inputs)
+                return ("replayed", compiled, example_inputs, hints["fresh_outputs"])
             """
         )
     )
@@ -51,11 +51,19 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     _plugins.load_plugins.cache_clear()
     try:
+        cuda, big = torch.device("cuda"), runtime.MIN_GRAPH_STEPS
         reduce_overhead = kiln.Options(cudagraphs=True)
-        wrapped = runtime.wrap_for_mode(f, ["x"], reduce_overhead, torch.device("cuda"))
-        assert wrapped == ("replayed", f, ["x"])
-        default = runtime.wrap_for_mode(f, ["x"], kiln.Options(), torch.device("cuda"))
-        assert default is f
+        wrapped = runtime.wrap_for_mode(f, ["x"], reduce_overhead, cuda, steps=1)
+        assert wrapped == ("replayed", f, ["x"], False)  # outputs over graph memory
+        # the default mode replays graphs big enough to gain, with outputs of their own
+        default = kiln.Options()
+        assert runtime.wrap_for_mode(f, ["x"], default, cuda, steps=big) == (
+            "replayed", f, ["x"], True
+        )  # fmt: skip
+        assert runtime.wrap_for_mode(f, ["x"], default, cuda, steps=big - 1) is f
+        assert runtime.wrap_for_mode(f, ["x"], default, torch.device("cpu"), steps=big) is f
+        launches = kiln.Options(cudagraphs=False)
+        assert runtime.wrap_for_mode(f, ["x"], launches, cuda, steps=big) is f
     finally:
         _plugins.load_plugins.cache_clear()
 
@@ -67,3 +75,12 @@ def test_cuda_graphs_come_from_kiln_cudagraphs():
     plugin, reason = runtime.find_runtime("cpu")
     assert plugin is None
     assert "cudagraphs serves ['cuda'], not 'cpu'" in reason
+
+
+def test_cudagraphs_option_is_checked():
+    with pytest.raises(TypeError, match="'cudagraphs'.*True, False or None"):
+        kiln.compile(f, options={"cudagraphs": "yes"})
+    with pytest.raises(ValueError, match="drop one of the two"):
+        kiln.compile(f, mode="reduce-overhead", options={"cudagraphs": False})
+    assert kiln.compile(f)._session.config.options.cudagraphs is None
+    assert kiln.compile(f, mode="reduce-overhead")._session.config.options.cudagraphs is True

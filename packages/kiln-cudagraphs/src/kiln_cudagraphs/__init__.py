@@ -6,7 +6,8 @@ example_inputs)`` returns a callable that runs ``compiled`` (``compiled(*inputs)
 a flat tuple or list) through one CUDA graph per input key. Each key is warmed up eagerly,
 recorded on a side stream into the memory pool every graph of the device shares, checked
 once against eager, then replayed; outputs are handed out over the graph's memory and
-raise once a later replay has overwritten them (clone what you keep). Where a graph would be
+raise once a later replay has overwritten them (clone what you keep), or, with
+``fresh_outputs`` (kiln's default mode), copied into memory of their own. Where a graph would be
 wrong (inputs off the GPU, inputs requiring grad under grad mode, random seeds drawn on
 the host, a call that synchronises with the host, a capture that fails or differs from
 eager, too many keys) the call runs ``compiled`` itself and the ``kiln.cudagraphs`` logger
@@ -45,6 +46,7 @@ def wrap(
     unused_inputs: Collection[int] = (),
     pinned: bool = False,
     max_graphs: int = MAX_GRAPHS,
+    fresh_outputs: bool = False,
 ) -> CudaGraphRunner:
     """``compiled`` replayed through CUDA graphs: the ``kiln.runtime`` contract.
 
@@ -58,7 +60,9 @@ def wrap(
     against eager. ``unused_inputs``: inputs nothing computes with (fused attention's seed
     and offset without dropout: new CPU tensors at every call), neither checked, copied nor
     read in place: the graph keeps those of the call it was recorded from. At most
-    ``max_graphs`` input keys get a graph.
+    ``max_graphs`` input keys get a graph. ``fresh_outputs``: every call returns outputs of
+    its own (copied after the replay), as kiln's default mode needs, instead of tensors
+    over graph memory that the next replay overwrites.
     """
     return CudaGraphRunner(
         compiled,
@@ -67,6 +71,7 @@ def wrap(
         unchecked_outputs=unchecked_outputs,
         unused_inputs=unused_inputs,
         pinned=pinned,
+        fresh_outputs=fresh_outputs,
     )
 
 

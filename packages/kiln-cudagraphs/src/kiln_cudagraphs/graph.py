@@ -114,7 +114,8 @@ class RecordedGraph:
 
     Inputs are read in place when they are static (parameters, buffers: the caller says
     which) or outputs of another graph of the pool (a forward graph's results that the
-    backward graph reads); every other tensor input is copied into its buffer."""
+    backward graph reads); every other tensor input is copied into its buffer. Outputs are
+    handed out over graph memory, or copied when ``fresh_outputs``."""
 
     def __init__(
         self,
@@ -123,12 +124,14 @@ class RecordedGraph:
         in_place: dict[int, int],
         outputs: OutputPlan,
         pool: GraphPool,
+        fresh_outputs: bool = False,
     ) -> None:
         self.replay = replay
         self.buffers = buffers
         self.in_place = in_place
         self.outputs = outputs
         self.pool = pool
+        self._hand_out = outputs.fresh if fresh_outputs else outputs.hand_out
         self._indices = list(in_place)
         # torch's check reads the pointer of input i at position i: a list as long as the inputs
         width = max(in_place, default=-1) + 1
@@ -171,7 +174,7 @@ class RecordedGraph:
             torch._foreach_copy_(buffers, [inputs[i] for i in indices])
         self.pool.replaying(self)
         self.replay()
-        return self.outputs.hand_out(inputs)
+        return self._hand_out(inputs)
 
     # --- as a member of the pool ---------------------------------------------------
 
@@ -193,10 +196,12 @@ def record(
     recorder: Recorder,
     device: torch.device,
     unused: Collection[int] = (),
+    fresh_outputs: bool = False,
 ) -> RecordedGraph:
     """Record ``compiled`` on ``inputs``: the ``in_place`` tensor inputs are read where
     they are, the other tensor inputs go through static buffers; the ``unused`` ones
-    (nothing computes with them) are kept as this call passed them."""
+    (nothing computes with them) are kept as this call passed them. ``fresh_outputs``:
+    every replay returns copies of the outputs (else tensors over graph memory)."""
     static = list(inputs)
     buffers = {}
     for i, x in enumerate(inputs):
@@ -209,7 +214,8 @@ def record(
     }
     replay, static_outputs = recorder(lambda: compiled(*static), device)
     pool = recorder.pool(device)
-    graph = RecordedGraph(replay, buffers, read_in_place, OutputPlan(static_outputs, static), pool)
+    plan = OutputPlan(static_outputs, static)
+    graph = RecordedGraph(replay, buffers, read_in_place, plan, pool, fresh_outputs)
     pool.add(graph)
     return graph
 

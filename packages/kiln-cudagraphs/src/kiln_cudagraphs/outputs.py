@@ -1,10 +1,13 @@
-"""Fresh outputs after each replay.
+"""Handing out a replay's outputs: over graph memory, or as fresh copies.
 
-A graph writes its outputs into the same memory at every replay, so the caller gets
-copies: the bytes each group of outputs sharing one block of graph memory spans are copied
-once, and the outputs are rebuilt on the copy with their size, stride and offset (outputs
-that were views of one another still are). An output that is an input, or a view of one,
-is rebuilt on the caller's input of this call.
+A graph writes its outputs into the same memory at every replay. Under
+``mode="reduce-overhead"`` the caller gets tensors over that memory, made to raise once a
+later replay overwrites them (:meth:`OutputPlan.hand_out`). Fresh outputs
+(:meth:`OutputPlan.fresh`, the default mode) are copies: the bytes each group of outputs
+sharing one block of graph memory spans are copied, all groups into one new block with one
+multi-tensor copy, and the outputs are rebuilt on it with their size, stride and offset
+(outputs that were views of one another still are). An output that is an input, or a view
+of one, is rebuilt on the caller's input of this call.
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ class OutputPlan:
 
         self.handed_out: torch.UntypedStorage | None = None  # the last outputs' storage
         self._window = _window(self.spans, self.placements)
+        self._block = _block_layout(self.spans, self.placements)
 
     def output_pointers(self) -> list[int]:
         """Where the outputs in graph memory start."""
@@ -126,7 +130,7 @@ class OutputPlan:
         outs = []
         for p, offset in zip(self.placements, offsets, strict=True):
             if offset is None:
-                outs.append(_place(p, (), inputs))
+                outs.append(_place(p, None, inputs))
             else:
                 out = torch.empty(0, dtype=p.dtype, device=device)
                 outs.append(out.set_(storage, offset, p.size, p.stride))
@@ -139,9 +143,18 @@ class OutputPlan:
             self.handed_out = None
 
     def fresh(self, inputs: Sequence[object]) -> tuple | list:
-        """The outputs of the replay that just ran, in memory of their own."""
-        copies = [span.clone() for span in self.spans]
-        return self.container(_place(p, copies, inputs) for p in self.placements)
+        """The outputs of the replay that just ran, in one new block of memory."""
+        if not self.spans:
+            return self.container(_place(p, None, inputs) for p in self.placements)
+        nbytes, starts, offsets = self._block
+        block = torch.empty(nbytes, dtype=torch.uint8, device=self.spans[0].device)
+        targets = [block[s : s + span.numel()] for s, span in zip(starts, self.spans, strict=True)]
+        torch._foreach_copy_(targets, self.spans)
+        storage = block.untyped_storage()
+        return self.container(
+            _place(p, storage, inputs, offset)
+            for p, offset in zip(self.placements, offsets, strict=True)
+        )
 
 
 def _spans(
@@ -177,6 +190,23 @@ def _window(
         start = spans[p.group].data_ptr() - base
         offsets.append(start // p.dtype.itemsize + p.offset)
     return base, end - base, offsets
+
+
+def _block_layout(
+    spans: Sequence[torch.Tensor], placements: Sequence[Placement]
+) -> tuple[int, list[int], list[int | None]]:
+    """``(nbytes, starts, offsets)``: the spans laid end to end in one block (each from a
+    16-byte boundary, as in graph memory), and each output's offset in the block, in
+    elements of its dtype (None: not in graph memory)."""
+    starts, nbytes = [], 0
+    for span in spans:
+        starts.append(nbytes)
+        nbytes += -(-span.numel() // _ALIGN) * _ALIGN
+    offsets = [
+        starts[p.group] // p.dtype.itemsize + p.offset if isinstance(p, GraphMemory) else None
+        for p in placements
+    ]
+    return nbytes, starts, offsets
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -215,10 +245,13 @@ def _input_alias(i: int, out: torch.Tensor, index: int, source: torch.Tensor) ->
     return InputAlias(index, out is source, tuple(out.shape), out.stride(), delta)
 
 
-def _place(p: Placement, copies: list[torch.Tensor], inputs: Sequence[object]) -> object:
+def _place(
+    p: Placement, block: torch.UntypedStorage | None, inputs: Sequence[object], offset=None
+) -> object:
+    """Output ``p`` of this call: at element ``offset`` of ``block`` when in graph memory."""
     if isinstance(p, GraphMemory):
-        out = torch.empty(0, dtype=p.dtype, device=copies[p.group].device)
-        return out.set_(copies[p.group].untyped_storage(), p.offset, p.size, p.stride)
+        out = torch.empty(0, dtype=p.dtype, device=block.device)
+        return out.set_(block, offset, p.size, p.stride)
     if isinstance(p, InputAlias):
         source = inputs[p.index]
         if p.same:

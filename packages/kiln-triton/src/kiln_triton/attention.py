@@ -7,7 +7,8 @@ sum, in float32, base-2 exponentials), adding an optional bias (an additive mask
 with its own strides, broadcast where a stride is 0) and the causal mask (a query sees
 the keys at or before its position, as ``is_causal`` aligns them). A row whose keys are
 all masked gives 0 (as ATen's safe softmax does). Products run in the inputs' dtype with
-float32 accumulation.
+float32 accumulation; float32 inputs multiply in full float32 (``PRECISION="ieee"``, not
+TF32, as ATen's float32 attention does).
 
 :func:`plan_attention` decides whether an extern node is such a call this covers (no
 dropout, no log-sum-exp or other result read, head size a power of two from 16 to 256,
@@ -36,7 +37,7 @@ def attention_fwd(
     sbb, sbh, sbm, sbn, sob, soh, som, sod,
     H, M, N,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -65,7 +66,7 @@ def attention_fwd(
             mask=cols[None, :],
             other=0.0,
         )
-        qk = tl.dot(q, k) * qk_scale
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
         if HAS_BIAS:
             bias = tl.load(
                 Bias + b * sbb + h * sbh + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
@@ -87,7 +88,7 @@ def attention_fwd(
             mask=cols[:, None],
             other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
     tl.store(
@@ -158,6 +159,7 @@ class AttentionCall:
             "BLOCK_N": 64 if n > 32 else max(16, triton.next_power_of_2(n)),
             "HAS_BIAS": self.bias is not None,
             "IS_CAUSAL": self.causal,
+            "PRECISION": "ieee" if self.q.dtype == torch.float32 else "tf32",
             "grid": (triton.cdiv(m, block_m), batch * heads, 1),
         }
 

@@ -33,7 +33,8 @@ from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 5  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products)
+FORMAT = 6  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products);
+# 6: float32 attention in full float32
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 
 

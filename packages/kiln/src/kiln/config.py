@@ -42,8 +42,11 @@ class Options:
     recompile_limit: int = 8
     # search wider when a code generator autotunes (set by mode="max-autotune")
     max_autotune: bool = False
-    # replay graphs through the kiln.runtime plug-in (set by mode="reduce-overhead")
-    cudagraphs: bool = False
+    # CUDA graphs through the kiln.runtime plug-in: None (the default mode: on CUDA, a
+    # graph of runtime.MIN_GRAPH_STEPS steps or more replays one, with its outputs copied
+    # fresh at every call), True (set by mode="reduce-overhead": outputs over graph memory),
+    # False (kernels launched one by one, always)
+    cudagraphs: bool | None = None
     # the host program: "auto" (native where the code generator builds one, logged),
     # "python" (always the Python one), "native" (fail where none can be built);
     # default: $KILN_HOST_PROGRAM, else "auto"
@@ -80,6 +83,10 @@ def _check_option(name: str, value: object, default: object) -> None:
             raise ValueError(
                 f"kiln.compile(options={{'partitioner': {value!r}}}): use one of {PARTITIONERS}"
             )
+        return
+    if name == "cudagraphs":
+        if value not in (None, True, False):
+            raise TypeError("kiln.compile(options={'cudagraphs': ...}) takes True, False or None")
         return
     if name == "host_program":
         if value not in HOST_PROGRAMS:
@@ -129,6 +136,11 @@ def make_config(
     if mode == "max-autotune":
         values["max_autotune"] = True
     if mode == "reduce-overhead":
+        if values.get("cudagraphs") is False:
+            raise ValueError(
+                "kiln.compile(mode='reduce-overhead') replays CUDA graphs, and "
+                "options={'cudagraphs': False} turns them off: drop one of the two"
+            )
         values["cudagraphs"] = True
     for key in ("debug_dir", "cache_dir"):
         if values.get(key) is not None:

@@ -141,6 +141,16 @@ def entry_point(program: HostProgram, constants: Sequence[torch.Tensor], kind: s
     return WithConstants(program, constants) if constants else program
 
 
+def _steps(entry: Entry) -> int:
+    """The kernels and extern calls of a compiled graph: the unindented lines of its
+    printed schedule but its inputs and its ``return``."""
+    return sum(
+        1
+        for line in entry.schedule.splitlines()
+        if line and not line[0].isspace() and not line.startswith(("input ", "return "))
+    )
+
+
 def _kernels_text(kernels: Sequence[tuple[str, str]]) -> str:
     return "\n\n".join(source.rstrip() for _, source in kernels)
 
@@ -190,6 +200,7 @@ class AtenCompiler:
                 static_inputs=kiln_autograd.static_inputs(gm) or (),
                 unchecked_outputs=kiln_autograd.rng_state_outputs(gm),
                 unused_inputs=unused_inputs,
+                steps=_steps(entry),
             )
         if kind == "backward":  # compiled at the first backward, after capture finished
             frame.log_perf("backward compiled")

@@ -1,19 +1,28 @@
-"""Modes that need a runtime plug-in (``kiln.runtime`` entry points).
+"""CUDA graphs through a runtime plug-in (``kiln.runtime`` entry points).
 
-``mode="reduce-overhead"`` replays each compiled graph through a runtime plug-in: an
-object with ``device_types`` (the ``torch.device`` types it serves) and
-``wrap(compiled, example_inputs, *, static_inputs, unchecked_outputs, pinned)``, which
-returns a callable. ``static_inputs`` are the indices of the inputs that are module state
-(kiln-autograd's metadata); ``unchecked_outputs`` the outputs whose values differ between
-runs (fused attention's random-number seed and offset); ``pinned`` says that every call's
-inputs match the example inputs' sizes and strides (no symbolic sizes: the caller's guards
-pin them). Where no loaded plug-in serves the graph's device (on the CPU: kiln-cudagraphs
-serves CUDA devices), the graph runs in the default mode and Kiln warns once per device
-and reason.
+A runtime plug-in is an object with ``device_types`` (the ``torch.device`` types it
+serves) and ``wrap(compiled, example_inputs, *, static_inputs, unchecked_outputs,
+unused_inputs, pinned, fresh_outputs)``, which returns a callable that replays
+``compiled`` as graphs. ``static_inputs`` are the indices of the inputs that are module
+state (kiln-autograd's metadata); ``unchecked_outputs`` the outputs whose values differ
+between runs (fused attention's random-number seed and offset); ``pinned`` says that every
+call's inputs match the example inputs' sizes and strides (no symbolic sizes: the caller's
+guards pin them); ``fresh_outputs`` that every call must return outputs of its own.
+
+- ``mode="reduce-overhead"`` (``options.cudagraphs`` True) replays every graph, its outputs
+  handed out over graph memory. Where no loaded plug-in serves the graph's device (on the
+  CPU: kiln-cudagraphs serves CUDA devices), the graph launches its kernels one by one and
+  Kiln warns once per device and reason.
+- The default mode (``options.cudagraphs`` None) replays a CUDA graph of
+  :data:`MIN_GRAPH_STEPS` kernels and extern calls or more, with fresh outputs at every
+  call: one replay costs the host less than launching that many kernels. Smaller graphs,
+  other devices and a missing plug-in launch kernel by kernel, logged on ``kiln.runtime``.
+- ``options={"cudagraphs": False}`` always launches kernel by kernel.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -22,6 +31,9 @@ import torch
 
 from kiln._plugins import RUNTIME_GROUP, load_plugins
 
+MIN_GRAPH_STEPS = 8  # kernels and extern calls from which the default mode replays a graph
+
+log = logging.getLogger("kiln.runtime")
 _warned: set[str] = set()
 _lock = threading.Lock()
 
@@ -76,10 +88,16 @@ def wrap_for_mode(
     static_inputs: Sequence[int] = (),
     unchecked_outputs: Sequence[int] = (),
     unused_inputs: Sequence[int] = (),
+    steps: int = 0,
 ) -> Callable:
-    if not options.cudagraphs:
+    """``compiled`` as the mode runs it: replayed through CUDA graphs, or itself. ``steps``:
+    the graph's kernels and extern calls."""
+    if options.cudagraphs is False:
         return compiled
-    if device.type != "cuda":
+    asked = options.cudagraphs is True  # mode="reduce-overhead"
+    if not asked and (device.type != "cuda" or steps < MIN_GRAPH_STEPS):
+        return compiled
+    if asked and device.type != "cuda":
         _warn_once(
             f"kiln: mode='reduce-overhead' replays CUDA graphs, and this graph runs on "
             f"{device.type!r}: it runs in the default mode"
@@ -87,11 +105,16 @@ def wrap_for_mode(
         return compiled
     plugin, reason = find_runtime(device.type)
     if plugin is None:
-        _warn_once(
-            f"kiln: mode='reduce-overhead' needs a working kiln.runtime plug-in for "
-            f"{device.type!r} ({reason}): graphs run in the default mode"
-        )
+        if asked:
+            _warn_once(
+                f"kiln: mode='reduce-overhead' needs a working kiln.runtime plug-in for "
+                f"{device.type!r} ({reason}): graphs run in the default mode"
+            )
+        else:
+            log.info("graphs launch their kernels one by one: %s", reason)
         return compiled
+    if not asked:
+        log.info("a graph of %d steps replays as a CUDA graph with fresh outputs", steps)
     return plugin.wrap(
         compiled,
         list(example_inputs),
@@ -99,4 +122,5 @@ def wrap_for_mode(
         unchecked_outputs=tuple(unchecked_outputs),
         unused_inputs=tuple(unused_inputs),
         pinned=not _symbolic(example_inputs),
+        fresh_outputs=not asked,
     )
