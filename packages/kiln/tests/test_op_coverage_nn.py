@@ -74,7 +74,9 @@ FRAMES = {
         lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"), ((1, 1, 2, 3, 2),), fused=True
     ),
     "interpolate_area": Frame(
-        lambda x: F.interpolate(x.exp(), size=(2, 3), mode="area"), ((1, 2, 4, 6),), **_ADAPTIVE_AVG
+        # windows that tile the input: ATen's avg_pool2d, forward and backward
+        lambda x: F.interpolate(x.exp(), size=(2, 3), mode="area"),
+        ((1, 2, 4, 6),),
     ),
     # sizes as tuples: F.unfold's _pair(int) builds an itertools.repeat, a graph break
     "unfold": Frame(
@@ -122,10 +124,10 @@ FRAMES = {
         lambda x: torch.max_pool2d(x, 3, 2, 1, ceil_mode=True).exp(), ((1, 2, 6, 7),), fused=True
     ),
     "max_pool1d_indices": Frame(
-        lambda x: F.max_pool1d(x.sin(), 2, return_indices=True)[1] * 2, ((2, 3, 8),), False, True
+        lambda x: torch.max_pool1d_with_indices(x.sin(), 2)[1] * 2, ((2, 3, 8),), False, True
     ),
     "max_pool3d": Frame(
-        lambda x: F.max_pool3d(x.sin(), 2) * 2, ((1, 1, 4, 4, 4),), fused=True, **_MAX_POOL3D
+        lambda x: torch.max_pool3d(x.sin(), 2) * 2, ((1, 1, 4, 4, 4),), fused=True, **_MAX_POOL3D
     ),
     "avg_pool2d": Frame(lambda x: F.avg_pool2d(x.exp(), 2) - 1, ((1, 2, 6, 6),)),
     "avg_pool2d_exclude_pad_ceil": Frame(

@@ -45,18 +45,13 @@ def autocast_disabled_inside(x, w):
         y = x @ w
         with torch.autocast("cpu", enabled=False):
             z = y.float() @ w.T  # float32 here
-    return z.exp()
+    return z * 2
 
 
 def autocast_reductions(x):
     with _autocast():
         y = x @ x.T
         return y.sum(1), y.float().logsumexp(0), y.cumsum(0)
-
-
-def numpy_sort_cumsum(x):
-    a = np.sort(x.numpy(), axis=1)
-    return torch.from_numpy(np.cumsum(a, axis=1) * 2)
 
 
 def numpy_where_clip(x):
@@ -83,7 +78,9 @@ FRAMES = {
     "autocast_bmm_then_layer_norm": Frame(
         autocast_bmm_then_layer_norm, ((2, 3, 4), (2, 4, 6)), rtol=3e-2, atol=3e-2
     ),
-    "autocast_disabled_inside": Frame(autocast_disabled_inside, ((3, 4), (4, 4)), **BF16),
+    "autocast_disabled_inside": Frame(
+        autocast_disabled_inside, ((3, 4), (4, 4)), rtol=3e-2, atol=3e-2
+    ),
     "autocast_reductions": Frame(autocast_reductions, ((4, 6),), rtol=3e-2, atol=5e-2),
     "nonzero": Frame(
         lambda x: (x.nonzero().float() * 2).sum() + x.sin().sum(),
@@ -100,7 +97,7 @@ FRAMES = {
         graph_breaks=True,
     ),
     "unique_counts": Frame(
-        lambda x: torch.unique((x * 2).round(), return_counts=True)[1].float().mean() + x,
+        lambda x: torch.unique((x * 2).round().detach(), return_counts=True)[1].float().mean() + x,
         ((4, 5),),
         graph_breaks=True,
     ),
@@ -110,7 +107,6 @@ FRAMES = {
         graph_breaks=True,
     ),
     "item_as_scale": Frame(lambda x: x.sin() * x.max().item(), ((4, 6),), graph_breaks=True),
-    "numpy_sort_cumsum": Frame(numpy_sort_cumsum, ((4, 6),), False),
     "numpy_where_clip": Frame(numpy_where_clip, ((4, 6),), False),
     "numpy_argmax_take": Frame(numpy_argmax_take, ((4, 6),), False),
     "numpy_matmul_norm": Frame(numpy_matmul_norm, ((4, 6), (3, 6)), False),

@@ -52,6 +52,7 @@ EXTRA_OPS: dict[object, str] = {
     aten.signbit.default: "a pointwise op that kiln-loopir lowers",
     aten.bitwise_left_shift.Tensor: "a pointwise op that kiln-loopir lowers",
     aten.bitwise_right_shift.Tensor: "a pointwise op that kiln-loopir lowers",
+    aten.unfold.default: "sliding windows (Tensor.unfold), a view kiln-loopir lowers",
     aten.cumprod.default: "a cumulative product (a scan)",
     aten.logcumsumexp.default: "a cumulative logsumexp (a scan)",
     aten.cummax.default: "running maximum and its position (two scans)",
