@@ -41,6 +41,18 @@ EXTRA_OPS: dict[object, str] = {
     aten.min.default: "the smallest element (x.min()), one reduction",
     aten.var_mean.correction: "variance and mean in one pass (Welford)",
     aten.erfinv.default: "a pointwise op that kiln-loopir lowers",
+    aten.erfc.default: "a pointwise op that kiln-loopir lowers",
+    aten.exp2.default: "a pointwise op that kiln-loopir lowers",
+    aten.lgamma.default: "a pointwise op that kiln-loopir lowers",
+    aten.digamma.default: "a pointwise op that kiln-loopir lowers",
+    aten.hypot.default: "a pointwise op that kiln-loopir lowers",
+    aten.copysign.Tensor: "a pointwise op that kiln-loopir lowers",
+    aten.copysign.Scalar: "a pointwise op that kiln-loopir lowers",
+    aten.nextafter.default: "a pointwise op that kiln-loopir lowers",
+    aten.signbit.default: "a pointwise op that kiln-loopir lowers",
+    aten.bitwise_left_shift.Tensor: "a pointwise op that kiln-loopir lowers",
+    aten.bitwise_right_shift.Tensor: "a pointwise op that kiln-loopir lowers",
+    aten.unfold.default: "sliding windows (Tensor.unfold), a view kiln-loopir lowers",
     aten.cumprod.default: "a cumulative product (a scan)",
     aten.logcumsumexp.default: "a cumulative logsumexp (a scan)",
     aten.cummax.default: "running maximum and its position (two scans)",
@@ -101,8 +113,23 @@ def apply_replacements(gm: torch.fx.GraphModule) -> None:
 
 
 # torch's decompositions that are not among the core ones, used as Kiln's: vector norms
-# become pointwise ops and sums that fuse.
-KILN_DECOMPOSITIONS.update(get_decompositions([aten.linalg_vector_norm.default]))
+# become pointwise ops and sums that fuse, max pooling (with its indices) a max over the
+# windows, its backward a scatter-add, adaptive average pooling means of gathered windows,
+# grid sampling gathers and weights.
+KILN_DECOMPOSITIONS.update(
+    get_decompositions(
+        [
+            aten.linalg_vector_norm.default,
+            aten.max_pool2d_with_indices.default,
+            aten.max_pool2d_with_indices_backward.default,
+            aten.max_pool3d_with_indices.default,
+            aten._adaptive_avg_pool2d.default,
+            aten.grid_sampler_2d.default,
+            aten.ldexp.Tensor,
+            aten.new_empty_strided.default,
+        ]
+    )
+)
 
 
 def decomposition_table(
@@ -207,4 +234,4 @@ def native_dropout_backward(
 
 
 # modules that register decompositions of their own (imported for the registrations)
-from kiln_autograd import embedding_bag  # noqa: E402, F401
+from kiln_autograd import embedding_bag, indexing  # noqa: E402, F401

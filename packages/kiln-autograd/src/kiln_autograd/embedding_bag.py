@@ -1,4 +1,4 @@
-"""``embedding_bag`` sums and means, and their backwards, as ops that fuse.
+"""``embedding_bag`` in every mode, and its backwards, as ops that fuse.
 
 Each index finds its bag by a binary search of the offsets (``searchsorted``); its row is
 gathered, weighted and scatter-added into the bag. The backward gathers each index's bag
@@ -6,9 +6,12 @@ gradient and scatter-adds it into the weight's rows. The bag of each index is wo
 again in the backward rather than read from ``offset2bag``, which eager leaves empty on
 its fast path.
 
-Mode ``max``, sparse gradients and ``scale_grad_by_freq`` keep ATen's kernels (extern
-calls): max's ties and NaNs follow a rule no reduction of kiln-loopir follows, and the
-CPU kernel's frequency scaling divides by the count of another index than the row's own.
+Mode ``max`` reduces a (bags x indices) table of the rows, masked to each bag: an ``amax``
+and an ``argmax`` (the first maximum, the first NaN: eager's rule), so its cost grows with
+bags times indices and a large bag table (more than :data:`MAX_MODE_TABLE` entries) keeps
+ATen's kernel. Its backward scatter-adds each bag's gradient into the row that was its
+maximum. Sparse gradients and ``scale_grad_by_freq`` keep ATen's kernels (extern calls):
+the CPU kernel's frequency scaling divides by the count of another index than the row's own.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from kiln_autograd.decompositions import register_decomposition
 
 aten = torch.ops.aten
 MODE_SUM, MODE_MEAN, MODE_MAX = 0, 1, 2
+# mode max builds a (bags x indices) table: above this many entries ATen's kernel runs
+MAX_MODE_TABLE = 1 << 16
 
 
 def _bags(indices, offsets, num_bags: int, padding_idx: int):
@@ -49,13 +54,17 @@ def embedding_bag(
     include_last_offset=False,
     padding_idx=-1,
 ):
-    if mode == MODE_MAX or indices.dim() != 1:
+    if indices.dim() != 1:
         return NotImplemented
     args = (scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset)
     # the auxiliary outputs take eager's shapes (they differ by device and path)
     meta = meta_embedding_bag(weight, indices, offsets, *args, padding_idx)
     num_bags = meta[0].shape[0]
+    if mode == MODE_MAX and not _small_table(num_bags, indices.shape[0]):
+        return NotImplemented
     bag, keep = _bags(indices, offsets, num_bags, padding_idx)
+    if mode == MODE_MAX:
+        return _embedding_bag_max(weight, indices, bag, keep, num_bags, meta)
     rows = aten.index_select.default(weight, 0, indices)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.unsqueeze(1)
@@ -66,6 +75,29 @@ def embedding_bag(
     if mode == MODE_MEAN:
         output = output / counts.clamp(min=1).unsqueeze(1).to(output.dtype)
     return output, *_auxiliary(meta[1:], bag, counts, mode, weight.device)
+
+
+def _small_table(num_bags, num_indices) -> bool:
+    sizes = (num_bags, num_indices)
+    return all(isinstance(n, int) for n in sizes) and num_bags * num_indices <= MAX_MODE_TABLE
+
+
+def _embedding_bag_max(weight, indices, bag, keep, num_bags, meta):
+    """Each bag's largest row entries and the rows they come from (0 for an empty bag)."""
+    bags = torch.arange(num_bags, device=indices.device, dtype=bag.dtype)
+    in_bag = (bag.unsqueeze(0) == bags.unsqueeze(1)) & keep.unsqueeze(0)  # (bags, indices)
+    rows = aten.index_select.default(weight, 0, indices)
+    table = torch.where(in_bag.unsqueeze(2), rows.unsqueeze(0), float("-inf"))
+    counts = in_bag.sum(1)
+    output = torch.where(counts.unsqueeze(1) > 0, table.amax(1), 0)
+    # a bag whose maximum is -inf (or that is empty) takes its first index: the -inf of
+    # another bag's entries would tie with it
+    position = table.argmax(1)
+    first = in_bag.to(torch.int8).argmax(1, keepdim=True).expand_as(position)
+    position = torch.where(in_bag.gather(1, position), position, first)
+    max_indices = torch.where(counts.unsqueeze(1) > 0, indices[position], 0)
+    offset2bag = bag.to(meta[1].dtype) if meta[1].shape == bag.shape else torch.zeros_like(meta[1])
+    return output, offset2bag, counts.to(meta[2].dtype), max_indices.to(meta[3].dtype)
 
 
 def _auxiliary(meta, bag, counts, mode, device) -> tuple[torch.Tensor, ...]:
@@ -109,9 +141,15 @@ def embedding_bag_backward(
     per_sample_weights,
     padding_idx=-1,
 ):
-    if mode == MODE_MAX or sparse or scale_grad_by_freq:
+    if sparse or scale_grad_by_freq:
         # ATen's CPU kernel scales by the count of an index other than the row's own
         return NotImplemented
+    if mode == MODE_MAX:
+        # each bag's gradient goes to the row its maximum came from; empty bags give none
+        counted = (bag_size > 0).unsqueeze(1)
+        rows = torch.where(counted, maximum_indices, 0)
+        grad_weight = grad.new_zeros(num_weights, grad.shape[1])
+        return grad_weight.scatter_add(0, rows, torch.where(counted, grad, 0))
     rows, _, _ = _bag_gradients(grad, indices, offsets, mode, per_sample_weights, padding_idx)
     grad_weight = grad.new_zeros(num_weights, grad.shape[1])
     return grad_weight.scatter_add(0, indices.unsqueeze(1).expand_as(rows), rows)

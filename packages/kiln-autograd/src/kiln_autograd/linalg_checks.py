@@ -1,13 +1,13 @@
 """torch.linalg's error checks as a value in the graph, so that they survive functionalization.
 
-``torch.linalg.solve`` (and ``inv``, ``cholesky``) call ATen's ``_linalg_check_errors``
-after the factorization: an op with no output whose only effect is to raise on a singular
-or non positive-definite input. A functional graph cannot order such an op. While a graph
-is traced, :class:`LinalgChecks` routes those functions through their ``_ex`` form (which
-returns the result and an ``info`` tensor) followed by ``kiln_autograd::linalg_checked``:
-the result passed through after the check, so the check is data the graph keeps. It runs as
-an extern call and raises the error eager raises; its gradient is the identity, and the
-``_ex`` op's gradient is torch's formula.
+``torch.linalg.solve`` (and ``inv``, ``cholesky``, ``lu_factor``) call ATen's
+``_linalg_check_errors`` after the factorization: an op with no output whose only effect is
+to raise on a singular or non positive-definite input. A functional graph cannot order such
+an op. While a graph is traced, :class:`LinalgChecks` routes those functions through their
+``_ex`` form (which returns the result and an ``info`` tensor) followed by
+``kiln_autograd::linalg_checked``: the result passed through after the check, so the check
+is data the graph keeps. It runs as an extern call and raises the error eager raises; its
+gradient is the identity, and the ``_ex`` op's gradient is torch's formula.
 """
 
 from __future__ import annotations
@@ -52,7 +52,17 @@ def _cholesky(A, *, upper=False, out=None):
     return linalg_checked(result, info, "torch.linalg.cholesky", A.dim() == 2)
 
 
-CHECKED = {torch.linalg.solve: _solve, torch.linalg.inv: _inv, torch.linalg.cholesky: _cholesky}
+def _lu_factor(A, *, pivot=True, out=None):
+    lu, pivots, info = torch.linalg.lu_factor_ex(A, pivot=pivot)
+    return linalg_checked(lu, info, "torch.linalg.lu_factor", A.dim() == 2), pivots
+
+
+CHECKED = {
+    torch.linalg.solve: _solve,
+    torch.linalg.inv: _inv,
+    torch.linalg.cholesky: _cholesky,
+    torch.linalg.lu_factor: _lu_factor,
+}
 
 
 class LinalgChecks(TorchFunctionMode):

@@ -66,6 +66,8 @@ def choose_saved_values(parts: JointParts) -> set[torch.fx.Node]:
         for user in node.users:
             if user in relevant:
                 flow.add_edge(_out(node), _in(user))
+    if "source" not in flow:
+        return set()  # the backward reads only values made of constants: it makes them
     _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
     return {n for n in relevant if _in(n) in reachable and _out(n) not in reachable}
 

@@ -6,6 +6,8 @@ values: they print as calls of ``kiln::floordiv`` and ``kiln::mod`` from the pre
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from kiln_loopir.index_printer import ParenthesizedIndexPrinter
@@ -36,4 +38,10 @@ _PRINTER = CppIndexPrinter()
 
 def cexpr(expr: sympy.Expr | int) -> str:
     """``expr`` as a C++ ``int64_t`` expression."""
-    return _PRINTER.doprint(sympy.sympify(expr))
+    return _printed(sympy.sympify(expr))
+
+
+@functools.lru_cache(maxsize=16384)
+def _printed(expr: sympy.Basic) -> str:
+    # kernels print the same index expressions many times over: sympy's printer is slow
+    return _PRINTER.doprint(expr)

@@ -8,6 +8,7 @@ indirect-index symbols (``tmp3``: a value loaded at run time and used as an inde
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 import sympy
@@ -116,7 +117,13 @@ _PRINTER = _PythonPrinter()
 
 def py_expr(expr: sympy.Expr | int) -> str:
     """``expr`` as Python source; ``//`` and ``%`` floor, as sympy's FloorDiv/Mod do."""
-    return _PRINTER.doprint(sympy.sympify(expr))
+    return _printed(sympy.sympify(expr))
+
+
+@functools.lru_cache(maxsize=16384)
+def _printed(expr: sympy.Basic) -> str:
+    # kernels print the same index expressions many times over: sympy's printer is slow
+    return _PRINTER.doprint(expr)
 
 
 def minimum(*args):

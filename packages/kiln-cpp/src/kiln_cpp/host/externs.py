@@ -9,7 +9,8 @@ undefined tensor: what ``None`` passes for a ``Tensor`` argument), and numbers, 
 numbers, dtypes, devices, layouts and memory formats as themselves (``"i"``, ``"f"``,
 ``"b"``, ``"s"``, ``"il"``, ``"fl"``, ``"bl"``, ``"dtype"``, ``"device"``, ``"layout"``,
 ``"memory_format"``); ``("si", k)`` is the k-th size the call passes and ``("sil", [...])``
-a list of ints some of which are ``("s", k)``.
+a list of ints some of which are ``("s", k)``; ``("wn", number)`` is a number passed for a
+``Tensor`` argument (``aten.mul.Tensor(z, 2)``), which the runtime wraps as Python does.
 """
 
 from __future__ import annotations
@@ -151,6 +152,9 @@ class _Encoder:
             return ("t", self.slot(value))
         if value is None:  # Python's None for a Tensor argument is an undefined tensor
             return ("undefined",) if arg_type == "Tensor" else ("none",)
+        if arg_type == "Tensor" and isinstance(value, (bool, int, float, complex, sympy.Number)):
+            number = value if isinstance(value, (bool, int, float, complex)) else _number(value)
+            return ("wn", number)
         if isinstance(value, bool):
             return ("b", value)
         if isinstance(value, (int, sympy.Integer)):
@@ -211,6 +215,10 @@ def _item_type(arg_type: str) -> str:
         if kind in lowered:
             return kind
     return "int"
+
+
+def _number(value: sympy.Number) -> int | float:
+    return int(value) if value.is_Integer else float(value)
 
 
 def _is_size(value) -> bool:

@@ -15,6 +15,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
@@ -290,7 +291,8 @@ const KilnApi API = {
 // ("b", bool), ("s", str), ("il", [int]), ("fl", [float]), ("bl", [bool]), ("dtype", dtype),
 // ("device", device), ("layout", layout), ("memory_format", memory_format), ("undefined",)
 // an undefined tensor, ("si", k) the program's size k, ("sil", [("s", k) | int, ...]) a list
-// of ints some of which are the program's sizes.
+// of ints some of which are the program's sizes, ("wn", number) a number passed for a Tensor
+// argument (a wrapped-number tensor, as Python's bindings make one).
 bool to_ivalue(PyObject* item, const c10::Argument& arg, size_t position, KilnExtern* x,
                c10::IValue* out) {
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 1) {
@@ -335,6 +337,16 @@ bool to_ivalue(PyObject* item, const c10::Argument& arg, size_t position, KilnEx
     x->size_lists.push_back(std::move(l));
   } else if (tag == "f") {
     *out = PyFloat_AsDouble(v);
+  } else if (tag == "wn") {
+    at::Scalar number = PyBool_Check(v)   ? at::Scalar(static_cast<bool>(PyObject_IsTrue(v)))
+                        : PyLong_Check(v) ? at::Scalar(static_cast<int64_t>(PyLong_AsLongLong(v)))
+                        : PyComplex_Check(v)
+                            ? at::Scalar(c10::complex<double>(PyComplex_RealAsDouble(v),
+                                                              PyComplex_ImagAsDouble(v)))
+                            : at::Scalar(PyFloat_AsDouble(v));
+    at::Tensor wrapped = c10::scalar_to_tensor(number);
+    wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+    *out = wrapped;
   } else if (tag == "b") {
     *out = static_cast<bool>(PyObject_IsTrue(v));
   } else if (tag == "s") {

@@ -8,7 +8,7 @@ import torch
 
 from kiln_loopir.ir import TensorRef
 from kiln_loopir.lowering.context import LoweringContext
-from kiln_loopir.lowering.pointwise import broadcast_index, loader
+from kiln_loopir.lowering.pointwise import broadcast_index, compute_dtype, loader
 from kiln_loopir.lowering.registry import register_lowering
 from kiln_loopir.symbols import FloorDiv
 
@@ -188,6 +188,8 @@ def _copy_of(ctx, x: TensorRef) -> TensorRef:
 
 @register_lowering(aten.index_put.default)
 def index_put(ctx, x: TensorRef, indices, values, accumulate=False):
+    if _is_whole_mask(x, indices, values):
+        return _put_where(ctx, x, indices[0], values, accumulate)
     out = _copy_of(ctx, x)
     buf = ctx.buffer(out.buffer)
     size, to_x_index = advanced_index(x, indices)
@@ -200,6 +202,31 @@ def index_put(ctx, x: TensorRef, indices, values, accumulate=False):
         accumulate,
     )
     return out
+
+
+def _is_whole_mask(x: TensorRef, indices, values) -> bool:
+    """``x[mask] = v`` with a mask of ``x``'s shape and one value: a ``where``."""
+    if len(indices) != 1 or not isinstance(indices[0], TensorRef):
+        return False
+    mask = indices[0]
+    one_value = not isinstance(values, TensorRef) or all(s == 1 for s in values.size)
+    return mask.dtype == torch.bool and tuple(mask.size) == tuple(x.size) and one_value
+
+
+def _put_where(ctx, x: TensorRef, mask: TensorRef, values, accumulate: bool) -> TensorRef:
+    size, dtype = list(x.size), compute_dtype(ctx.val.dtype)
+    load_mask, load_old = loader(mask, size, torch.bool), loader(x, size, dtype)
+    value_size = list(values.size) if isinstance(values, TensorRef) else []
+    load_new = loader(values, value_size, dtype)  # its one value, at index 0 of every dim
+
+    def inner_fn(ops, index):
+        old, new = load_old(ops, index), load_new(ops, [sympy.S.Zero] * len(value_size))
+        if accumulate:
+            new = ops.add(old, new)
+        value = ops.where(load_mask(ops, index), new, old)
+        return value if dtype == ctx.val.dtype else ops.to_dtype(value, ctx.val.dtype)
+
+    return ctx.pointwise(inner_fn)
 
 
 def _scatter(ctx, x, dim, index: TensorRef, src, accumulate):
