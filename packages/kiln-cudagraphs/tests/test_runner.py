@@ -437,3 +437,14 @@ def test_fresh_outputs_runner_logs_a_refusal_at_info(caplog):
             torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
     (record,) = [r for r in caplog.records if "runs without CUDA graphs" in r.getMessage()]
     assert record.levelno == logging.INFO
+
+
+def test_fresh_outputs_too_big_to_copy_run_without_a_graph():
+    r = runner(two_outputs, static_inputs=PARAMS, fresh_outputs=True, max_copy_bytes=64)
+    w, b = torch.randn(8, 5), torch.randn(5)  # outputs of 4x5 and 5 floats: 100 bytes
+    for _ in range(4):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(r(x, w, b)[0], two_outputs(x, w, b)[0])
+    s = kiln_cudagraphs.stats(r)
+    assert (s.captures, s.replays, s.failed_captures) == (0, 0, 1)
+    assert any("more than copying them at every call would save" in k for k in s.reasons)

@@ -39,7 +39,8 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
             device_types = ("cuda",)
 
             def wrap(compiled, example_inputs, **hints):
-                return ("replayed", compiled, example_inputs, hints["fresh_outputs"])
+                fresh, limit = hints["fresh_outputs"], hints["max_copy_bytes"]
+                return ("replayed", compiled, example_inputs, fresh, limit)
             """
         )
     )
@@ -54,11 +55,12 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
         cuda, big = torch.device("cuda"), runtime.MIN_GRAPH_STEPS
         reduce_overhead = kiln.Options(cudagraphs=True)
         wrapped = runtime.wrap_for_mode(f, ["x"], reduce_overhead, cuda, steps=1)
-        assert wrapped == ("replayed", f, ["x"], False)  # outputs over graph memory
+        assert wrapped == ("replayed", f, ["x"], False, None)  # outputs over graph memory
         # the default mode replays graphs big enough to gain, with outputs of their own
         default = kiln.Options()
+        limit = big * runtime.COPY_BYTES_PER_STEP  # bytes of outputs copied, at most
         assert runtime.wrap_for_mode(f, ["x"], default, cuda, steps=big) == (
-            "replayed", f, ["x"], True
+            "replayed", f, ["x"], True, limit
         )  # fmt: skip
         assert runtime.wrap_for_mode(f, ["x"], default, cuda, steps=big - 1) is f
         assert runtime.wrap_for_mode(f, ["x"], default, torch.device("cpu"), steps=big) is f

@@ -47,6 +47,7 @@ def wrap(
     pinned: bool = False,
     max_graphs: int = MAX_GRAPHS,
     fresh_outputs: bool = False,
+    max_copy_bytes: int | None = None,
 ) -> CudaGraphRunner:
     """``compiled`` replayed through CUDA graphs: the ``kiln.runtime`` contract.
 
@@ -62,7 +63,8 @@ def wrap(
     read in place: the graph keeps those of the call it was recorded from. At most
     ``max_graphs`` input keys get a graph. ``fresh_outputs``: every call returns outputs of
     its own (copied after the replay), as kiln's default mode needs, instead of tensors
-    over graph memory that the next replay overwrites.
+    over graph memory that the next replay overwrites; with it, a graph whose outputs take
+    more than ``max_copy_bytes`` is not kept (the copy would cost more than it saves).
     """
     return CudaGraphRunner(
         compiled,
@@ -72,6 +74,7 @@ def wrap(
         unused_inputs=unused_inputs,
         pinned=pinned,
         fresh_outputs=fresh_outputs,
+        max_copy_bytes=max_copy_bytes,
     )
 
 

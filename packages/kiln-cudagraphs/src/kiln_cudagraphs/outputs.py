@@ -110,6 +110,11 @@ class OutputPlan:
         self._window = _window(self.spans, self.placements)
         self._block = _block_layout(self.spans, self.placements)
 
+    @property
+    def copy_bytes(self) -> int:
+        """The bytes :meth:`fresh` copies at each call."""
+        return self._block[0]
+
     def output_pointers(self) -> list[int]:
         """Where the outputs in graph memory start."""
         return [

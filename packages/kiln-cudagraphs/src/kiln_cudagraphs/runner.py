@@ -58,7 +58,9 @@ class CudaGraphRunner:
 
     ``fresh_outputs=True`` (kiln's default mode): every call returns outputs of its own, as
     the compiled callable does (one copy of the outputs' bytes per replay), and a key that
-    runs without a graph is logged at INFO: the compiled callable is the default anyway.
+    runs without a graph is logged at INFO: the compiled callable is the default anyway. A
+    key whose outputs take more than ``max_copy_bytes`` runs without a graph: copying them
+    would cost more than the replay saves.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class CudaGraphRunner:
         unused_inputs: Collection[int] = (),
         pinned: bool = False,
         fresh_outputs: bool = False,
+        max_copy_bytes: int | None = None,
     ) -> None:
         if max_graphs < 0:
             raise ValueError(f"max_graphs={max_graphs}: give 0 (never record) or more")
@@ -86,6 +89,7 @@ class CudaGraphRunner:
         self.unused_inputs = frozenset(unused_inputs)
         self.pinned = pinned
         self.fresh_outputs = fresh_outputs
+        self.max_copy_bytes = max_copy_bytes
         self.stats = CudaGraphStats()
         self.entries: dict[tuple, WarmedUp | RecordedGraph | Eager] = {}
         self.recordings: dict[tuple, int] = {}
@@ -221,6 +225,7 @@ class CudaGraphRunner:
                 self.unused_inputs,
                 self.fresh_outputs,
             )
+            self._check_copy(graph)
             _set_device_rng_state(device, rng)
             replayed = graph(inputs)
             mismatch = describe_mismatch(
@@ -239,6 +244,19 @@ class CudaGraphRunner:
         if graph is not None:
             pool.remove(graph)
         return self._give_up(key, expected, reason)
+
+    def _check_copy(self, graph: RecordedGraph) -> None:
+        """With fresh outputs, a graph whose outputs take longer to copy than its replay
+        saves is refused (``max_copy_bytes``)."""
+        limit = self.max_copy_bytes
+        if not self.fresh_outputs or limit is None:
+            return
+        nbytes = graph.outputs.copy_bytes
+        if nbytes > limit:
+            raise CaptureRefused(
+                f"its outputs take {nbytes} bytes, more than copying them at every call "
+                f"would save ({limit} bytes)"
+            )
 
     def _give_up(self, key: tuple, expected: object, reason: str) -> object:
         self.entries[key] = Eager(reason)

@@ -16,7 +16,8 @@ guards pin them); ``fresh_outputs`` that every call must return outputs of its o
 - The default mode (``options.cudagraphs`` None) replays a CUDA graph of
   :data:`MIN_GRAPH_STEPS` kernels and extern calls or more, with fresh outputs at every
   call: one replay costs the host less than launching that many kernels. Smaller graphs,
-  other devices and a missing plug-in launch kernel by kernel, logged on ``kiln.runtime``.
+  graphs whose outputs take more than :data:`COPY_BYTES_PER_STEP` per step to copy, other
+  devices and a missing plug-in launch kernel by kernel, logged at INFO.
 - ``options={"cudagraphs": False}`` always launches kernel by kernel.
 """
 
@@ -32,6 +33,10 @@ import torch
 from kiln._plugins import RUNTIME_GROUP, load_plugins
 
 MIN_GRAPH_STEPS = 8  # kernels and extern calls from which the default mode replays a graph
+# the most output bytes per step the default mode copies after a replay: a launch costs
+# the host about 5 µs, and a copy (each byte read and written) moves about 1.5 MB per µs on
+# a current GPU, so the copy takes at most about half the host time the replay saves
+COPY_BYTES_PER_STEP = 4 * 1024 * 1024
 
 log = logging.getLogger("kiln.runtime")
 _warned: set[str] = set()
@@ -123,4 +128,5 @@ def wrap_for_mode(
         unused_inputs=tuple(unused_inputs),
         pinned=not _symbolic(example_inputs),
         fresh_outputs=not asked,
+        max_copy_bytes=None if asked else steps * COPY_BYTES_PER_STEP,
     )
