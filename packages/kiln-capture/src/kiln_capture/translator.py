@@ -7,6 +7,7 @@ looked up in the per-version table of ``versions``.
 
 from __future__ import annotations
 
+import inspect
 import operator
 import types
 
@@ -20,6 +21,14 @@ from kiln_capture.variables.constant import ConstantVariable
 from kiln_capture.versions import HANDLERS
 
 MAX_INLINE_DEPTH = 64
+# where each kind of parameter sits in a code object's co_varnames
+VARNAMES_ORDER = {
+    inspect.Parameter.POSITIONAL_ONLY: 0,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD: 0,
+    inspect.Parameter.KEYWORD_ONLY: 1,
+    inspect.Parameter.VAR_POSITIONAL: 2,
+    inspect.Parameter.VAR_KEYWORD: 3,
+}
 
 
 class ReturnValue(Exception):
@@ -203,9 +212,11 @@ class Translator:
         count = code.co_argcount + code.co_kwonlyargcount
         count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
         names = code.co_varnames[:count]
+        # co_varnames holds the keyword-only parameters before *args, the signature after
+        kinds = {p.name: p.kind for p in bound.signature.parameters.values()}
+        values = sorted(bound.arguments.items(), key=lambda item: VARNAMES_ORDER[kinds[item[0]]])
         return {
-            name: self.as_variable(value)
-            for name, value in zip(names, bound.arguments.values(), strict=True)
+            name: self.as_variable(value) for name, (_, value) in zip(names, values, strict=True)
         }
 
     def as_variable(self, value) -> Variable:

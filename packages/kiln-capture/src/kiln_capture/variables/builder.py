@@ -64,9 +64,13 @@ def _wrap_new(tx, value, source) -> Variable:
     if isinstance(value, enum.Enum):
         guards.identity(source, value)
         return ConstantVariable(value, source)
-    if kind in (list, tuple) or is_namedtuple_class(kind):
+    if kind in (list, tuple, torch.Size) or is_namedtuple_class(kind):
         guards.type_and_length(source, value)
         items = [wrap(tx, item, ItemSource(source, i)) for i, item in enumerate(value)]
+        if kind is torch.Size:
+            from kiln_capture.variables.containers import SizeVariable
+
+            return SizeVariable(items, source)
         if kind is list:
             return ListVariable(items, source)
         if kind is tuple:

@@ -10,6 +10,7 @@ import builtins
 import copy
 import dataclasses
 import functools
+import itertools
 import math
 import operator
 import types
@@ -190,6 +191,20 @@ def _reduce(tx, fn, iterable, *initial):
     for item in items[1:]:
         result = fn.call(tx, [result, item], {})
     return result
+
+
+@builtin(itertools.accumulate)
+def _accumulate(tx, iterable, func=None, *, initial=None):
+    items = iterable.unpack(tx)
+    if initial is not None and not (initial.is_constant() and initial.as_constant() is None):
+        items = [initial, *items]
+    sums = items[:1]
+    for item in items[1:]:
+        if func is None or (func.is_constant() and func.as_constant() is None):
+            sums.append(apply_operator(tx, operator.add, [sums[-1], item]))
+        else:
+            sums.append(func.call(tx, [sums[-1], item], {}))
+    return ListIteratorVariable(sums)
 
 
 @builtin(copy.copy, copy.deepcopy)
@@ -595,8 +610,8 @@ def call_constructor(tx, cls: type, args, kwargs):
         return make_namedtuple(tx, cls, args, kwargs)
     if dataclasses.is_dataclass(cls):
         return build_dataclass(tx, cls, args, kwargs, DataclassVariable)
-    if cls in (torch.Size,):
-        return wrap_derived(tx, cls(args[0].as_constant())) if args[0].is_constant() else None
+    if cls is torch.Size:
+        return make_size(tx, args, kwargs)
     if (
         all(a.is_constant() for a in args)
         and all(v.is_constant() for v in kwargs.values())
@@ -624,6 +639,21 @@ def call_constructor(tx, cls: type, args, kwargs):
     if is_stateless_torch_module(cls, args, kwargs):
         return build_stateless_module(tx, cls, args, kwargs)
     raise GraphBreak(f"constructing a {cls.__qualname__} object")
+
+
+def make_size(tx, args, kwargs):
+    """``torch.Size(sizes)`` of ints or symbolic ints (``torch.Size([1])`` in torch's own
+    Python code, ``torch.Size(shape)`` of a list built during capture)."""
+    from kiln_capture.variables.containers import SizeVariable
+    from kiln_capture.variables.tensor import SymNodeVariable
+
+    if kwargs or len(args) > 1:
+        raise GraphBreak("torch.Size() with these arguments")
+    items = args[0].unpack(tx) if args else []
+    for item in items:
+        if not isinstance(item, SymNodeVariable) and type(item.as_constant()) is not int:
+            return wrap_derived(tx, tx.run_user_code(torch.Size, [i.as_constant() for i in items]))
+    return SizeVariable(list(items))
 
 
 def is_stateless_torch_module(cls: type, args, kwargs) -> bool:
