@@ -45,6 +45,7 @@ class OutputGraph:
         self.cells: dict[int, Variable] = {}
         self.grad_mode_changes: list[bool] = []
         self.live_contexts: list = []
+        self.classes_made: list[type] = []  # by class statements, at capture time
         self.initial_grad_mode = torch.is_grad_enabled()
 
     # --- inputs -----------------------------------------------------------------
