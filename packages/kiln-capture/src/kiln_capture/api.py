@@ -86,6 +86,8 @@ class CapturedFunction:
         # captures that starts here (resume functions are keyed by their code)
         self.callees: dict = {}
         self.warned_limit = False
+        self.warned_eager = False
+        self.is_root = True  # not a resume function or a function called at a graph break
         functools.update_wrapper(self, fn)
         self.fast_call = read_signature(fn, bound=bound_self is not None) is not None
         if self.fast_call:  # a class of its own, whose __call__ is regenerated per cache entry
@@ -145,7 +147,10 @@ class CapturedFunction:
         self.rebuild_dispatch()
         if self.observer is not None:
             self.observer.on_capture(self, result)
-        return result.function(*args, **kwargs)
+        out = result.function(*args, **kwargs)
+        if self.is_root:
+            self.warn_if_nothing_compiled()
+        return out
 
     def rebuild_dispatch(self) -> None:
         if self.fast_call:
@@ -177,6 +182,33 @@ class CapturedFunction:
         if self.observer is not None:
             self.observer.on_eager(self, reason)
         return self.fn(*args, **kwargs)
+
+    def warn_if_nothing_compiled(self) -> None:
+        """Never a silent eager run: a call that broke the graph on something that depends
+        on tensor data, and compiled no graph anywhere (its frame, the resume functions,
+        functions called at the breaks), says so once."""
+        if self.warned_eager:
+            return
+        results = [e.result for c in [self, *self.callees.values()] for e in c.entries]
+        if any(r.graph is not None for r in results):
+            return
+        found = next(
+            (r.graph_break for r in results if r.graph_break and r.graph_break.data_dependent),
+            None,
+        )
+        if found is None:
+            return
+        self.warned_eager = True
+        warnings.warn(
+            f"kiln-capture runs {self.fn.__qualname__} eagerly: {found.reason} (at "
+            f"{found.where}) and nothing else in it makes a graph. An op whose output size "
+            "depends on the data (nonzero, masked_select, x[mask], unique) or a value read "
+            "out of a tensor (.item(), .tolist()) runs outside graphs: keep sizes fixed "
+            "(torch.where(mask, x, 0) instead of x[mask]), keep numbers as tensors, or "
+            "compile the code that uses the result",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def over_limit(self, failed, args, kwargs):
         if not self.warned_limit:
@@ -250,6 +282,7 @@ class CapturedFunction:
                 observer=self.observer,
             )
             callee.callees = self.callees
+            callee.is_root = False
             callee._keep = fn
             self.callees[key] = callee
         return self.callees[key]

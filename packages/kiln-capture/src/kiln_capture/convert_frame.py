@@ -97,6 +97,7 @@ def copy_instr(inst):
 class GraphBreakRecord:
     reason: str
     where: str
+    data_dependent: bool = False  # an output size or a Python value depends on tensor data
 
 
 @dataclass
@@ -157,7 +158,7 @@ class RootTranslator(Translator):
             where = brk.inner_where or source_line(self.program, index)
             if self.fullgraph:
                 raise Unsupported(brk.reason, where) from None
-            raise RestartAnalysis(index, brk.reason, where) from None
+            raise RestartAnalysis(index, brk.reason, where, brk.data_dependent) from None
 
     def check_return(self) -> None:
         self.returned = True
@@ -210,7 +211,8 @@ def convert_frame(
         except RestartAnalysis as restart:
             if restart.break_at == break_at:
                 raise CaptureFailed(f"graph break at {restart.where} cannot be resumed") from None
-            break_at, break_info = restart.break_at, GraphBreakRecord(restart.reason, restart.where)
+            break_at = restart.break_at
+            break_info = GraphBreakRecord(restart.reason, restart.where, restart.data_dependent)
             log.info("graph break: %s at %s", restart.reason, restart.where)
     raise CaptureFailed("capture did not settle on a graph break")
 
