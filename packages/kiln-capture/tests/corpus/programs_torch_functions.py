@@ -1,11 +1,13 @@
 """torch's own Python functions, which capture steps through: ``torch.functional`` (meshgrid,
-broadcast_shapes, unravel_index) and the Python they run (``torch.Size`` of a list,
-``itertools.accumulate``, keyword-only parameters after ``*args``)."""
+broadcast_shapes, unravel_index), ``torch.nn.functional`` (max_unpool2d, unfold) and the
+Python they run (``torch.Size`` of a list, ``itertools.accumulate``/``repeat``, ``list[int]``
+for ``torch.jit.annotate``, keyword-only parameters after ``*args``)."""
 
 import itertools
 import operator
 
 import torch
+import torch.nn.functional as F
 from harness import Case, randint, randn
 
 
@@ -54,6 +56,29 @@ def keyword_only_after_varargs(x, y):
     return a + b
 
 
+def max_pool_then_unpool(x):
+    pooled, indices = F.max_pool2d(x, 2, return_indices=True)
+    return F.max_unpool2d(pooled, indices, 2)
+
+
+def unfold_patches(x):
+    return F.unfold(x, (2, 2), stride=2).sum(1)
+
+
+def repeat_object(x):
+    return x * sum(itertools.repeat(2, 3)) + torch.tensor(tuple(itertools.repeat(1.5, 2)))
+
+
+def annotated_empty_list(x):
+    sizes = torch.jit.annotate(list[int], [])
+    sizes.append(x.shape[0])
+    return x.new_ones(sizes) + x
+
+
+def tensor_repeat_forms(x):
+    return x.repeat((2, 1)) + x.repeat([2, 1]) + x.repeat(torch.Size([2, 1])) + x.repeat(2, 1)
+
+
 CASES = [
     Case("meshgrid_ij", meshgrid_ij, randn((3, 4))),
     Case("meshgrid_xy_list", meshgrid_xy_list, randn((3, 4))),
@@ -64,4 +89,9 @@ CASES = [
     Case("size_of_list", size_of_list, randn((3, 4))),
     Case("accumulate_products", accumulate_products, randn((2, 3, 4))),
     Case("keyword_only_after_varargs", keyword_only_after_varargs, randn((3,), (3,))),
+    Case("max_pool_then_unpool", max_pool_then_unpool, randn((1, 2, 4, 4))),
+    Case("unfold_patches", unfold_patches, randn((1, 2, 4, 4))),
+    Case("repeat_object", repeat_object, randn((2,))),
+    Case("annotated_empty_list", annotated_empty_list, randn((3,))),
+    Case("tensor_repeat_forms", tensor_repeat_forms, randn((2, 3))),
 ]

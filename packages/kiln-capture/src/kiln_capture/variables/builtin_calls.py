@@ -120,6 +120,27 @@ class BuiltinVariable(CallableObjectVariable):
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         raise GraphBreak(f"call to {name}, which capture cannot trace (a C function or I/O)")
 
+    def getitem(self, tx, key):
+        # ``list[int]``: a generic alias of a builtin class (``torch.jit.annotate``'s type)
+        argument = type_argument(key)
+        if isinstance(self.fn, type) and argument is not None:
+            return wrap_derived(tx, tx.run_user_code(operator.getitem, self.fn, argument[0]))
+        return super().getitem(tx, key)
+
+
+def type_argument(v: Variable):
+    """A constant, class or tuple of them, as the argument of ``cls[...]`` (1-tuple)."""
+    if v.is_constant():
+        return (v.as_constant(),)
+    value = getattr(v, "fn", getattr(v, "value", None))
+    if isinstance(value, type):
+        return (value,)
+    if isinstance(v, TupleVariable):
+        items = [type_argument(item) for item in v.items]
+        if all(item is not None for item in items):
+            return (tuple(item[0] for item in items),)
+    return None
+
 
 def python_value(v: Variable):
     """A constant, or a list/tuple/dict/set of constants, as a fresh Python value (1-tuple)."""
@@ -205,6 +226,13 @@ def _accumulate(tx, iterable, func=None, *, initial=None):
         else:
             sums.append(func.call(tx, [sums[-1], item], {}))
     return ListIteratorVariable(sums)
+
+
+@builtin(itertools.repeat)
+def _repeat(tx, obj, times=None):
+    if times is None:
+        raise GraphBreak("itertools.repeat() without a count repeats forever")
+    return ListIteratorVariable([obj] * max(times.as_constant(), 0))
 
 
 @builtin(copy.copy, copy.deepcopy)
