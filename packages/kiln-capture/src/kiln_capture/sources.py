@@ -182,6 +182,37 @@ class ObjectSource(Source):
         cg.load_const(self.obj)
 
 
+def ndarray_tensor(array):
+    """A tensor over a ``numpy.ndarray``'s memory, or None where torch cannot view it (a
+    dtype torch lacks, negative strides, another byte order)."""
+    import torch
+
+    try:
+        return torch.from_numpy(array)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+@dataclass(frozen=True)
+class NdarrayTensorSource(Source):
+    """The tensor over an ndarray the frame reads (``torch.from_numpy``): the graph input
+    that stands for the ndarray ``base``."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return self.over(self.base.expr())
+
+    def over(self, base: str) -> str:
+        return f"___ndarray_tensor({base})"
+
+    def emit(self, cg) -> None:
+        cg.call(lambda: cg.load_const(ndarray_tensor), [lambda: self.base.emit(cg)])
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
 def object_sources(source: Source) -> list[ObjectSource]:
     """The ObjectSources a source is built on, which guards must bind by name."""
     found = []
@@ -196,6 +227,6 @@ def reads_program_state(source: Source) -> bool:
     """Whether ``source`` reaches its value through an attribute, a global or a closure
     cell (a parameter, a buffer, a module's attribute) rather than through the call's
     arguments and the items of argument containers."""
-    while isinstance(source, ItemSource):
+    while isinstance(source, (ItemSource, NdarrayTensorSource)):
         source = source.base
     return not isinstance(source, LocalSource)

@@ -30,7 +30,7 @@ from kiln_capture.variables.functions import (
     UserFunctionVariable,
     is_torch_callable,
 )
-from kiln_capture.variables.ndarray import is_numpy_function
+from kiln_capture.variables.ndarray import is_ndarray, is_numpy_function
 
 
 def is_namedtuple_class(cls) -> bool:
@@ -56,6 +56,10 @@ def _wrap_new(tx, value, source) -> Variable:
     kind = type(value)
     if isinstance(value, torch.Tensor):
         return tx.output.add_input(value, source)
+    if is_ndarray(value):
+        from kiln_capture.variables.ndarray import wrap_ndarray
+
+        return wrap_ndarray(tx, value, source)
     if kind is int and source.expr() in tx.output.dynamic_ints:
         return tx.output.add_int_input(value, source)
     if is_constant_value(value):
