@@ -35,6 +35,7 @@ from kiln_capture.sources import ClosureSource, LocalSource
 from kiln_capture.translator import Translator
 from kiln_capture.variables.base import DeletedVariable, NullVariable, Variable
 from kiln_capture.variables.builder import wrap
+from kiln_capture.variables.context_managers import GeneratorContextManagerVariable
 
 log = logging.getLogger("kiln.capture")
 
@@ -68,7 +69,6 @@ NATIVE_OK_EXCLUDED = (
     "JUMP_BACKWARD",
     "JUMP_IF_TRUE_OR_POP",
     "JUMP_IF_FALSE_OR_POP",
-    "BEFORE_WITH",
     "PUSH_EXC_INFO",
     "POP_EXCEPT",
     "LOAD_FAST",
@@ -360,6 +360,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         if not _unbound(v) and not is_resume_argument(name)
     }
     stack = list(root.stack)
+    for value in [*stack, *live.values()]:  # a generator's state lives in the trace only
+        held = getattr(value, "manager", value)
+        if isinstance(held, GeneratorContextManagerVariable) and held.generator is not None:
+            held.break_at_with()
     needed = [*stack, *live.values(), *output.side_effects.stored_values()]
     grad_mode_changed = root.grad_mode_at_stop != output.initial_grad_mode
     if grad_mode_changed:  # the graph ends in the mode it started in; the code switches back
@@ -420,7 +424,7 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
     else:
         # any other instruction runs as it is, on the rebuilt stack
-        popped, pushed = inst.pre_and_post_stack_effect(jump=False)
+        popped, pushed = native_stack_effect(inst)
         below, operands = stack[: len(stack) + popped], stack[len(stack) + popped :]
         if any(is_null(v) for v in operands):
             raise CaptureFailed(
@@ -444,6 +448,21 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resumes,
         after_graph=graph_then_epilogue(fn, output, compiled, cg),
     )
+
+
+# (values popped, as a negative count; values pushed) where the bytecode library reports
+# only the net effect
+NATIVE_STACK_EFFECTS = {"BEFORE_WITH": (-1, 2)}
+
+
+def native_stack_effect(inst) -> tuple[int, int]:
+    """What ``inst``, run natively, pops (a negative count) and pushes."""
+    if inst.name in NATIVE_STACK_EFFECTS:
+        return NATIVE_STACK_EFFECTS[inst.name]
+    popped, pushed = inst.pre_and_post_stack_effect(jump=False)
+    if popped > 0:  # the library's default for an instruction it has no entry for: a net push
+        return 0, popped
+    return popped, pushed
 
 
 def emit_native_call(cg, root, inst, wrap_callee, handler_entry=None) -> list[Variable]:
@@ -501,9 +520,17 @@ def reconstruct_values(cg, values) -> None:
             cg.reconstruct(value)
 
 
+# Library code called at a graph break runs as it is, not captured on its own.
+NATIVE_CALLEE_MODULES = ("contextlib",)
+
+
 def emit_callee(cg, fn_var, wrap_callee) -> None:
     from kiln_capture.variables.functions import BoundMethodVariable, UserFunctionVariable
 
+    function = getattr(fn_var, "function", fn_var)
+    if getattr(getattr(function, "fn", None), "__module__", None) in NATIVE_CALLEE_MODULES:
+        cg.reconstruct(fn_var)
+        return
     if isinstance(fn_var, UserFunctionVariable):
         cg.load_const(wrap_callee(fn_var.fn))
         return

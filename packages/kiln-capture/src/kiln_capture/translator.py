@@ -36,6 +36,14 @@ class ReturnValue(Exception):
         self.value = value
 
 
+class Suspended(Exception):
+    """A generator run step by step (a ``@contextmanager``'s) reached a ``yield``."""
+
+    def __init__(self, value: Variable, index: int):
+        self.value = value
+        self.index = index  # of the YIELD_VALUE: an exception thrown in is raised there
+
+
 class Translator:
     def __init__(
         self,
@@ -112,7 +120,7 @@ class Translator:
 
                 brk.inner_where = source_line(self.program, index)
             raise
-        except (CaptureFailed, ReturnValue):
+        except (CaptureFailed, ReturnValue, Suspended):
             raise
         except Exception as exc:
             if not getattr(exc, "__kiln_where__", False):
@@ -185,6 +193,15 @@ class Translator:
         consumed inside the frame runs to the end: the result iterates over what it yielded."""
         from kiln_capture.variables.containers import ListIteratorVariable
 
+        child = self.child_for(fn, args, kwargs)
+        if not child.program.code.co_flags & 0x20:  # not a generator
+            return child.run()
+        child.yielded = []
+        child.run()
+        return ListIteratorVariable(child.yielded)
+
+    def child_for(self, fn, args: list[Variable], kwargs: dict) -> Translator:
+        """A translator for a call of the Python function ``fn``, ready to run."""
         code = fn.code()
         if code.co_flags & (0x80 | 0x100 | 0x200):
             raise GraphBreak("coroutines and async generators")
@@ -199,11 +216,7 @@ class Translator:
             parent=self,
         )
         child.function = fn
-        if not code.co_flags & 0x20:  # not a generator
-            return child.run()
-        child.yielded = []
-        child.run()
-        return ListIteratorVariable(child.yielded)
+        return child
 
     def bind_locals(self, fn, code, args, kwargs) -> dict:
         """Arguments bound to the callee's parameters, by position in ``co_varnames`` (names

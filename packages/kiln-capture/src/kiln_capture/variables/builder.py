@@ -99,6 +99,9 @@ def _wrap_new(tx, value, source) -> Variable:
     if isinstance(value, types.ModuleType):
         guards.identity(source, value)
         return objects.PythonModuleVariable(value, source)
+    if isinstance(value, BaseException):
+        guards.type(source, value)
+        return objects.ExceptionVariable(value, source)
     known = tx.output.objects_by_id.get(id(value))
     if known is not None:
         # an object already read another way (a config shared by every layer): one

@@ -31,6 +31,10 @@ from kiln_capture.variables.containers import (
     TupleVariable,
     mapping_pairs,
 )
+from kiln_capture.variables.context_managers import (
+    GeneratorContextManagerVariable,
+    is_generator_context_manager_class,
+)
 from kiln_capture.variables.functions import CallableObjectVariable
 from kiln_capture.variables.ops import apply_operator, contains, is_graph_value, sort_variables
 from kiln_capture.variables.tensor import TensorVariable
@@ -622,6 +626,11 @@ def call_constructor(tx, cls: type, args, kwargs):
 
     if cls in CONTEXT_MANAGERS:
         return CONTEXT_MANAGERS[cls](tx, *args, **kwargs)
+    if is_generator_context_manager_class(cls) and len(args) == 3 and not kwargs:
+        func, positional, keywords = args
+        return GeneratorContextManagerVariable(
+            func, positional.unpack(tx), {k: v for k, (_, v) in keywords.entries.items()}
+        )
     handler = BUILTIN_HANDLERS.get(cls)
     if handler is not None:
         result = handler(tx, *args, **kwargs)
