@@ -271,7 +271,10 @@ class CapturedFunction:
         """Functions called at a graph break (and resume functions) are captured too."""
         from kiln_capture.resume import RESUME_ORIGINS
 
-        key = fn.__code__ if fn.__code__ in RESUME_ORIGINS else id(fn)
+        # a function made in a frame with nothing of its own (a comprehension): one per code
+        plain = not (fn.__closure__ or fn.__defaults__ or fn.__kwdefaults__)
+        made_in_frame = plain and "<locals>" in fn.__qualname__
+        key = fn.__code__ if fn.__code__ in RESUME_ORIGINS or made_in_frame else id(fn)
         if key not in self.callees:
             callee = CapturedFunction(
                 fn,

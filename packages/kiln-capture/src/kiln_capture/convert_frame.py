@@ -525,7 +525,11 @@ NATIVE_CALLEE_MODULES = ("contextlib",)
 
 
 def emit_callee(cg, fn_var, wrap_callee) -> None:
-    from kiln_capture.variables.functions import BoundMethodVariable, UserFunctionVariable
+    from kiln_capture.variables.functions import (
+        BoundMethodVariable,
+        NestedFunctionVariable,
+        UserFunctionVariable,
+    )
 
     function = getattr(fn_var, "function", fn_var)
     if getattr(getattr(function, "fn", None), "__module__", None) in NATIVE_CALLEE_MODULES:
@@ -534,6 +538,10 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
     if isinstance(fn_var, UserFunctionVariable):
         cg.load_const(wrap_callee(fn_var.fn))
         return
+    if isinstance(fn_var, NestedFunctionVariable) and fn_var.is_plain():
+        # a function made in the frame (a comprehension's): the same for every call
+        cg.load_const(wrap_callee(with_named_parameters(fn_var.function_object())))
+        return
     if isinstance(fn_var, BoundMethodVariable) and isinstance(
         fn_var.function, UserFunctionVariable
     ):
@@ -541,6 +549,16 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
         cg.call_object(types.MethodType, [_Const(captured), fn_var.self_var])
         return
     cg.reconstruct(fn_var)
+
+
+def with_named_parameters(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` with a comprehension's ``.0`` parameter named as ``inspect`` names it
+    (``implicit0``), so that guards and the dispatcher can take it as an argument."""
+    code = fn.__code__
+    names = tuple(f"implicit{n[1:]}" if n.startswith(".") else n for n in code.co_varnames)
+    if names != code.co_varnames:
+        fn.__code__ = code.replace(co_varnames=names)
+    return fn
 
 
 class _Const(Variable):

@@ -213,6 +213,51 @@ class NdarrayTensorSource(Source):
         return self.base.root()
 
 
+ITERATOR_TYPES = (type(iter([])), type(iter(())))
+# A comprehension's iterator, its ``.0`` parameter (named as ``inspect`` names it). It is
+# traced where it is an argument; a loop's iterator handed to a resume function is not
+# (tracing it would capture the rest of the loop once per position).
+COMPREHENSION_ITERATOR = LocalSource("implicit0")
+
+
+def iterator_sequence(iterator):
+    """The list or tuple a list or tuple iterator walks over, read without advancing it."""
+    return iterator.__reduce__()[1][0]
+
+
+def iterator_position(iterator) -> int:
+    """How many items a list or tuple iterator has given (0 once it is exhausted)."""
+    _, _, *index = iterator.__reduce__()
+    return index[0] if index else 0
+
+
+def advance_iterator(iterator, count: int) -> None:
+    """Take ``count`` items from ``iterator``: what the captured code consumed of it."""
+    for _ in range(count):
+        next(iterator)
+
+
+@dataclass(frozen=True)
+class IteratorSequenceSource(Source):
+    """The list or tuple under a list or tuple iterator the frame reads (a comprehension's
+    ``.0``, a loop's iterator handed to a resume function); its items are read by their
+    index there, which taking items from the iterator does not change."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return self.over(self.base.expr())
+
+    def over(self, base: str) -> str:
+        return f"___iterator_sequence({base})"
+
+    def emit(self, cg) -> None:
+        cg.call(lambda: cg.load_const(iterator_sequence), [lambda: self.base.emit(cg)])
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
 def object_sources(source: Source) -> list[ObjectSource]:
     """The ObjectSources a source is built on, which guards must bind by name."""
     found = []

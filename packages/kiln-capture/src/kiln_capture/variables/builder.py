@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from kiln_capture.sources import ItemSource
+from kiln_capture.sources import COMPREHENSION_ITERATOR, ITERATOR_TYPES, ItemSource
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.constant import ConstantVariable, is_constant_value
 from kiln_capture.variables.containers import (
@@ -99,6 +99,8 @@ def _wrap_new(tx, value, source) -> Variable:
     if isinstance(value, types.ModuleType):
         guards.identity(source, value)
         return objects.PythonModuleVariable(value, source)
+    if kind in ITERATOR_TYPES and source == COMPREHENSION_ITERATOR:
+        return wrap_iterator(tx, value, source)
     if isinstance(value, BaseException):
         guards.type(source, value)
         return objects.ExceptionVariable(value, source)
@@ -112,6 +114,24 @@ def _wrap_new(tx, value, source) -> Variable:
     if type(variable) is objects.ObjectVariable:
         tx.output.objects_by_id[id(value)] = variable
     return variable
+
+
+def wrap_iterator(tx, value, source) -> Variable:
+    """A list or tuple iterator (a comprehension's): the items it has left, each read from
+    the sequence under it by index; guarded on where it stands and the sequence's type and
+    length. What the captured code takes from it is taken from it after the graph."""
+    from kiln_capture.sources import IteratorSequenceSource, iterator_position, iterator_sequence
+    from kiln_capture.variables.containers import ArgumentIteratorVariable
+
+    guards = tx.output.guards
+    guards.type(source, value)
+    position, sequence = iterator_position(value), iterator_sequence(value)
+    expr = guards.bind(source)
+    guards.add(f"___iterator_position({expr}) == {position}", f"{expr} has given {position}")
+    under = IteratorSequenceSource(source)
+    guards.type_and_length(under, sequence)
+    items = [wrap(tx, sequence[i], ItemSource(under, i)) for i in range(position, len(sequence))]
+    return ArgumentIteratorVariable(items, source)
 
 
 def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = True) -> Variable:
