@@ -71,6 +71,10 @@ class CapturedFunction:
                 f"backend must be callable as backend(gm, example_inputs), got {backend!r}"
             )
         self.fn = fn
+        # what runs when the function runs eagerly: ``fn`` itself, unless the observer's
+        # on_eager puts something that behaves the same in its place (kiln: ``fn`` with the
+        # functions it calls compiled, ``callees.with_redirected_globals``)
+        self.eager_fn = fn
         self.backend = backend
         self.fullgraph = fullgraph
         self.dynamic = dynamic
@@ -109,7 +113,7 @@ class CapturedFunction:
 
     def cache_miss(self, args, kwargs):
         if self.stats.eager_reason is not None:
-            return self.fn(*args, **kwargs)
+            return self.eager_fn(*args, **kwargs)
         failed = self.entries[0].result.guard.why(*args, **kwargs) if self.entries else None
         if failed is not None:
             if len(self.entries) >= self.recompile_limit:
@@ -181,7 +185,7 @@ class CapturedFunction:
         log.info(message)
         if self.observer is not None:
             self.observer.on_eager(self, reason)
-        return self.fn(*args, **kwargs)
+        return self.eager_fn(*args, **kwargs)
 
     def warn_if_nothing_compiled(self) -> None:
         """Never a silent eager run: a call that broke the graph on something that depends

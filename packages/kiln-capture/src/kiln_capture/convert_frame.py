@@ -352,6 +352,8 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         raise CaptureFailed(f"graph break inside an autocast region at {break_info.where}")
     if fn.__code__.co_cellvars:
         raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
+    if inst.name in NATIVE_OK_EXCLUDED:  # found before a graph is compiled for nothing
+        raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
     from kiln_capture.resume import is_resume_argument
 
     live = {
@@ -420,8 +422,6 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resume_after(index + 1, nulls(below))
         cg.emit(other)
         resume_after(root.program.target(inst.arg), nulls(below))
-    elif inst.name in NATIVE_OK_EXCLUDED:
-        raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
     else:
         # any other instruction runs as it is, on the rebuilt stack
         popped, pushed = native_stack_effect(inst)
