@@ -8,7 +8,7 @@ the frame capture could not take.
   included, is captured with the same backend, mode and options as the module.
 - Any other function (the one compiled, a function called at a graph break, the rest of a
   frame after one): it runs as a copy whose reads of global names go through
-  :func:`redirect` (``kiln_capture.callees``): a Python function of the user's it reads is
+  :class:`Redirect` (``kiln_capture.callees``): a Python function of the user's it reads is
   compiled on its own (once) and called compiled, an ``nn.Module`` it reads gets
   ``_compiled_call_impl`` as a submodule does. Everything else it reads is what it was.
 
@@ -44,7 +44,7 @@ def compile_submodules(
         warnings.warn(
             f"kiln: {type(module).__qualname__}.{method} runs eagerly ({reason}); its "
             f"submodules {', '.join(compiled)} are compiled on their own instead. To compile "
-            "the whole model, move what capture cannot take out of forward "
+            f"the whole model, move what capture cannot take out of {method} "
             "(KILN_LOGS=graph_breaks says where)",
             RuntimeWarning,
             stacklevel=user_stacklevel(),
