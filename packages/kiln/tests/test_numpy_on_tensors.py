@@ -1,5 +1,6 @@
 """NumPy code on tensors compiles to kernels: kiln-capture traces it as torch ops with
-NumPy's semantics, and the frame runs as generated code, not eagerly."""
+NumPy's semantics, and the frame runs as generated code, not eagerly. ndarrays passed in
+are graph inputs too, and ndarrays come out."""
 
 from __future__ import annotations
 
@@ -52,3 +53,14 @@ def test_numpy_functions_and_methods_compile_to_kernels(tmp_path):
 
 def test_numpy_between_torch_ops_compiles_to_kernels(tmp_path):
     run_without_fallback(numpy_between_torch, lambda: (torch.randn(4, 7),), tmp_path)
+
+
+def numpy_on_ndarray_arguments(a, b):
+    return np.tanh(a) * b.sum(axis=0) + 1.5, (a @ b.T).max(axis=1)
+
+
+def test_ndarray_arguments_compile_to_kernels(tmp_path):
+    def make_inputs():
+        return np.random.randn(4, 6), np.random.randn(3, 6).astype(np.float32)
+
+    run_without_fallback(numpy_on_ndarray_arguments, make_inputs, tmp_path)

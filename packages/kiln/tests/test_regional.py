@@ -3,19 +3,14 @@ direct submodules is compiled on its own, with one warning that says so."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import os
 import warnings
 
 import pytest
 import torch
 
 import kiln
-
-
-@contextlib.contextmanager
-def labelled():  # capture cannot resume a frame inside a generator-based context manager
-    yield
 
 
 class Wrapped(torch.nn.Module):
@@ -25,8 +20,10 @@ class Wrapped(torch.nn.Module):
         self.head = torch.nn.Linear(16, 4)
 
     def forward(self, x):
-        with labelled():
-            return self.head(self.body(x)).tanh()
+        offset = 1.0
+        shift = lambda t: t + offset  # noqa: E731  (a closure: forward has a cell)
+        os.getpid()  # a C call capture cannot trace: a break it cannot resume (the cell)
+        return shift(self.head(self.body(x))).tanh()
 
 
 def test_submodules_compile_when_the_frame_cannot(tmp_path):
@@ -59,3 +56,90 @@ def test_a_captured_frame_leaves_its_submodules_alone():
     x = torch.randn(2, 8)
     torch.testing.assert_close(compiled(x), model(x))
     assert all(m._compiled_call_impl is None for m in model.children())
+
+
+# --- functions ---------------------------------------------------------------------------
+
+projection = torch.nn.Linear(8, 8)
+
+
+def activate(t):
+    return (t.sin() * 2).relu()
+
+
+@kiln.disable
+def kept_eager(t):
+    return t - 1
+
+
+def unresumable(x):
+    offset = 1.0
+    shift = lambda t: t + offset  # noqa: E731  (a closure: the function has a cell)
+    os.getpid()  # a C call capture cannot trace: a break it cannot resume (the cell)
+    return shift(kept_eager(activate(projection(x))))
+
+
+class Graphs:
+    """A backend that runs each graph as captured and remembers which function it is from."""
+
+    def __init__(self):
+        self.functions = []
+
+    def __call__(self, gm, example_inputs):
+        from kiln.backends import _captured_function_name
+
+        self.functions.append(_captured_function_name(gm))
+        return gm.forward
+
+
+def test_functions_and_modules_a_function_calls_compile_when_its_frame_cannot():
+    graphs = Graphs()
+    compiled = kiln.compile(unresumable, backend=graphs, options={"cache": False})
+    x = torch.randn(5, 8)
+    with pytest.warns(
+        RuntimeWarning, match=r"unresumable runs eagerly .* \(activate, projection\)"
+    ):
+        torch.testing.assert_close(compiled(x), unresumable(x))
+    assert sorted(graphs.functions) == ["Module._call_impl", "activate"]
+    assert projection._compiled_call_impl is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # said once, compiled once
+        fresh = torch.randn(5, 8)
+        torch.testing.assert_close(compiled(fresh), unresumable(fresh))
+    assert len(graphs.functions) == 2
+    projection._compiled_call_impl = None
+
+
+def helper_in_a_loop(x):
+    for _ in range(3):
+        os.getpid()  # a break inside the loop: the rest of the frame runs natively
+        x = activate(x)
+    return x
+
+
+def test_the_rest_of_a_frame_that_runs_eagerly_calls_compiled_functions():
+    graphs = Graphs()
+    compiled = kiln.compile(helper_in_a_loop, backend=graphs, options={"cache": False})
+    x = torch.randn(4)
+    with pytest.warns(RuntimeWarning, match=r"the rest of helper_in_a_loop .* \(activate\)"):
+        torch.testing.assert_close(compiled(x), helper_in_a_loop(x))
+    assert graphs.functions == ["activate"]
+
+
+class WithMethod(Wrapped):
+    def encode(self, x):
+        offset = 1.0
+        shift = lambda t: t + offset  # noqa: E731
+        os.getpid()
+        return shift(self.body(x))
+
+
+def test_a_method_of_a_module_compiles_its_submodules_when_its_frame_cannot():
+    torch.manual_seed(0)
+    model = WithMethod()
+    eager = copy.deepcopy(model)
+    compiled = kiln.compile(model.encode, backend=Graphs(), options={"cache": False})
+    x = torch.randn(3, 8)
+    with pytest.warns(RuntimeWarning, match=r"WithMethod.encode runs eagerly .* body, head"):
+        torch.testing.assert_close(compiled(x), eager.encode(x))
+    assert model.body._compiled_call_impl is not None

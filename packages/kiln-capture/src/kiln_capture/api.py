@@ -71,6 +71,10 @@ class CapturedFunction:
                 f"backend must be callable as backend(gm, example_inputs), got {backend!r}"
             )
         self.fn = fn
+        # what runs when the function runs eagerly: ``fn`` itself, unless the observer's
+        # on_eager puts something that behaves the same in its place (kiln: ``fn`` with the
+        # functions it calls compiled, ``callees.with_redirected_globals``)
+        self.eager_fn = fn
         self.backend = backend
         self.fullgraph = fullgraph
         self.dynamic = dynamic
@@ -86,6 +90,8 @@ class CapturedFunction:
         # captures that starts here (resume functions are keyed by their code)
         self.callees: dict = {}
         self.warned_limit = False
+        self.warned_eager = False
+        self.is_root = True  # not a resume function or a function called at a graph break
         functools.update_wrapper(self, fn)
         self.fast_call = read_signature(fn, bound=bound_self is not None) is not None
         if self.fast_call:  # a class of its own, whose __call__ is regenerated per cache entry
@@ -107,7 +113,7 @@ class CapturedFunction:
 
     def cache_miss(self, args, kwargs):
         if self.stats.eager_reason is not None:
-            return self.fn(*args, **kwargs)
+            return self.eager_fn(*args, **kwargs)
         failed = self.entries[0].result.guard.why(*args, **kwargs) if self.entries else None
         if failed is not None:
             if len(self.entries) >= self.recompile_limit:
@@ -145,7 +151,10 @@ class CapturedFunction:
         self.rebuild_dispatch()
         if self.observer is not None:
             self.observer.on_capture(self, result)
-        return result.function(*args, **kwargs)
+        out = result.function(*args, **kwargs)
+        if self.is_root:
+            self.warn_if_nothing_compiled()
+        return out
 
     def rebuild_dispatch(self) -> None:
         if self.fast_call:
@@ -176,7 +185,34 @@ class CapturedFunction:
         log.info(message)
         if self.observer is not None:
             self.observer.on_eager(self, reason)
-        return self.fn(*args, **kwargs)
+        return self.eager_fn(*args, **kwargs)
+
+    def warn_if_nothing_compiled(self) -> None:
+        """Never a silent eager run: a call that broke the graph on something that depends
+        on tensor data, and compiled no graph anywhere (its frame, the resume functions,
+        functions called at the breaks), says so once."""
+        if self.warned_eager:
+            return
+        results = [e.result for c in [self, *self.callees.values()] for e in c.entries]
+        if any(r.graph is not None for r in results):
+            return
+        found = next(
+            (r.graph_break for r in results if r.graph_break and r.graph_break.data_dependent),
+            None,
+        )
+        if found is None:
+            return
+        self.warned_eager = True
+        warnings.warn(
+            f"kiln-capture runs {self.fn.__qualname__} eagerly: {found.reason} (at "
+            f"{found.where}) and nothing else in it makes a graph. An op whose output size "
+            "depends on the data (nonzero, masked_select, x[mask], unique) or a value read "
+            "out of a tensor (.item(), .tolist()) runs outside graphs: keep sizes fixed "
+            "(torch.where(mask, x, 0) instead of x[mask]), keep numbers as tensors, or "
+            "compile the code that uses the result",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def over_limit(self, failed, args, kwargs):
         if not self.warned_limit:
@@ -239,7 +275,10 @@ class CapturedFunction:
         """Functions called at a graph break (and resume functions) are captured too."""
         from kiln_capture.resume import RESUME_ORIGINS
 
-        key = fn.__code__ if fn.__code__ in RESUME_ORIGINS else id(fn)
+        # a function made in a frame with nothing of its own (a comprehension): one per code
+        plain = not (fn.__closure__ or fn.__defaults__ or fn.__kwdefaults__)
+        made_in_frame = plain and "<locals>" in fn.__qualname__
+        key = fn.__code__ if fn.__code__ in RESUME_ORIGINS or made_in_frame else id(fn)
         if key not in self.callees:
             callee = CapturedFunction(
                 fn,
@@ -250,6 +289,7 @@ class CapturedFunction:
                 observer=self.observer,
             )
             callee.callees = self.callees
+            callee.is_root = False
             callee._keep = fn
             self.callees[key] = callee
         return self.callees[key]

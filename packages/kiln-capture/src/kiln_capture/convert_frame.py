@@ -35,6 +35,7 @@ from kiln_capture.sources import ClosureSource, LocalSource
 from kiln_capture.translator import Translator
 from kiln_capture.variables.base import DeletedVariable, NullVariable, Variable
 from kiln_capture.variables.builder import wrap
+from kiln_capture.variables.context_managers import GeneratorContextManagerVariable
 
 log = logging.getLogger("kiln.capture")
 
@@ -68,7 +69,6 @@ NATIVE_OK_EXCLUDED = (
     "JUMP_BACKWARD",
     "JUMP_IF_TRUE_OR_POP",
     "JUMP_IF_FALSE_OR_POP",
-    "BEFORE_WITH",
     "PUSH_EXC_INFO",
     "POP_EXCEPT",
     "LOAD_FAST",
@@ -97,6 +97,7 @@ def copy_instr(inst):
 class GraphBreakRecord:
     reason: str
     where: str
+    data_dependent: bool = False  # an output size or a Python value depends on tensor data
 
 
 @dataclass
@@ -157,7 +158,7 @@ class RootTranslator(Translator):
             where = brk.inner_where or source_line(self.program, index)
             if self.fullgraph:
                 raise Unsupported(brk.reason, where) from None
-            raise RestartAnalysis(index, brk.reason, where) from None
+            raise RestartAnalysis(index, brk.reason, where, brk.data_dependent) from None
 
     def check_return(self) -> None:
         self.returned = True
@@ -210,7 +211,8 @@ def convert_frame(
         except RestartAnalysis as restart:
             if restart.break_at == break_at:
                 raise CaptureFailed(f"graph break at {restart.where} cannot be resumed") from None
-            break_at, break_info = restart.break_at, GraphBreakRecord(restart.reason, restart.where)
+            break_at = restart.break_at
+            break_info = GraphBreakRecord(restart.reason, restart.where, restart.data_dependent)
             log.info("graph break: %s at %s", restart.reason, restart.where)
     raise CaptureFailed("capture did not settle on a graph break")
 
@@ -350,6 +352,8 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         raise CaptureFailed(f"graph break inside an autocast region at {break_info.where}")
     if fn.__code__.co_cellvars:
         raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
+    if inst.name in NATIVE_OK_EXCLUDED:  # found before a graph is compiled for nothing
+        raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
     from kiln_capture.resume import is_resume_argument
 
     live = {
@@ -358,6 +362,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         if not _unbound(v) and not is_resume_argument(name)
     }
     stack = list(root.stack)
+    for value in [*stack, *live.values()]:  # a generator's state lives in the trace only
+        held = getattr(value, "manager", value)
+        if isinstance(held, GeneratorContextManagerVariable) and held.generator is not None:
+            held.break_at_with()
     needed = [*stack, *live.values(), *output.side_effects.stored_values()]
     grad_mode_changed = root.grad_mode_at_stop != output.initial_grad_mode
     if grad_mode_changed:  # the graph ends in the mode it started in; the code switches back
@@ -414,11 +422,9 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resume_after(index + 1, nulls(below))
         cg.emit(other)
         resume_after(root.program.target(inst.arg), nulls(below))
-    elif inst.name in NATIVE_OK_EXCLUDED:
-        raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
     else:
         # any other instruction runs as it is, on the rebuilt stack
-        popped, pushed = inst.pre_and_post_stack_effect(jump=False)
+        popped, pushed = native_stack_effect(inst)
         below, operands = stack[: len(stack) + popped], stack[len(stack) + popped :]
         if any(is_null(v) for v in operands):
             raise CaptureFailed(
@@ -442,6 +448,21 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resumes,
         after_graph=graph_then_epilogue(fn, output, compiled, cg),
     )
+
+
+# (values popped, as a negative count; values pushed) where the bytecode library reports
+# only the net effect
+NATIVE_STACK_EFFECTS = {"BEFORE_WITH": (-1, 2)}
+
+
+def native_stack_effect(inst) -> tuple[int, int]:
+    """What ``inst``, run natively, pops (a negative count) and pushes."""
+    if inst.name in NATIVE_STACK_EFFECTS:
+        return NATIVE_STACK_EFFECTS[inst.name]
+    popped, pushed = inst.pre_and_post_stack_effect(jump=False)
+    if popped > 0:  # the library's default for an instruction it has no entry for: a net push
+        return 0, popped
+    return popped, pushed
 
 
 def emit_native_call(cg, root, inst, wrap_callee, handler_entry=None) -> list[Variable]:
@@ -499,11 +520,27 @@ def reconstruct_values(cg, values) -> None:
             cg.reconstruct(value)
 
 
-def emit_callee(cg, fn_var, wrap_callee) -> None:
-    from kiln_capture.variables.functions import BoundMethodVariable, UserFunctionVariable
+# Library code called at a graph break runs as it is, not captured on its own.
+NATIVE_CALLEE_MODULES = ("contextlib",)
 
+
+def emit_callee(cg, fn_var, wrap_callee) -> None:
+    from kiln_capture.variables.functions import (
+        BoundMethodVariable,
+        NestedFunctionVariable,
+        UserFunctionVariable,
+    )
+
+    function = getattr(fn_var, "function", fn_var)
+    if getattr(getattr(function, "fn", None), "__module__", None) in NATIVE_CALLEE_MODULES:
+        cg.reconstruct(fn_var)
+        return
     if isinstance(fn_var, UserFunctionVariable):
         cg.load_const(wrap_callee(fn_var.fn))
+        return
+    if isinstance(fn_var, NestedFunctionVariable) and fn_var.is_plain():
+        # a function made in the frame (a comprehension's): the same for every call
+        cg.load_const(wrap_callee(with_named_parameters(fn_var.function_object())))
         return
     if isinstance(fn_var, BoundMethodVariable) and isinstance(
         fn_var.function, UserFunctionVariable
@@ -512,6 +549,16 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
         cg.call_object(types.MethodType, [_Const(captured), fn_var.self_var])
         return
     cg.reconstruct(fn_var)
+
+
+def with_named_parameters(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` with a comprehension's ``.0`` parameter named as ``inspect`` names it
+    (``implicit0``), so that guards and the dispatcher can take it as an argument."""
+    code = fn.__code__
+    names = tuple(f"implicit{n[1:]}" if n.startswith(".") else n for n in code.co_varnames)
+    if names != code.co_varnames:
+        fn.__code__ = code.replace(co_varnames=names)
+    return fn
 
 
 class _Const(Variable):

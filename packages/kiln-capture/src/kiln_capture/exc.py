@@ -17,10 +17,12 @@ class Unsupported(RuntimeError):
 
 
 class GraphBreak(Exception):
-    """Raised by an opcode handler: this instruction must run natively."""
+    """Raised by an opcode handler: this instruction must run natively. ``data_dependent``:
+    because what it makes depends on a tensor's values (an output size, a Python number)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, data_dependent: bool = False):
         self.reason = reason
+        self.data_dependent = data_dependent
         self.inner_where: str | None = None  # the innermost inlined line where it happened
         super().__init__(reason)
 
@@ -44,8 +46,9 @@ class UserError(Exception):
 class RestartAnalysis(Exception):
     """Trace the frame again, stopping cleanly before the instruction that breaks."""
 
-    def __init__(self, break_at: int, reason: str, where: str):
+    def __init__(self, break_at: int, reason: str, where: str, data_dependent: bool = False):
         self.break_at = break_at
         self.reason = reason
         self.where = where
+        self.data_dependent = data_dependent
         super().__init__(reason)

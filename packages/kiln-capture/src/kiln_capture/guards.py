@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._guards import Source as TorchSource
 
+from kiln_capture.sources import iterator_position, iterator_sequence, ndarray_tensor
 from kiln_capture.tensor_match import TensorMatcher, TensorSpec, build_matcher
 
 
@@ -85,6 +86,9 @@ class GuardSet:
             ___any_autocast=torch._C._is_any_autocast_enabled,
             ___autocast=autocast_state,
             ___object_getattribute=object.__getattribute__,
+            ___ndarray_tensor=ndarray_tensor,
+            ___iterator_sequence=iterator_sequence,
+            ___iterator_position=iterator_position,
         )
         grad = torch.is_grad_enabled()
         self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")

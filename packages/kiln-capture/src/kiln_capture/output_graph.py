@@ -45,6 +45,7 @@ class OutputGraph:
         self.cells: dict[int, Variable] = {}
         self.grad_mode_changes: list[bool] = []
         self.live_contexts: list = []
+        self.classes_made: list[type] = []  # by class statements, at capture time
         self.initial_grad_mode = torch.is_grad_enabled()
 
     # --- inputs -----------------------------------------------------------------
@@ -129,10 +130,13 @@ class OutputGraph:
                     result = target(*fake_args, **fake_kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as exc:
             raise GraphBreak(
-                f"{describe_target(target)} has a data-dependent output shape"
+                f"{describe_target(target)} has a data-dependent output shape",
+                data_dependent=True,
             ) from exc
         except torch._subclasses.fake_tensor.DataDependentOutputException as exc:
-            raise GraphBreak(f"{describe_target(target)} needs a tensor's data") from exc
+            raise GraphBreak(
+                f"{describe_target(target)} needs a tensor's data", data_dependent=True
+            ) from exc
         except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
             raise GraphBreak(f"{describe_target(target)} branches on a tensor's data") from exc
         except (RuntimeError, TypeError, ValueError, IndexError) as exc:

@@ -34,7 +34,7 @@ def resume_code(
     from kiln_capture.program import load_program
 
     program: Program = load_program(code)
-    original = Bytecode.from_code(code)
+    original = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     items = list(original)
     # the same instruction objects as ``program`` sees, re-read from a fresh copy
     position = program.positions[target]
@@ -62,7 +62,10 @@ def resume_code(
     resumed.name = f"{code.co_name}_resume_at_{target}"
     if hasattr(resumed, "qualname"):
         resumed.qualname = f"{code.co_qualname}_resume_at_{target}"
-    new_code = resumed.to_code()
+    # The jump lands past the TryBegin of a block it resumes inside, so the stack depths of
+    # the exception table cannot be recomputed along the flow: they are the original's (the
+    # stack at the target is the original's), and so is the room the handlers need.
+    new_code = resumed.to_code(stacksize=code.co_stacksize, compute_exception_stack_depths=False)
     RESUME_ORIGINS[new_code] = (code, len(setup))
     return new_code
 

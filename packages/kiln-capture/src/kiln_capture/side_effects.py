@@ -1,7 +1,8 @@
 """Python side effects seen during capture, replayed by the generated code after the graph.
 
 Containers from outside the frame that were mutated are written back whole
-(``lst[:] = [...]``, ``d.clear(); d.update({...})``); attribute, global and closure-cell
+(``lst[:] = [...]``, ``d.clear(); d.update({...})``), iterators advanced by what was taken
+from them; attribute, global and closure-cell
 writes are replayed as stores. Reads after a write see the pending value.
 """
 
@@ -74,6 +75,8 @@ class SideEffects:
                 container.source.emit(cg)
                 cg.call_method_on_tos("update", [TempVariable("___contents")])
                 cg.pop_top()
+            else:  # it knows how to write itself back (an iterator advances)
+                container.replay(cg)
         for obj, attrs in self.attr_stores.values():
             for name, value in attrs.items():
                 cg.reconstruct(value)

@@ -182,6 +182,82 @@ class ObjectSource(Source):
         cg.load_const(self.obj)
 
 
+def ndarray_tensor(array):
+    """A tensor over a ``numpy.ndarray``'s memory, or None where torch cannot view it (a
+    dtype torch lacks, negative strides, another byte order)."""
+    import torch
+
+    try:
+        return torch.from_numpy(array)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+@dataclass(frozen=True)
+class NdarrayTensorSource(Source):
+    """The tensor over an ndarray the frame reads (``torch.from_numpy``): the graph input
+    that stands for the ndarray ``base``."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return self.over(self.base.expr())
+
+    def over(self, base: str) -> str:
+        return f"___ndarray_tensor({base})"
+
+    def emit(self, cg) -> None:
+        cg.call(lambda: cg.load_const(ndarray_tensor), [lambda: self.base.emit(cg)])
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
+ITERATOR_TYPES = (type(iter([])), type(iter(())))
+# A comprehension's iterator, its ``.0`` parameter (named as ``inspect`` names it). It is
+# traced where it is an argument; a loop's iterator handed to a resume function is not
+# (tracing it would capture the rest of the loop once per position).
+COMPREHENSION_ITERATOR = LocalSource("implicit0")
+
+
+def iterator_sequence(iterator):
+    """The list or tuple a list or tuple iterator walks over, read without advancing it."""
+    return iterator.__reduce__()[1][0]
+
+
+def iterator_position(iterator) -> int:
+    """How many items a list or tuple iterator has given (0 once it is exhausted)."""
+    _, _, *index = iterator.__reduce__()
+    return index[0] if index else 0
+
+
+def advance_iterator(iterator, count: int) -> None:
+    """Take ``count`` items from ``iterator``: what the captured code consumed of it."""
+    for _ in range(count):
+        next(iterator)
+
+
+@dataclass(frozen=True)
+class IteratorSequenceSource(Source):
+    """The list or tuple under a list or tuple iterator the frame reads (a comprehension's
+    ``.0``, a loop's iterator handed to a resume function); its items are read by their
+    index there, which taking items from the iterator does not change."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return self.over(self.base.expr())
+
+    def over(self, base: str) -> str:
+        return f"___iterator_sequence({base})"
+
+    def emit(self, cg) -> None:
+        cg.call(lambda: cg.load_const(iterator_sequence), [lambda: self.base.emit(cg)])
+
+    def root(self) -> Source:
+        return self.base.root()
+
+
 def object_sources(source: Source) -> list[ObjectSource]:
     """The ObjectSources a source is built on, which guards must bind by name."""
     found = []
@@ -196,6 +272,6 @@ def reads_program_state(source: Source) -> bool:
     """Whether ``source`` reaches its value through an attribute, a global or a closure
     cell (a parameter, a buffer, a module's attribute) rather than through the call's
     arguments and the items of argument containers."""
-    while isinstance(source, ItemSource):
+    while isinstance(source, (ItemSource, NdarrayTensorSource)):
         source = source.base
     return not isinstance(source, LocalSource)

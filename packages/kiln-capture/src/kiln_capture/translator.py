@@ -7,6 +7,7 @@ looked up in the per-version table of ``versions``.
 
 from __future__ import annotations
 
+import inspect
 import operator
 import types
 
@@ -20,11 +21,27 @@ from kiln_capture.variables.constant import ConstantVariable
 from kiln_capture.versions import HANDLERS
 
 MAX_INLINE_DEPTH = 64
+# where each kind of parameter sits in a code object's co_varnames
+VARNAMES_ORDER = {
+    inspect.Parameter.POSITIONAL_ONLY: 0,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD: 0,
+    inspect.Parameter.KEYWORD_ONLY: 1,
+    inspect.Parameter.VAR_POSITIONAL: 2,
+    inspect.Parameter.VAR_KEYWORD: 3,
+}
 
 
 class ReturnValue(Exception):
     def __init__(self, value: Variable):
         self.value = value
+
+
+class Suspended(Exception):
+    """A generator run step by step (a ``@contextmanager``'s) reached a ``yield``."""
+
+    def __init__(self, value: Variable, index: int):
+        self.value = value
+        self.index = index  # of the YIELD_VALUE: an exception thrown in is raised there
 
 
 class Translator:
@@ -103,7 +120,7 @@ class Translator:
 
                 brk.inner_where = source_line(self.program, index)
             raise
-        except (CaptureFailed, ReturnValue):
+        except (CaptureFailed, ReturnValue, Suspended):
             raise
         except Exception as exc:
             if not getattr(exc, "__kiln_where__", False):
@@ -176,6 +193,15 @@ class Translator:
         consumed inside the frame runs to the end: the result iterates over what it yielded."""
         from kiln_capture.variables.containers import ListIteratorVariable
 
+        child = self.child_for(fn, args, kwargs)
+        if not child.program.code.co_flags & 0x20:  # not a generator
+            return child.run()
+        child.yielded = []
+        child.run()
+        return ListIteratorVariable(child.yielded)
+
+    def child_for(self, fn, args: list[Variable], kwargs: dict) -> Translator:
+        """A translator for a call of the Python function ``fn``, ready to run."""
         code = fn.code()
         if code.co_flags & (0x80 | 0x100 | 0x200):
             raise GraphBreak("coroutines and async generators")
@@ -190,11 +216,7 @@ class Translator:
             parent=self,
         )
         child.function = fn
-        if not code.co_flags & 0x20:  # not a generator
-            return child.run()
-        child.yielded = []
-        child.run()
-        return ListIteratorVariable(child.yielded)
+        return child
 
     def bind_locals(self, fn, code, args, kwargs) -> dict:
         """Arguments bound to the callee's parameters, by position in ``co_varnames`` (names
@@ -203,9 +225,11 @@ class Translator:
         count = code.co_argcount + code.co_kwonlyargcount
         count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
         names = code.co_varnames[:count]
+        # co_varnames holds the keyword-only parameters before *args, the signature after
+        kinds = {p.name: p.kind for p in bound.signature.parameters.values()}
+        values = sorted(bound.arguments.items(), key=lambda item: VARNAMES_ORDER[kinds[item[0]]])
         return {
-            name: self.as_variable(value)
-            for name, value in zip(names, bound.arguments.values(), strict=True)
+            name: self.as_variable(value) for name, (_, value) in zip(names, values, strict=True)
         }
 
     def as_variable(self, value) -> Variable:

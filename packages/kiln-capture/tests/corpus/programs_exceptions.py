@@ -218,6 +218,49 @@ def with_contextlib(x):
     return y
 
 
+@contextlib.contextmanager
+def scaled(k):
+    yield k * 2
+
+
+@contextlib.contextmanager
+def swallowing():
+    try:
+        yield
+    except KeyError:
+        log.append("swallowed")
+
+
+def with_contextlib_nested(x):
+    with scaled(1.5) as k, tagged("inner"):
+        y = x * k
+    return y.sin()
+
+
+def with_contextlib_swallows(x):
+    with swallowing():
+        {}["missing"]
+    return x * 3
+
+
+def with_contextlib_exception_through_finally(x):
+    try:
+        with tagged("raising"):
+            raise ValueError("boom")
+    except ValueError as e:
+        log.append(str(e))
+    return x + 1
+
+
+def with_contextlib_graph_break_inside(x):
+    y = x.cos()
+    with tagged("break") as tag:
+        z = y * len(tag)
+        print("inside")
+        z = z + 1
+    return z.exp()
+
+
 def with_suppress(x):
     with contextlib.suppress(KeyError):
         {}["nope"]
@@ -351,6 +394,25 @@ CASES = [
     Case("with_user_context_manager", with_user_context_manager, randn((3,)), **LOG),
     Case("with_as_value", with_as_value, randn((3,)), **LOG),
     Case("with_contextlib", with_contextlib, randn((3,)), **LOG),
+    Case("with_contextlib_nested", with_contextlib_nested, randn((3,)), **LOG),
+    Case("with_contextlib_swallows", with_contextlib_swallows, randn((3,)), **LOG),
+    Case(
+        "with_contextlib_exception_through_finally",
+        with_contextlib_exception_through_finally,
+        randn((3,)),
+        **LOG,
+    ),
+    # the block cannot resume inside the generator: the frame breaks at the with statement
+    # (before it, the block up to print, the block after it, after the block); torch.compile
+    # runs the whole frame natively
+    Case(
+        "with_contextlib_graph_break_inside",
+        with_contextlib_graph_break_inside,
+        randn((3,)),
+        graphs=4,
+        oracle_graphs=0,
+        **LOG,
+    ),
     Case("with_suppress", with_suppress, randn((3,))),
     Case("with_user_suppressing", with_user_suppressing, randn((3,))),
     Case("with_nullcontext", with_nullcontext, randn((3,))),

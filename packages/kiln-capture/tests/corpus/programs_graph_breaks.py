@@ -291,6 +291,16 @@ def break_in_comprehension_helper(xs):
     return [helper_with_print(t) for t in xs]
 
 
+def break_in_comprehension_between_ops(xs):
+    y = xs[0] * 2
+    out = [helper_with_print(t) for t in xs]
+    return y + out[0] + out[1]
+
+
+def break_in_dict_comprehension(xs):
+    return {i: helper_with_print(t) for i, t in enumerate(xs)}
+
+
 CASES = [
     Case("print_middle", print_middle, randn((3,)), graphs=2),
     Case("print_first", print_first, randn((3,)), graphs=1),
@@ -351,6 +361,21 @@ CASES = [
     Case("item_then_python_only", item_then_python_only, randn((3,)), graphs=1),
     Case("print_list_of_python_values", print_list_of_python_values, randn((3,)), graphs=1),
     Case("break_in_method", break_in_method, randn((3,)), graphs=2),
+    # before the comprehension, the helper's two parts (the comprehension's first item, its
+    # other items run natively), after the comprehension. From 3.12 the comprehension is
+    # inlined: a break inside its loop, after which the frame runs natively
+    Case(
+        "break_in_comprehension_between_ops",
+        break_in_comprehension_between_ops,
+        lambda: ([torch.randn(3) for _ in range(2)],),
+        graphs=4 if sys.version_info < (3, 12) else 3,
+    ),
+    Case(
+        "break_in_dict_comprehension",
+        break_in_dict_comprehension,
+        lambda: ([torch.randn(3) for _ in range(2)],),
+        graphs=2,
+    ),
     Case(
         "break_in_comprehension_helper",
         break_in_comprehension_helper,

@@ -1,5 +1,6 @@
 """NumPy on tensors: `t.numpy()`, `np.*` functions, ndarray methods, attributes and operators
-are captured as torch ops with NumPy's semantics; ndarrays come back as real ndarrays."""
+are captured as torch ops with NumPy's semantics; ndarrays come back as real ndarrays.
+ndarrays passed in are graph inputs over their memory, as tensors are."""
 
 import numpy as np
 import torch
@@ -115,12 +116,43 @@ def in_place_on_ndarray(x):
     return a
 
 
+def in_place_writes_the_tensor(x):
+    a = x.numpy()
+    a += 1  # x's memory: eagerly x changes too
+    return x * 2
+
+
 def numpy_of_requires_grad(x):
     return (x * 2).detach().numpy().sum(axis=0)
 
 
 def untraced_numpy_function(x):
     return np.sort(np.sin(x.numpy()))  # np.sort is not traced: the graph breaks there
+
+
+def ndarray_arguments(a, b):
+    return np.sin(a) * b + 1, (a @ b.T).sum(axis=1), a.shape
+
+
+def ndarray_argument_returned(a):
+    return a, a.mean(), a.T
+
+
+def ndarray_with_tensor(a, x):
+    return torch.from_numpy(a) * x + 1
+
+
+def ndarrays_in_a_list(arrays):
+    return np.stack(arrays).sum(axis=0) * 2
+
+
+def ndarray_argument_in_place(a):
+    a += 1  # writes the caller's array: the graph breaks here
+    return a * 2
+
+
+def ndarrays(*shapes, dtype=torch.float32):
+    return lambda: tuple(torch.randn(s, dtype=dtype).numpy() for s in shapes)
 
 
 CASES = [
@@ -141,10 +173,28 @@ CASES = [
     Case("numpy_as_tensor_back", as_tensor_back, randn((2, 3))),
     Case("numpy_then_torch", numpy_then_torch, randn((2, 5))),
     Case("numpy_in_helper", numpy_in_helper, randn((4,))),
-    # the resume function gets `a` as a real ndarray, which runs natively (torch.compile
-    # traces ndarray arguments too: 2 graphs)
-    Case("numpy_print_between", print_between, randn((3,)), graphs=1, oracle_graphs=2),
+    # the resume function gets `a` as an ndarray argument: traced again
+    Case("numpy_print_between", print_between, randn((3,)), graphs=2),
     Case("numpy_in_place_on_ndarray", in_place_on_ndarray, randn((3,)), graphs=1),
+    Case("numpy_in_place_writes_the_tensor", in_place_writes_the_tensor, randn((3,))),
     Case("numpy_of_detached", numpy_of_requires_grad, randn((2, 3), requires_grad=True)),
     Case("numpy_untraced_function", untraced_numpy_function, randn((4,))),
+    Case("numpy_ndarray_arguments", ndarray_arguments, ndarrays((3, 4), (3, 4))),
+    Case(
+        "numpy_ndarray_float64_returned",
+        ndarray_argument_returned,
+        ndarrays((2, 3), dtype=torch.float64),
+        oracle_xfail="torch.compile gives a.mean() as a 0-d ndarray, NumPy as a float64",
+    ),
+    Case(
+        "numpy_ndarray_with_tensor",
+        ndarray_with_tensor,
+        lambda: (torch.randn(3).numpy(), torch.randn(3)),
+    ),
+    Case(
+        "numpy_ndarrays_in_a_list",
+        ndarrays_in_a_list,
+        lambda: ([torch.randn(4).numpy() for _ in range(3)],),
+    ),
+    Case("numpy_ndarray_argument_in_place", ndarray_argument_in_place, ndarrays((3,))),
 ]

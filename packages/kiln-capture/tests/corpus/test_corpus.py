@@ -11,12 +11,7 @@ CASES = load_cases()
 
 # Constructs capture does not handle yet. Each still returns the right result (it runs
 # eagerly or breaks the graph where torch.compile keeps going); strict, so that a fix shows.
-KNOWN_GAPS = {
-    "exceptions-with_contextlib": "@contextlib.contextmanager runs a generator, which capture "
-    "does not step through",
-    "graph_breaks-break_in_comprehension_helper": "a graph break inside a comprehension runs "
-    "the frame eagerly",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def marked(case_id, case):

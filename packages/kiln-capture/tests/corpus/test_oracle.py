@@ -1,8 +1,11 @@
 """Checks the corpus itself against torch.compile: every expected graph count and result.
 
 A case's expectation is torch.compile's unless the case sets `oracle_graphs` (with a comment
-saying why the two counts differ) or `oracle_xfail` (torch.compile gets the case wrong).
+saying why the two counts differ), `oracle_xfail` (torch.compile gets the case wrong) or
+`oracle_recompiles` (torch.compile captures again on the second call, Kiln does not).
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -26,4 +29,6 @@ def test_oracle(case):
             check_case(case, torch_compile_capture)
         pytest.xfail(case.oracle_xfail)
     expected = case.graphs if case.oracle_graphs is None else case.oracle_graphs
+    if case.oracle_recompiles is not None:
+        case = dataclasses.replace(case, recompiles_ok=True)
     check_case(case, torch_compile_capture, expected_graphs=expected)

@@ -91,8 +91,6 @@ def _capturable(model):
 
 def _capture(model, config: Config):
     session = Session(config)
-    if isinstance(model, torch.nn.Module):
-        session.module = model  # its submodules compile on their own if its frame cannot
     captured = kiln_capture.capture(
         _capturable(model),
         session.backend,

@@ -17,13 +17,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+import torch
 import torch.fx
 
 from kiln import logs
 from kiln.config import Config
 from kiln.frames import Frame
 from kiln.pipeline import aot_backend
-from kiln.regional import compile_submodules
+from kiln.regional import compile_callees, compile_submodules
 
 
 class Session:
@@ -31,7 +32,6 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.module: torch.nn.Module | None = None  # the module compiled, if it is one
 
     # --- kiln_capture's backend contract ----------------------------------------------
 
@@ -81,8 +81,11 @@ class Session:
 
     def on_eager(self, captured, reason) -> None:
         logs.logger("graph_breaks").info("%s runs eagerly: %s", captured.fn.__qualname__, reason)
-        if self.module is not None and getattr(captured, "bound_self", None) is self.module:
-            compile_submodules(self.module, self.config, reason)
+        owner = getattr(captured, "bound_self", None)
+        if isinstance(owner, torch.nn.Module):  # a module's forward, or another method
+            compile_submodules(owner, self.config, reason, captured.fn.__name__)
+        else:
+            compile_callees(captured, self.config, reason)
 
 
 def _captured_function_name(gm: torch.fx.GraphModule) -> str:

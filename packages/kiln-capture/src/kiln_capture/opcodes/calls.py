@@ -123,3 +123,10 @@ def set_function_attribute(tx, inst):
 
 
 __all__ = ["ConstantVariable"]
+
+
+@handles("LOAD_BUILD_CLASS")
+def load_build_class(tx, inst):
+    from kiln_capture.variables.class_statements import BuildClassVariable
+
+    tx.push(BuildClassVariable())

@@ -138,6 +138,10 @@ def with_except_start(tx, inst):
     exit_fn = tx.peek(4) if PY < (3, 13) else tx.peek(5)
     exc = tx.peek()
     if isinstance(exit_fn, ContextExit):
+        on_exception = getattr(exit_fn.manager, "exit_on_exception", None)
+        if on_exception is not None:  # it may handle the exception (suppress it)
+            tx.push(ConstantVariable(on_exception(tx, exc)))
+            return
         exit_fn.call(tx, [], {})
         tx.push(ConstantVariable(False))
         return
@@ -152,6 +156,12 @@ def return_generator(tx, inst):
 
 @handles("YIELD_VALUE")
 def yield_value(tx, inst):
+    if getattr(tx, "suspends", False):  # run step by step: stop here, None is sent back
+        from kiln_capture.translator import Suspended
+
+        value = tx.pop()
+        tx.push(ConstantVariable(None))
+        raise Suspended(value, tx.current_index)
     yielded = getattr(tx, "yielded", None)
     if yielded is None:
         raise GraphBreak("yield outside an inlined generator")

@@ -6,6 +6,7 @@ import operator
 
 from kiln_capture.exc import UserError
 from kiln_capture.variables.constant import ConstantVariable
+from kiln_capture.variables.ndarray import NumpyArrayVariable
 from kiln_capture.variables.ops import apply_operator, contains, is_graph_value, is_same
 from kiln_capture.versions import handles
 
@@ -64,6 +65,8 @@ COMPARE = {
 
 
 def binary(tx, op, a, b):
+    if isinstance(a, NumpyArrayVariable):  # `a += 1` writes the array: it has its own rule
+        return apply_operator(tx, op, [a, b])
     if op in INPLACE_TO_PLAIN and not is_graph_value(a) and not getattr(a, "mutable", False):
         op = INPLACE_TO_PLAIN[op]
     if op in INPLACE_TO_PLAIN and not is_graph_value(a) and not is_graph_value(b):

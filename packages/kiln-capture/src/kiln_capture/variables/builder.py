@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from kiln_capture.sources import ItemSource
+from kiln_capture.sources import COMPREHENSION_ITERATOR, ITERATOR_TYPES, ItemSource
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.constant import ConstantVariable, is_constant_value
 from kiln_capture.variables.containers import (
@@ -30,7 +30,7 @@ from kiln_capture.variables.functions import (
     UserFunctionVariable,
     is_torch_callable,
 )
-from kiln_capture.variables.ndarray import is_numpy_function
+from kiln_capture.variables.ndarray import is_ndarray, is_numpy_function
 
 
 def is_namedtuple_class(cls) -> bool:
@@ -56,6 +56,10 @@ def _wrap_new(tx, value, source) -> Variable:
     kind = type(value)
     if isinstance(value, torch.Tensor):
         return tx.output.add_input(value, source)
+    if is_ndarray(value):
+        from kiln_capture.variables.ndarray import wrap_ndarray
+
+        return wrap_ndarray(tx, value, source)
     if kind is int and source.expr() in tx.output.dynamic_ints:
         return tx.output.add_int_input(value, source)
     if is_constant_value(value):
@@ -64,9 +68,13 @@ def _wrap_new(tx, value, source) -> Variable:
     if isinstance(value, enum.Enum):
         guards.identity(source, value)
         return ConstantVariable(value, source)
-    if kind in (list, tuple) or is_namedtuple_class(kind):
+    if kind in (list, tuple, torch.Size) or is_namedtuple_class(kind):
         guards.type_and_length(source, value)
         items = [wrap(tx, item, ItemSource(source, i)) for i, item in enumerate(value)]
+        if kind is torch.Size:
+            from kiln_capture.variables.containers import SizeVariable
+
+            return SizeVariable(items, source)
         if kind is list:
             return ListVariable(items, source)
         if kind is tuple:
@@ -91,6 +99,11 @@ def _wrap_new(tx, value, source) -> Variable:
     if isinstance(value, types.ModuleType):
         guards.identity(source, value)
         return objects.PythonModuleVariable(value, source)
+    if kind in ITERATOR_TYPES and source == COMPREHENSION_ITERATOR:
+        return wrap_iterator(tx, value, source)
+    if isinstance(value, BaseException):
+        guards.type(source, value)
+        return objects.ExceptionVariable(value, source)
     known = tx.output.objects_by_id.get(id(value))
     if known is not None:
         # an object already read another way (a config shared by every layer): one
@@ -101,6 +114,24 @@ def _wrap_new(tx, value, source) -> Variable:
     if type(variable) is objects.ObjectVariable:
         tx.output.objects_by_id[id(value)] = variable
     return variable
+
+
+def wrap_iterator(tx, value, source) -> Variable:
+    """A list or tuple iterator (a comprehension's): the items it has left, each read from
+    the sequence under it by index; guarded on where it stands and the sequence's type and
+    length. What the captured code takes from it is taken from it after the graph."""
+    from kiln_capture.sources import IteratorSequenceSource, iterator_position, iterator_sequence
+    from kiln_capture.variables.containers import ArgumentIteratorVariable
+
+    guards = tx.output.guards
+    guards.type(source, value)
+    position, sequence = iterator_position(value), iterator_sequence(value)
+    expr = guards.bind(source)
+    guards.add(f"___iterator_position({expr}) == {position}", f"{expr} has given {position}")
+    under = IteratorSequenceSource(source)
+    guards.type_and_length(under, sequence)
+    items = [wrap(tx, sequence[i], ItemSource(under, i)) for i in range(position, len(sequence))]
+    return ArgumentIteratorVariable(items, source)
 
 
 def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = True) -> Variable:

@@ -10,6 +10,7 @@ import builtins
 import copy
 import dataclasses
 import functools
+import itertools
 import math
 import operator
 import types
@@ -29,6 +30,10 @@ from kiln_capture.variables.containers import (
     SetVariable,
     TupleVariable,
     mapping_pairs,
+)
+from kiln_capture.variables.context_managers import (
+    GeneratorContextManagerVariable,
+    is_generator_context_manager_class,
 )
 from kiln_capture.variables.functions import CallableObjectVariable
 from kiln_capture.variables.ops import apply_operator, contains, is_graph_value, sort_variables
@@ -119,6 +124,27 @@ class BuiltinVariable(CallableObjectVariable):
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         raise GraphBreak(f"call to {name}, which capture cannot trace (a C function or I/O)")
 
+    def getitem(self, tx, key):
+        # ``list[int]``: a generic alias of a builtin class (``torch.jit.annotate``'s type)
+        argument = type_argument(key)
+        if isinstance(self.fn, type) and argument is not None:
+            return wrap_derived(tx, tx.run_user_code(operator.getitem, self.fn, argument[0]))
+        return super().getitem(tx, key)
+
+
+def type_argument(v: Variable):
+    """A constant, class or tuple of them, as the argument of ``cls[...]`` (1-tuple)."""
+    if v.is_constant():
+        return (v.as_constant(),)
+    value = getattr(v, "fn", getattr(v, "value", None))
+    if isinstance(value, type):
+        return (value,)
+    if isinstance(v, TupleVariable):
+        items = [type_argument(item) for item in v.items]
+        if all(item is not None for item in items):
+            return (tuple(item[0] for item in items),)
+    return None
+
 
 def python_value(v: Variable):
     """A constant, or a list/tuple/dict/set of constants, as a fresh Python value (1-tuple)."""
@@ -190,6 +216,27 @@ def _reduce(tx, fn, iterable, *initial):
     for item in items[1:]:
         result = fn.call(tx, [result, item], {})
     return result
+
+
+@builtin(itertools.accumulate)
+def _accumulate(tx, iterable, func=None, *, initial=None):
+    items = iterable.unpack(tx)
+    if initial is not None and not (initial.is_constant() and initial.as_constant() is None):
+        items = [initial, *items]
+    sums = items[:1]
+    for item in items[1:]:
+        if func is None or (func.is_constant() and func.as_constant() is None):
+            sums.append(apply_operator(tx, operator.add, [sums[-1], item]))
+        else:
+            sums.append(func.call(tx, [sums[-1], item], {}))
+    return ListIteratorVariable(sums)
+
+
+@builtin(itertools.repeat)
+def _repeat(tx, obj, times=None):
+    if times is None:
+        raise GraphBreak("itertools.repeat() without a count repeats forever")
+    return ListIteratorVariable([obj] * max(times.as_constant(), 0))
 
 
 @builtin(copy.copy, copy.deepcopy)
@@ -579,6 +626,11 @@ def call_constructor(tx, cls: type, args, kwargs):
 
     if cls in CONTEXT_MANAGERS:
         return CONTEXT_MANAGERS[cls](tx, *args, **kwargs)
+    if is_generator_context_manager_class(cls) and len(args) == 3 and not kwargs:
+        func, positional, keywords = args
+        return GeneratorContextManagerVariable(
+            func, positional.unpack(tx), {k: v for k, (_, v) in keywords.entries.items()}
+        )
     handler = BUILTIN_HANDLERS.get(cls)
     if handler is not None:
         result = handler(tx, *args, **kwargs)
@@ -595,8 +647,8 @@ def call_constructor(tx, cls: type, args, kwargs):
         return make_namedtuple(tx, cls, args, kwargs)
     if dataclasses.is_dataclass(cls):
         return build_dataclass(tx, cls, args, kwargs, DataclassVariable)
-    if cls in (torch.Size,):
-        return wrap_derived(tx, cls(args[0].as_constant())) if args[0].is_constant() else None
+    if cls is torch.Size:
+        return make_size(tx, args, kwargs)
     if (
         all(a.is_constant() for a in args)
         and all(v.is_constant() for v in kwargs.values())
@@ -624,6 +676,21 @@ def call_constructor(tx, cls: type, args, kwargs):
     if is_stateless_torch_module(cls, args, kwargs):
         return build_stateless_module(tx, cls, args, kwargs)
     raise GraphBreak(f"constructing a {cls.__qualname__} object")
+
+
+def make_size(tx, args, kwargs):
+    """``torch.Size(sizes)`` of ints or symbolic ints (``torch.Size([1])`` in torch's own
+    Python code, ``torch.Size(shape)`` of a list built during capture)."""
+    from kiln_capture.variables.containers import SizeVariable
+    from kiln_capture.variables.tensor import SymNodeVariable
+
+    if kwargs or len(args) > 1:
+        raise GraphBreak("torch.Size() with these arguments")
+    items = args[0].unpack(tx) if args else []
+    for item in items:
+        if not isinstance(item, SymNodeVariable) and type(item.as_constant()) is not int:
+            return wrap_derived(tx, tx.run_user_code(torch.Size, [i.as_constant() for i in items]))
+    return SizeVariable(list(items))
 
 
 def is_stateless_torch_module(cls: type, args, kwargs) -> bool:

@@ -526,3 +526,30 @@ class ListIteratorVariable(Variable):
     def reconstruct(self, cg) -> None:
         TupleVariable(self.items[self.index :]).reconstruct(cg)
         cg.wrap_call(iter)
+
+
+class ArgumentIteratorVariable(ListIteratorVariable):
+    """A list or tuple iterator from outside the frame, over the items it had left (each
+    read from ``___iterator_items(it)[i]``). The items the captured code takes are taken
+    from the real iterator after the graph, so it ends where it would have eagerly."""
+
+    def __init__(self, items: list[Variable], source):
+        super().__init__(items)
+        self.source = source
+
+    def next(self, tx) -> Variable | None:
+        tx.side_effects.mutate(self)
+        return super().next(tx)
+
+    def unpack(self, tx):
+        tx.side_effects.mutate(self)
+        return super().unpack(tx)
+
+    def reconstruct(self, cg) -> None:
+        self.source.emit(cg)  # the real iterator: advanced by the replay
+
+    def replay(self, cg) -> None:
+        from kiln_capture.sources import advance_iterator
+
+        cg.call_object(advance_iterator, [self, ConstantVariable(self.index)])
+        cg.pop_top()

@@ -130,6 +130,10 @@ class NestedFunctionVariable(BaseFunctionVariable):
     def function_object(self):
         return types.FunctionType(self.code_object, self.globals_dict, self.qualname)
 
+    def is_plain(self) -> bool:
+        """No closure, no defaults: every function made from this code is the same."""
+        return not self.closure and self.defaults is None and self.kwdefaults is None
+
     def describe(self) -> str:
         return f"function {self.qualname} (defined in the captured code)"
 

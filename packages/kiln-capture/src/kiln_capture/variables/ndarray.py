@@ -94,6 +94,12 @@ def numpy_module():
     return sys.modules.get("numpy")
 
 
+def is_ndarray(value) -> bool:
+    """Whether ``value`` is a ``numpy.ndarray`` itself (not a subclass such as a matrix)."""
+    np = numpy_module()
+    return np is not None and type(value) is np.ndarray
+
+
 def is_numpy_function(value) -> bool:
     """Whether ``value`` is a function of the ``numpy`` namespace that is traced."""
     np = numpy_module()
@@ -199,9 +205,10 @@ class NumpyArrayVariable(Variable):
 
     mutable = True  # an ndarray is one object: rebuilt once where it is used twice
 
-    def __init__(self, tensor: TensorVariable, scalar: bool = False):
+    def __init__(self, tensor: TensorVariable, scalar: bool = False, source=None):
         self.tensor = tensor
         self.scalar = scalar
+        self.source = source  # an ndarray read from outside the frame: reloaded from there
 
     def numpy_dtype(self):
         return numpy_module().dtype(str(self.tensor.example.dtype).removeprefix("torch."))
@@ -258,8 +265,29 @@ class NumpyArrayVariable(Variable):
         raise GraphBreak("branching on an ndarray's value (its truth value needs its data)")
 
     def reconstruct(self, cg) -> None:
+        if self.source is not None:
+            self.source.emit(cg)
+            return
         convert = tensor_to_numpy_scalar if self.scalar else tensor_to_ndarray
         cg.call_object(convert, [self.tensor])
+
+
+def wrap_ndarray(tx, value, source) -> Variable:
+    """An ndarray the frame reads (an argument, a global): a graph input over its memory
+    (``torch.from_numpy``), guarded on its type, dtype, shape and strides like a tensor."""
+    from kiln_capture.sources import NdarrayTensorSource, ndarray_tensor
+    from kiln_capture.variables.objects import ObjectVariable
+
+    guards = tx.output.guards
+    guards.type(source, value)
+    tensor = ndarray_tensor(value)
+    expr = guards.bind(NdarrayTensorSource(source))
+    if tensor is None:  # stays a Python object; the code on it runs natively
+        guards.add(f"{expr} is None", f"{source.expr()}: an ndarray torch cannot view")
+        return ObjectVariable(value, source)
+    return NumpyArrayVariable(
+        tx.output.add_input(tensor, NdarrayTensorSource(source)), False, source
+    )
 
 
 # --- calls -------------------------------------------------------------------------------

@@ -509,10 +509,13 @@ class DataclassVariable(Variable):
 
 
 class ExceptionVariable(Variable):
-    """An exception object made by the user's code during capture."""
+    """An exception object made by the user's code during capture, or one from outside
+    the frame (``source``: a resume function's exception handler gets it), guarded by
+    type and read as an object."""
 
-    def __init__(self, exc: BaseException):
+    def __init__(self, exc: BaseException, source=None):
         self.exc = exc
+        self.source = source
 
     def python_type(self):
         return type(self.exc)
@@ -521,6 +524,8 @@ class ExceptionVariable(Variable):
         return f"{type(self.exc).__name__}({self.exc})"
 
     def getattr(self, tx, name):
+        if self.source is not None:
+            return ObjectVariable(self.exc, self.source).getattr(tx, name)
         if name == "args":
             return wrap_derived(tx, self.exc.args)
         return wrap_derived(tx, getattr(self.exc, name))

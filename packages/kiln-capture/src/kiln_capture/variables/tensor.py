@@ -106,7 +106,7 @@ class TensorVariable(Variable):
 
             return tensor_numpy(tx, self, args, kwargs)
         if name in DATA_DEPENDENT:
-            raise GraphBreak(f"Tensor.{name}() needs the tensor's data")
+            raise GraphBreak(f"Tensor.{name}() needs the tensor's data", data_dependent=True)
         turns_grad_on = name != "requires_grad_" or not args or args[0].truthy(tx)
         if (
             name in AUTOGRAD_METHODS
