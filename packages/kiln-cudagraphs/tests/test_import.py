@@ -18,6 +18,7 @@ def test_public_api_is_pinned():
             "CudaGraphStats",
             "__version__",
             "device_types",
+            "register_view_maker",
             "stats",
             "wrap",
         ]

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from kiln_cudagraphs import outputs
 from kiln_cudagraphs.outputs import OutputPlan, UnsupportedOutput
 
 
@@ -61,3 +62,28 @@ def test_outputs_of_several_blocks_are_copied_into_one():
     assert len({t.untyped_storage().data_ptr() for t in out}) == 1
     a.neg_()
     torch.testing.assert_close(out[0], -a)
+
+
+def test_a_registered_view_maker_makes_the_outputs_in_graph_memory(monkeypatch):
+    calls = []
+
+    def factory(specs):
+        def make(storage):
+            calls.append(len(specs))
+            return [
+                torch.empty(0, dtype=d, device=storage.device).set_(storage, o, size, stride)
+                for d, size, stride, o in specs
+            ]
+
+        return make
+
+    monkeypatch.setattr(outputs, "_view_makers", [])
+    outputs.register_view_maker(factory)
+    static_x = torch.randn(3)
+    a, b = torch.randn(4, 2), torch.randn(5)
+    plan = OutputPlan([a, static_x, b], [static_x])
+    got = plan.fresh([static_x])
+    assert calls == [2]  # both outputs in graph memory, in one call; the input is passed on
+    assert got[1] is static_x
+    torch.testing.assert_close(got[0], a, rtol=0, atol=0)
+    torch.testing.assert_close(got[2], b, rtol=0, atol=0)

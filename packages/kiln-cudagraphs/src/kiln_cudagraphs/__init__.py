@@ -14,6 +14,8 @@ eager, too many keys) the call runs ``compiled`` itself and the ``kiln.cudagraph
 says why, once.
 
 ``stats(wrapped)`` reports what a wrapper did; ``stats()`` totals the process.
+``register_view_maker(factory)`` lets a caller make the tensors a replay hands out in one
+native call (Kiln registers kiln-cpp's ``TensorsOn``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from kiln_cudagraphs.__about__ import __version__
+from kiln_cudagraphs.outputs import register_view_maker
 from kiln_cudagraphs.runner import MAX_GRAPHS, CudaGraphRunner
 from kiln_cudagraphs.stats import PROCESS_TOTALS, CudaGraphStats
 
@@ -30,6 +33,7 @@ __all__ = [
     "CudaGraphStats",
     "__version__",
     "device_types",
+    "register_view_maker",
     "stats",
     "wrap",
 ]

@@ -12,7 +12,7 @@ of one, is rebuilt on the caller's input of this call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -109,6 +109,10 @@ class OutputPlan:
         self.handed_out: torch.UntypedStorage | None = None  # the last outputs' storage
         self._window = _window(self.spans, self.placements)
         self._block = _block_layout(self.spans, self.placements)
+        # the outputs in graph memory, made over the window's storage or the block's copy
+        in_memory = [p for p in self.placements if isinstance(p, GraphMemory)]
+        self._window_views = _views(in_memory, self._window[2] if self._window else [])
+        self._block_views = _views(in_memory, self._block[2])
 
     @property
     def copy_bytes(self) -> int:
@@ -128,18 +132,11 @@ class OutputPlan:
         them raise once overwritten (see :meth:`invalidate`), else copied."""
         if set_access_error is None or self._window is None:
             return self.fresh(inputs)
-        base, nbytes, offsets = self._window
+        base, nbytes, _ = self._window
         device = self.spans[0].device
         storage = torch._C._construct_storage_from_data_pointer(base, device, nbytes)
         self.handed_out = storage
-        outs = []
-        for p, offset in zip(self.placements, offsets, strict=True):
-            if offset is None:
-                outs.append(_place(p, None, inputs))
-            else:
-                out = torch.empty(0, dtype=p.dtype, device=device)
-                outs.append(out.set_(storage, offset, p.size, p.stride))
-        return self.container(outs)
+        return self._assemble(self._window_views(storage), inputs)
 
     def invalidate(self) -> None:
         """The graph memory is about to be overwritten: what was handed out raises."""
@@ -150,15 +147,19 @@ class OutputPlan:
     def fresh(self, inputs: Sequence[object]) -> tuple | list:
         """The outputs of the replay that just ran, in one new block of memory."""
         if not self.spans:
-            return self.container(_place(p, None, inputs) for p in self.placements)
-        nbytes, starts, offsets = self._block
+            return self._assemble([], inputs)
+        nbytes, starts, _ = self._block
         block = torch.empty(nbytes, dtype=torch.uint8, device=self.spans[0].device)
         targets = [block[s : s + span.numel()] for s, span in zip(starts, self.spans, strict=True)]
         torch._foreach_copy_(targets, self.spans)
-        storage = block.untyped_storage()
+        return self._assemble(self._block_views(block.untyped_storage()), inputs)
+
+    def _assemble(self, in_memory: list[torch.Tensor], inputs: Sequence[object]) -> tuple | list:
+        """The outputs, in order: those in graph memory from ``in_memory``, the others
+        placed by their kind."""
+        made = iter(in_memory)
         return self.container(
-            _place(p, storage, inputs, offset)
-            for p, offset in zip(self.placements, offsets, strict=True)
+            next(made) if isinstance(p, GraphMemory) else _place(p, inputs) for p in self.placements
         )
 
 
@@ -250,13 +251,38 @@ def _input_alias(i: int, out: torch.Tensor, index: int, source: torch.Tensor) ->
     return InputAlias(index, out is source, tuple(out.shape), out.stride(), delta)
 
 
-def _place(
-    p: Placement, block: torch.UntypedStorage | None, inputs: Sequence[object], offset=None
-) -> object:
-    """Output ``p`` of this call: at element ``offset`` of ``block`` when in graph memory."""
-    if isinstance(p, GraphMemory):
-        out = torch.empty(0, dtype=p.dtype, device=block.device)
-        return out.set_(block, offset, p.size, p.stride)
+# --- tensors over a storage --------------------------------------------------------------
+
+ViewSpec = tuple  # (dtype, size, stride, offset in elements)
+ViewMaker = Callable[[torch.UntypedStorage], list]
+_view_makers: list[Callable[[list[ViewSpec]], ViewMaker | None]] = []
+
+
+def register_view_maker(factory: Callable[[list[ViewSpec]], ViewMaker | None]) -> None:
+    """``factory(specs)`` returns a callable that makes, in one call, a new tensor over a
+    storage for each ``(dtype, size, stride, offset)`` spec (or None: the next factory, at
+    last the Python one, serves). Kiln registers kiln-cpp's ``TensorsOn``."""
+    if factory not in _view_makers:
+        _view_makers.insert(0, factory)
+
+
+def _views(placements: Sequence[GraphMemory], offsets: Sequence[int | None]) -> ViewMaker:
+    specs = [
+        (p.dtype, p.size, p.stride, offset)
+        for p, offset in zip(placements, [o for o in offsets if o is not None], strict=True)
+    ]
+    for factory in _view_makers:
+        maker = factory(specs)
+        if maker is not None:
+            return maker
+    return lambda storage: [
+        torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+        for dtype, size, stride, offset in specs
+    ]
+
+
+def _place(p: Placement, inputs: Sequence[object]) -> object:
+    """Output ``p`` of this call, where it is not in graph memory."""
     if isinstance(p, InputAlias):
         source = inputs[p.index]
         if p.same:

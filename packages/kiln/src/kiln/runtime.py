@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from kiln import tensor_views
 from kiln._plugins import RUNTIME_GROUP, load_plugins
 
 MIN_GRAPH_STEPS = 8  # kernels and extern calls from which the default mode replays a graph
@@ -120,6 +121,7 @@ def wrap_for_mode(
         return compiled
     if not asked:
         log.info("a graph of %d steps replays as a CUDA graph with fresh outputs", steps)
+    tensor_views.register_with(plugin)
     return plugin.wrap(
         compiled,
         list(example_inputs),

@@ -17,12 +17,14 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/ops/as_strided.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <string>
@@ -680,6 +682,75 @@ PyObject* match_new(PyTypeObject* type, PyObject* args, PyObject*) {
 
 PyTypeObject MatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// -- TensorsOn: many tensors over one storage, in one call -------------------------------------
+// Each spec is (dtype, size, stride, offset in elements). Called with a torch.UntypedStorage,
+// it returns a list of new tensors over it, as ``torch.empty(0).set_(storage, offset, size,
+// stride)`` would make each (kiln-cudagraphs hands out a replay's outputs this way).
+struct ViewSpec {
+  c10::ScalarType dtype;
+  std::vector<int64_t> size, stride;
+  int64_t offset;
+};
+
+struct OnObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  std::vector<ViewSpec>* specs;
+};
+
+PyObject* on_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, PyObject*) {
+  auto* self = reinterpret_cast<OnObject*>(self_);
+  if (PyVectorcall_NARGS(nargsf) != 1 || !THPStorage_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "TensorsOn(specs) is called with one torch.UntypedStorage");
+    return nullptr;
+  }
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(self->specs->size()));
+  if (list == nullptr) return nullptr;
+  try {
+    const c10::Storage& storage = THPStorage_Unpack(args[0]);
+    for (size_t i = 0; i < self->specs->size(); ++i) {
+      const ViewSpec& v = (*self->specs)[i];
+      at::Tensor t = at::empty({0}, at::TensorOptions().dtype(v.dtype).device(storage.device()));
+      t.set_(storage, v.offset, v.size, v.stride);
+      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), THPVariable_Wrap(std::move(t)));
+    }
+  } catch (const std::exception& e) {
+    Py_DECREF(list);
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  return list;
+}
+
+void on_dealloc(PyObject* self_) {
+  auto* self = reinterpret_cast<OnObject*>(self_);
+  delete self->specs;
+  Py_TYPE(self_)->tp_free(self_);
+}
+
+PyObject* on_new(PyTypeObject* type, PyObject* args, PyObject*) {
+  PyObject* items;
+  if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &items)) return nullptr;
+  auto specs = std::make_unique<std::vector<ViewSpec>>();
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); ++i) {
+    PyObject *dtype, *size, *stride;
+    long long offset;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(items, i), "O!OOL", &THPDtypeType, &dtype, &size,
+                          &stride, &offset))
+      return nullptr;
+    ViewSpec v{reinterpret_cast<THPDtype*>(dtype)->scalar_type, {}, {}, offset};
+    if (!int_tuple(size, &v.size) || !int_tuple(stride, &v.stride)) return nullptr;
+    specs->push_back(std::move(v));
+  }
+  auto* self = reinterpret_cast<OnObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = on_vectorcall;
+  self->specs = specs.release();
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyTypeObject OnType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 // -- dtype and device numbers ----------------------------------------------------------------
 PyObject* scalar_type(PyObject*, PyObject* dtype) {
   if (!THPDtype_Check(dtype)) {
@@ -752,12 +823,18 @@ PyMODINIT_FUNC PyInit_kiln_host_runtime() {
                           match_new, match_dealloc, offsetof(MatchObject, vectorcall),
                           "TensorsMatch(specs): called with tensors, whether each matches") < 0)
     return nullptr;
+  if (ready_callable_type(&OnType, "kiln_host_runtime.TensorsOn", sizeof(OnObject), on_new,
+                          on_dealloc, offsetof(OnObject, vectorcall),
+                          "TensorsOn(specs): called with a storage, new tensors over it") < 0)
+    return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&ProgramType);
   PyModule_AddObject(m, "Program", reinterpret_cast<PyObject*>(&ProgramType));
   Py_INCREF(&MatchType);
   PyModule_AddObject(m, "TensorsMatch", reinterpret_cast<PyObject*>(&MatchType));
+  Py_INCREF(&OnType);
+  PyModule_AddObject(m, "TensorsOn", reinterpret_cast<PyObject*>(&OnType));
   PyModule_AddIntConstant(m, "API_VERSION", KILN_API_VERSION);
   return m;
 }
