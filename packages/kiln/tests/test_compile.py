@@ -230,3 +230,18 @@ def test_views_of_another_dtype_keep_their_dtype(tmp_path):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w)
     assert got[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # a view
+
+
+def test_transformer_encoder_layer_in_eval_compiles_whole(tmp_path):
+    # its forward walks `self.modules()` before choosing torch's fast path
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), layer).eval()
+    compiled = kiln.compile(model, options={"debug_dir": str(tmp_path), "cache": False})
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", RuntimeWarning)  # no eager fallback
+        for _ in range(2):
+            x = torch.randn(3, 5, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert [p.name for p in tmp_path.iterdir()] == ["frame000"]  # one frame, no resume
+    assert 'extern "C"' in (tmp_path / "frame000" / "forward_kernels.cpp").read_text()

@@ -267,6 +267,13 @@ def module_children_count(m, x):
     return m(x) * n
 
 
+def module_walk_modules(m, x):
+    # as nn.TransformerEncoderLayer's fast-path check does: `for m in self.modules()`
+    linears = sum(1 for sub in m.modules() if isinstance(sub, torch.nn.Linear))
+    names = [name for name, _ in m.named_modules()]
+    return m(x) * linears, names
+
+
 def module_eval_flag(m, x):
     return m(x), m.training
 
@@ -383,6 +390,7 @@ CASES = [
     Case("module_param_arith", module_param_arith, lambda: (MLP(), torch.randn(2, 4))),
     Case("module_state_dict_keys", module_state_dict_keys, lambda: (Base(), torch.randn(2, 4))),
     Case("module_children_count", module_children_count, lambda: (MLP(), torch.randn(2, 4))),
+    Case("module_walk_modules", module_walk_modules, lambda: (MLP(), torch.randn(2, 4))),
     Case("module_eval_flag", module_eval_flag, lambda: (Base().eval(), torch.randn(2, 4))),
     Case("module_apply_twice", module_apply_twice, lambda: (Base(), torch.randn(2, 4))),
     Case(

@@ -332,7 +332,28 @@ def _values(registry):
     ]
 
 
+def _named_modules(module_var, tx, memo=None, prefix="", remove_duplicate=True):
+    """``named_modules()``: the module itself, then its descendants depth first."""
+    if memo is not None:
+        raise GraphBreak("Module.named_modules(memo=...) inside captured code")
+    seen, out = set(), []
+
+    def walk(var, name):
+        if remove_duplicate and id(var.value) in seen:
+            return
+        seen.add(id(var.value))
+        out.append(TupleVariable([ConstantVariable(name), var]))
+        for key, child in var.value._modules.items():
+            if child is not None:
+                walk(var.read_attr(tx, key), f"{name}.{key}" if name else key)
+
+    walk(module_var, prefix)
+    return out
+
+
 MODULE_WALKS = {
+    "named_modules": _named_modules,
+    "modules": lambda m, tx: [t.items[1] for t in _named_modules(m, tx)],
     "named_parameters": _named("_parameters"),
     "parameters": _values("_parameters"),
     "named_buffers": _named("_buffers"),
