@@ -332,3 +332,24 @@ def test_kiln_compile_default_mode_launches_small_graphs_directly(kiln_with_plug
             torch.testing.assert_close(compiled(x), model(x), **TOL)
     after = kiln_cudagraphs.stats()
     assert (after.warmups, after.replays) == (before.warmups, before.replays), after
+
+
+def test_a_call_on_another_stream_runs_without_the_graph():
+    x, w, b = cuda_inputs()
+    runner = CudaGraphRunner(block, static_inputs={1, 2}, fresh_outputs=True)
+    for _ in range(3):
+        runner(x, w, b)  # warm-up, record, replay on the current stream
+    before = runner.stats.replays
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # could run alongside a replay on the first stream
+        x2 = torch.randn_like(x)
+        out, total = runner(x2, w, b)
+        want, want_total = block(x2, w, b)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(out, want, **TOL)
+    torch.testing.assert_close(total, want_total, **TOL)
+    assert runner.stats.replays == before
+    assert any("another CUDA stream" in reason for reason in runner.stats.reasons)
+    runner(x, w, b)  # back on the first stream: the graph replays
+    assert runner.stats.replays == before + 1

@@ -27,12 +27,27 @@ class PoolMember(Protocol):
 
 
 class GraphPool:
-    """One memory pool and the graphs recorded into it, in the order they were recorded."""
+    """One memory pool and the graphs recorded into it, in the order they were recorded.
 
-    def __init__(self, handle: object = None) -> None:
+    Its graphs replay on one stream of the device: the caller's current stream at the first
+    replay. Replays on two streams could run at once, over the same memory."""
+
+    def __init__(self, handle: object = None, device_index: int | None = None) -> None:
         self.handle = handle
+        self.device_index = device_index  # None: no stream to keep to (the runner's tests)
+        self.stream: int | None = None  # the replays' stream, once one replayed
         self._graphs: list[weakref.ref] = []
         self._owner: dict[int, weakref.ref] = {}  # output data pointer -> its graph
+
+    def on_replay_stream(self) -> bool:
+        """Whether the caller's current stream is the one this pool's graphs replay on (the
+        first caller's)."""
+        if self.device_index is None:
+            return True
+        current = torch.cuda.current_stream(self.device_index).cuda_stream
+        if self.stream is None:
+            self.stream = current
+        return current == self.stream
 
     def renew(self) -> None:
         """After a capture into the pool failed: torch may still hold the pool as being
@@ -78,5 +93,5 @@ def shared_pool(device: torch.device) -> GraphPool:
     pool = _POOLS.get(index)
     if pool is None:
         with torch.cuda.device(index):
-            pool = _POOLS[index] = GraphPool(torch.cuda.graph_pool_handle())
+            pool = _POOLS[index] = GraphPool(torch.cuda.graph_pool_handle(), index)
     return pool
