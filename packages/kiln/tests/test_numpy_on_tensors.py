@@ -64,3 +64,19 @@ def test_ndarray_arguments_compile_to_kernels(tmp_path):
         return np.random.randn(4, 6), np.random.randn(3, 6).astype(np.float32)
 
     run_without_fallback(numpy_on_ndarray_arguments, make_inputs, tmp_path)
+
+
+def numpy_sorting_linalg_and_shapes(x, y):
+    a, b = x.numpy(), y.numpy()
+    s = np.sort(a, axis=1) + np.cumsum(a, axis=0)
+    left, _ = np.split(s, 2, axis=1)
+    picked = np.take_along_axis(a, np.argmax(a, axis=1)[:, None], axis=1)
+    return left * np.linalg.det(b) + np.roll(a, 1, axis=0)[:, :3] + np.median(a) + picked
+
+
+def test_numpy_sorting_linalg_and_shape_functions_compile(tmp_path):
+    run_without_fallback(
+        numpy_sorting_linalg_and_shapes,
+        lambda: (torch.randn(4, 6), torch.randn(3, 3) + 3 * torch.eye(3)),
+        tmp_path,
+    )

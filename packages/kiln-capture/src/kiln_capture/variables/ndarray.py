@@ -47,11 +47,18 @@ cumprod ptp""")
 SHAPES_AND_LINALG = _names("""matmul dot vdot inner outer einsum where clip round around concatenate
 stack vstack hstack transpose reshape squeeze expand_dims swapaxes moveaxis ravel flip
 broadcast_to tril triu zeros_like ones_like full_like copy asarray array
-ascontiguousarray""")
+ascontiguousarray take take_along_axis sort argsort diff tile repeat roll pad searchsorted
+median quantile percentile isclose count_nonzero cross trace diagonal diag kron tensordot
+split array_split atleast_1d atleast_2d""")
 # Functions that make an array from Python values: traced even without an ndarray argument.
 CREATION = _names("""zeros ones full arange eye identity linspace""")
 NUMPY_FUNCTIONS = frozenset(
     UNARY_UFUNCS + BINARY_UFUNCS + REDUCTIONS + SHAPES_AND_LINALG + CREATION
+)
+# Functions of ``numpy.linalg``, traced by the qualified name ``linalg.<name>``.
+NUMPY_LINALG = frozenset(
+    _names("""norm det inv solve pinv matrix_rank slogdet eigvalsh
+cholesky qr svd""")
 )
 
 NDARRAY_METHODS = frozenset(
@@ -101,15 +108,22 @@ def is_ndarray(value) -> bool:
 
 
 def is_numpy_function(value) -> bool:
-    """Whether ``value`` is a function of the ``numpy`` namespace that is traced."""
+    """Whether ``value`` is a function of ``numpy`` or ``numpy.linalg`` that is traced."""
+    return numpy_name(value) is not None
+
+
+def numpy_name(value) -> str | None:
+    """``name`` for a traced ``numpy.<name>``, ``linalg.<name>`` for ``numpy.linalg.<name>``,
+    else None."""
     np = numpy_module()
     name = getattr(value, "__name__", None)
-    if np is None or name not in NUMPY_FUNCTIONS:
-        return False
-    try:
-        return getattr(np, name) is value
-    except AttributeError:
-        return False
+    if np is None or not isinstance(name, str):
+        return None
+    if name in NUMPY_FUNCTIONS and getattr(np, name, None) is value:
+        return name
+    if name in NUMPY_LINALG and getattr(np.linalg, name, None) is value:
+        return f"linalg.{name}"
+    return None
 
 
 # --- graph targets: tensors in, NumPy semantics through torch._numpy, tensors out --------
@@ -159,7 +173,10 @@ def numpy_function(name: str):
     """The graph target for ``numpy.<name>``."""
     import torch._numpy as tnp
 
-    return _graph_target(f"numpy_{name}", getattr(tnp, name), name in RETURNS_INPUT)
+    target = tnp
+    for part in name.split("."):  # linalg.norm: torch._numpy.linalg.norm
+        target = getattr(target, part)
+    return _graph_target(f"numpy_{name.replace('.', '_')}", target, name in RETURNS_INPUT)
 
 
 @functools.cache
@@ -364,9 +381,10 @@ def call_numpy_function(tx, fn, args, kwargs) -> Variable | None:
     """``numpy.<name>(...)``, traced where an argument is a traced ndarray or the function
     makes a new array; None where NumPy should run as before (Python values only)."""
     arrays = [a for a in [*args, *kwargs.values()] if _holds_ndarray(a)]
-    if not arrays and fn.__name__ not in CREATION:
+    name = numpy_name(fn)
+    if not arrays and name not in CREATION:
         return None
-    return call_numpy(tx, numpy_function(fn.__name__), args, kwargs, fn.__name__)
+    return call_numpy(tx, numpy_function(name), args, kwargs, name)
 
 
 def _holds_ndarray(v: Variable) -> bool:
