@@ -54,10 +54,17 @@ def captured_examples(gm: torch.nn.Module, example_inputs: Sequence[object]) -> 
     recorded = [n.meta.get("example_value", n.meta.get("val")) for n in nodes]
     if len(recorded) != len(example_inputs) or not is_dynamic(recorded):
         return list(example_inputs)
-    return [
-        r if isinstance(r, (FakeTensor, torch.SymInt)) else a
-        for r, a in zip(recorded, example_inputs, strict=True)
-    ]
+    examples = []
+    for fake, real in zip(recorded, example_inputs, strict=True):
+        if isinstance(real, torch.Tensor) and isinstance(fake, FakeTensor):
+            if (fake.dtype, fake.device, fake.dim()) != (real.dtype, real.device, real.dim()):
+                return list(example_inputs)  # not the value the placeholder recorded
+            examples.append(_with_requires_grad(fake, real.requires_grad))
+        elif isinstance(fake, torch.SymInt) and isinstance(real, int):
+            examples.append(fake)
+        else:
+            examples.append(real)
+    return examples
 
 
 def is_dynamic(args: Sequence[object]) -> bool:
