@@ -79,3 +79,26 @@ def test_a_new_dtype_with_dynamic_shapes_is_traced_from_the_call():
     out, size = compiled(x, 5)
     assert out.dtype == torch.float64 and size == 10
     torch.testing.assert_close(out, reshape_softmax(x, 5)[0])
+
+
+def test_real_inputs_of_a_graph_captured_with_symbolic_sizes_trace_symbolically():
+    """kiln-capture's contract: real example inputs, and on each placeholder the fake value
+    (``example_value``) whose sizes are capture's symbols. The graphs keep those symbols,
+    and the guarded entry point (capture guards the calls) runs every size."""
+    captured: list = []
+    make_fx(lambda *a: captured.extend(a), tracing_mode="symbolic")(torch.randn(6, 4), 3)
+    gm = torch.fx.symbolic_trace(reshape_softmax)
+    for node, fake in zip(gm.graph.find_nodes(op="placeholder"), captured, strict=True):
+        node.meta["example_value"] = fake
+    graphs = []
+    x = torch.randn(6, 4, requires_grad=True)
+    compiled = kiln_autograd.aot(gm, [x, 3], lambda g, _: graphs.append(g) or g)
+    assert compiled.options.dynamic
+    shape_env = captured[0].fake_mode.shape_env
+    placeholder = next(iter(graphs[0].graph.find_nodes(op="placeholder")))
+    assert placeholder.meta["val"].fake_mode.shape_env is shape_env  # capture's symbols
+    guarded = compiled.guarded()
+    for shape, n in [((6, 4), 2), ((10, 7), 5), ((9, 3), 3)]:
+        eager_and_compiled(guarded, shape, n)
+    assert len(compiled.runners) == 1
+    assert len(graphs) == 2  # one forward, one backward, for every size

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln_cpp import CppCodegen
-from kiln_loopir.testing import check_against_eager
+from kiln_loopir.testing import check_against_eager, check_sizes
+from kiln_loopir.testing.cases import SIZE_FAMILIES
 
 
 def _f(*shape):
@@ -163,6 +164,13 @@ def test_symbolic_sizes_run_at_other_sizes():
         run_inputs=[_f(5, 7)],
     )
     assert "int64_t s" in compiled.kernels[0].source  # sizes are kernel arguments
+
+
+@pytest.mark.parametrize("name", sorted(SIZE_FAMILIES))
+def test_one_build_runs_at_every_size_of_a_family(name):
+    family = SIZE_FAMILIES[name]
+    compiled = check_sizes(family.fn, family.inputs, family.sizes, codegen=CppCodegen())
+    assert compiled.graph.size_hints, "compiled with symbolic sizes"
 
 
 def test_random_numbers_match_the_reference_codegen():

@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from kiln_loopir.testing import check_against_eager
-from kiln_loopir.testing.cases import CASES
+from kiln_loopir.testing import check_against_eager, check_sizes
+from kiln_loopir.testing.cases import CASES, SIZE_FAMILIES
 
 
 def _inputs(name):
@@ -52,3 +52,10 @@ def test_dynamic_shapes_run_at_other_sizes(name):
 def test_same_results_with_each_stage_switched_off(fusion, reuse):
     fn, inputs = CASES["layer_norm_gelu"].fn, _inputs("layer_norm_gelu")
     check_against_eager(fn, inputs, fusion=fusion, reuse_memory=reuse)
+
+
+@pytest.mark.parametrize("name", sorted(SIZE_FAMILIES))
+def test_one_compile_runs_at_every_size_of_a_family(name):
+    family = SIZE_FAMILIES[name]
+    compiled = check_sizes(family.fn, family.inputs, family.sizes)
+    assert compiled.graph.size_hints, "compiled with symbolic sizes"

@@ -119,6 +119,35 @@ def test_symbolic_sizes_flow_through():
     assert len(sizes) == 2  # both dimensions stay symbols
 
 
+def test_symbolic_example_inputs_keep_their_symbols():
+    """kiln-autograd hands over fake example inputs with symbolic sizes: lowering reads
+    their hints without fixing their symbols in the ShapeEnv."""
+    gm = trace_aten(lambda x: x.sum(1) * 2, [torch.randn(5, 7)], dynamic=True)
+    fakes = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    graph = lower(gm, fakes)
+    assert sorted(graph.size_hints.values()) == [5, 7]
+    assert not fakes[0].fake_mode.shape_env.replacements  # no size fixed to a number
+    assert {str(s) for e in graph.outputs[0].size for s in e.free_symbols}
+
+
+def test_a_lowering_that_fixes_a_symbolic_size_is_refused(monkeypatch):
+    from kiln_loopir import compile_fx
+    from kiln_loopir.lowering import LOWERINGS
+
+    gm = trace_aten(lambda x: x.sin(), [torch.randn(5, 7)], dynamic=True)
+    fakes = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    sin = torch.ops.aten.sin
+    real = LOWERINGS[sin]
+
+    def specializing(ctx, *args):
+        int(ctx.val.shape[0])  # asks the SymInt for its value: fixes its symbol to 5
+        return real(ctx, *args)
+
+    monkeypatch.setitem(LOWERINGS, sin, specializing)
+    with pytest.raises(NotImplementedError, match=r"fixed symbolic sizes to numbers \(s\d+ = 5\)"):
+        compile_fx(gm, fakes)
+
+
 def test_unlowered_ops_fall_back_and_are_logged_once(caplog):
     x = torch.randn(6, 3)
     caplog.set_level("INFO", logger="kiln.fallbacks")

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln_loopir.testing import check_against_eager, compile_fn
+from kiln_loopir.testing import check_against_eager, check_sizes, compile_fn
+from kiln_loopir.testing.cases import SIZE_FAMILIES
 from kiln_triton import TritonCodegen
 from kiln_triton import launcher as launcher_module
 from kiln_triton.configs import Config
@@ -177,6 +178,17 @@ def test_dynamic_sizes_run_at_other_sizes(device):
     x = torch.randn(4, 10, device=device)
     check_against_eager(fn, [x], codegen=TritonCodegen(), dynamic=True,
                         run_inputs=[torch.randn(6, 13, device=device)])  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SIZE_FAMILIES))
+def test_one_compile_runs_at_every_size_of_a_family(device, name):
+    family = SIZE_FAMILIES[name]
+
+    def inputs(n):
+        return [t.to(device) for t in family.inputs(n)]
+
+    compiled = check_sizes(family.fn, inputs, family.sizes, codegen=TritonCodegen())
+    assert compiled.graph.size_hints, "compiled with symbolic sizes"
 
 
 def test_non_contiguous_and_offset_inputs(device):

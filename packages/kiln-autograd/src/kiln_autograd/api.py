@@ -16,7 +16,7 @@ import torch.fx
 
 from kiln_autograd.analyze import analyze
 from kiln_autograd.decompositions import decomposition_table, verify_op_set
-from kiln_autograd.fake import fake_inputs, is_dynamic
+from kiln_autograd.fake import captured_examples, fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
 from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
 from kiln_autograd.runtime import Compiler, InferenceRunner, TrainingRunner, example_values
@@ -74,6 +74,7 @@ def aot(
             f"aot(partitioner={partitioner!r}) is not a partitioner; use one of "
             f"{sorted(PARTITIONERS)}"
         )
+    example_inputs = captured_examples(gm, example_inputs)
     options = Options(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler or fw_compiler,

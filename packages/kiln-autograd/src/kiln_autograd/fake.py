@@ -41,6 +41,32 @@ def fake_inputs(
     return [_with_requires_grad(f, rg) for f, rg in zip(fakes, requires_grad, strict=True)], mode
 
 
+def captured_examples(gm: torch.nn.Module, example_inputs: Sequence[object]) -> list[object]:
+    """The example inputs to trace ``gm`` from: the fake values capture recorded on its
+    placeholders (``example_value``, sharing capture's ShapeEnv) where they carry symbolic
+    sizes and the caller passed real tensors with no fake mode to find them by (as
+    kiln-capture does), so that the traced graphs keep capture's symbols; else
+    ``example_inputs``."""
+    if detect_fake_mode([a for a in example_inputs if isinstance(a, torch.Tensor)]):
+        return list(example_inputs)  # the caller's fake mode (Dynamo's tracing context)
+    graph = getattr(gm, "graph", None)
+    nodes = list(graph.find_nodes(op="placeholder")) if graph is not None else []
+    recorded = [n.meta.get("example_value", n.meta.get("val")) for n in nodes]
+    if len(recorded) != len(example_inputs) or not is_dynamic(recorded):
+        return list(example_inputs)
+    examples = []
+    for fake, real in zip(recorded, example_inputs, strict=True):
+        if isinstance(real, torch.Tensor) and isinstance(fake, FakeTensor):
+            if (fake.dtype, fake.device, fake.dim()) != (real.dtype, real.device, real.dim()):
+                return list(example_inputs)  # not the value the placeholder recorded
+            examples.append(_with_requires_grad(fake, real.requires_grad))
+        elif isinstance(fake, torch.SymInt) and isinstance(real, int):
+            examples.append(fake)
+        else:
+            examples.append(real)
+    return examples
+
+
 def is_dynamic(args: Sequence[object]) -> bool:
     """Whether any input carries symbolic sizes (so traced graphs take any size)."""
     for a in args:

@@ -225,8 +225,9 @@ def compile_fx(
     """
     device = graph_device(gm, example_inputs)
     backend = resolve_codegen(codegen, device.type)
-    gm = decompose(gm)  # 1. the norms through torch._decomp
-    graph = lower(gm, example_inputs, scans=getattr(backend, "renders_scans", False))  # 2.
+    with symbols.keeps_sizes_symbolic(example_inputs):  # symbolic sizes stay symbols
+        gm = decompose(gm)  # 1. the norms through torch._decomp
+        graph = lower(gm, example_inputs, scans=getattr(backend, "renders_scans", False))  # 2.
     graph.verify()
     fold_constants(graph)  # 3. one-element constants written into the nodes reading them,
     eliminate_dead_nodes(graph)  # then what nothing reads dropped

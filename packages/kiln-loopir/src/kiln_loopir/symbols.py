@@ -8,8 +8,9 @@ indirect-index symbols (``tmp3``: a value loaded at run time and used as an inde
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import sympy
 import torch
@@ -28,6 +29,7 @@ __all__ = [
     "py_expr",
     "evaluate",
     "is_one",
+    "keeps_sizes_symbolic",
 ]
 
 
@@ -71,6 +73,55 @@ def data_dependent_symbols(exprs: Iterable[object]) -> set[sympy.Symbol]:
         if isinstance(e, (int, sympy.Basic)):
             found |= {s for s in sympy.sympify(e).free_symbols if is_data_dependent(s)}
     return found
+
+
+def _input_symbols(values: Iterable[object]) -> tuple[object, set[sympy.Symbol]]:
+    """The ShapeEnv of fake ``values`` and the size symbols of their layouts."""
+    shape_env, found = None, set()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            exprs = [*v.shape, *v.stride(), v.storage_offset()]
+            shape_env = shape_env or getattr(getattr(v, "fake_mode", None), "shape_env", None)
+        elif isinstance(v, torch.SymInt):
+            exprs = [v]
+            shape_env = shape_env or v.node.shape_env
+        else:
+            continue
+        for e in exprs:
+            if isinstance(e, torch.SymInt):
+                found |= e.node.expr.free_symbols
+    return shape_env, found
+
+
+@contextlib.contextmanager
+def keeps_sizes_symbolic(example_inputs: Sequence[object]) -> Iterator[None]:
+    """Fail the compile if, inside, a size symbol of the inputs is fixed to a number.
+
+    Lowering reads sizes from fake tensors: asking a SymInt for a Python value (``int()``,
+    ``if``, ``==``) fixes its symbol in the ShapeEnv, the kernels after it would take that
+    size while the input checks take any, and a guard that pins a tensor's size to a number
+    may never reach the caller's guards. A graph that needed one is refused (it runs
+    eagerly, with the message) instead of computing wrong results at other sizes.
+    """
+    shape_env, symbols = _input_symbols(example_inputs)
+    before = dict(shape_env.replacements) if shape_env is not None else {}
+    yield
+    if shape_env is None:
+        return
+    fixed = {
+        s: r
+        for s in symbols
+        if (r := shape_env.replacements.get(s)) is not None
+        and r != before.get(s)
+        and sympy.sympify(r).is_number
+    }
+    if fixed:
+        names = ", ".join(f"{s} = {fixed[s]}" for s in sorted(fixed, key=str))
+        raise NotImplementedError(
+            f"compiling the graph fixed symbolic sizes to numbers ({names}): the kernels "
+            "would be wrong at other sizes; mark these dimensions static (dynamic=False), "
+            "and please report it"
+        )
 
 
 def is_one(expr: sympy.Expr) -> bool:

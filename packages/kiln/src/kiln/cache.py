@@ -3,10 +3,11 @@
 An entry holds what kiln-loopir and the code generator made of one aten graph: the
 kernels' sources, the host program, the graph's constant tensors and the printed loop IR.
 Its key hashes the graph's code and constants, the inputs' metadata (dtype, device, size,
-stride), the options that change the code, the code generator, and the versions of
-Python, torch and every Kiln package. A second process that compiles the same graph loads
-the entry and hands the sources to the code generator, whose own cache holds the built
-kernels: nothing is lowered, scheduled or compiled again.
+stride; a symbolic size by its symbol, with the symbol's range and guards, never by the
+size it was traced at), the options that change the code, the code generator, and the
+versions of Python, torch and every Kiln package. A second process that compiles the same
+graph loads the entry and hands the sources to the code generator, whose own cache holds
+the built kernels: nothing is lowered, scheduled or compiled again.
 
 Entries are written under a temporary name and renamed into place; each starts with the
 SHA-256 of the rest. An entry that does not load (corrupt, truncated, from another format)
@@ -68,22 +69,50 @@ def _codegen_version(codegen: object) -> str:
 
 
 def _describe_value(value: object) -> str:
+    """An input as the key sees it: a symbolic size by its symbol (``s0``), not by the size
+    it had when the graph was traced, so that a graph compiled for a family of sizes is
+    found again at any size of it (:func:`_symbol_facts` says which values it takes)."""
     if isinstance(value, torch.Tensor):
 
         def dims(xs) -> str:
-            out = []
-            for x in xs:
-                hint = getattr(getattr(x, "node", None), "hint", None)
-                out.append(f"{x}~{hint}" if isinstance(x, torch.SymInt) else str(x))
-            return ",".join(out)
+            return ",".join(_describe_size(x) for x in xs)
 
         return (
             f"T({value.dtype},{value.device},[{dims(value.shape)}],[{dims(value.stride())}],"
-            f"{value.storage_offset()})"
+            f"{_describe_size(value.storage_offset())})"
         )
     if isinstance(value, torch.SymInt):
-        return f"SymInt({value}~{getattr(value.node, 'hint', None)})"
+        return f"SymInt({_describe_size(value)})"
     return f"{type(value).__name__}({value!r})"
+
+
+def _describe_size(size: object) -> str:
+    if isinstance(size, torch.SymInt):
+        return f"sym:{size.node.expr}"  # never equal to a number's key: "sym:s0", "sym:4"
+    return str(size)
+
+
+def _symbol_facts(example_inputs: Sequence[object]) -> str:
+    """What the inputs' ShapeEnv knows of their size symbols (the range of each, the guards
+    on them): code generated for a family is only valid where those facts hold."""
+    shape_env, symbols = None, set()
+    for value in example_inputs:
+        sizes: list[object] = []
+        if isinstance(value, torch.Tensor):
+            sizes = [*value.shape, *value.stride(), value.storage_offset()]
+        elif isinstance(value, torch.SymInt):
+            sizes = [value]
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                shape_env = size.node.shape_env
+                symbols |= size.node.expr.free_symbols
+    if not symbols:
+        return "static sizes"
+    ranges = [f"{s}:{shape_env.var_to_range.get(s)}" for s in sorted(symbols, key=str)]
+    guards = sorted(
+        str(g.expr) for g in shape_env.guards if g.expr.free_symbols & symbols
+    )  # fmt: skip
+    return f"symbolic sizes {' '.join(ranges)} guards {'; '.join(guards)}"
 
 
 def _constant_digest(gm: torch.fx.GraphModule) -> str:
@@ -113,6 +142,7 @@ def graph_key(
         gm.code,
         _constant_digest(gm),
         *(_describe_value(x) for x in example_inputs),
+        _symbol_facts(example_inputs),
         f"codegen {getattr(codegen, 'name', type(codegen).__name__)} {_codegen_version(codegen)}",
         *(f"{k}={v!r}" for k, v in sorted(settings.items())),
         f"python {platform.python_version()} torch {torch.__version__}",

@@ -71,7 +71,9 @@ def _size_hints(graph_inputs, vals, example_inputs) -> dict[sympy.Symbol, int]:
                 pairs += list(zip(val.stride(), example.stride(), strict=False))
                 for s, real in pairs:
                     e = to_expr(s)
-                    if isinstance(e, sympy.Symbol):
+                    # a symbolic example (the value itself) has no size to read: int() of
+                    # it would specialize the symbol in its ShapeEnv
+                    if isinstance(e, sympy.Symbol) and not isinstance(real, torch.SymInt):
                         hints[e] = int(real)
         elif isinstance(val, torch.SymInt):
             e = to_expr(val)

@@ -23,6 +23,8 @@ __all__ = [
     "trace_aten",
     "compile_fn",
     "check_against_eager",
+    "compile_symbolic",
+    "check_sizes",
     "compare_outputs",
     "check_samples",
     "Sample",
@@ -54,6 +56,35 @@ def compile_fn(
 ) -> CompiledGraph:
     """Trace ``fn`` on ``inputs`` and compile it (with the reference codegen by default)."""
     return compile_fx(trace_aten(fn, inputs, dynamic=dynamic), list(inputs), codegen=codegen, **kw)
+
+
+def compile_symbolic(
+    fn: Callable, inputs: Sequence[object], *, codegen: object = "reference", **kw
+) -> CompiledGraph:
+    """Trace ``fn`` with every size a symbol and compile it from the graph's own fake
+    inputs, as kiln-autograd hands a graph over under dynamic shapes: no real tensor to
+    read a size from, only the ShapeEnv's hints. The result runs at every size."""
+    gm = trace_aten(fn, inputs, dynamic=True)
+    fakes = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    return compile_fx(gm, fakes, codegen=codegen, **kw)
+
+
+def check_sizes(
+    fn: Callable,
+    make_inputs: Callable[[int], Sequence[object]],
+    sizes: Sequence[int],
+    *,
+    codegen: object = "reference",
+    **kw,
+) -> CompiledGraph:
+    """Compile ``fn`` once with symbolic sizes (:func:`compile_symbolic`, traced on
+    ``make_inputs(sizes[0])``) and check it against eager on fresh ``make_inputs(n)`` for
+    every ``n`` in ``sizes``."""
+    compiled = compile_symbolic(fn, make_inputs(sizes[0]), codegen=codegen, **kw)
+    for n in sizes:
+        inputs = list(make_inputs(n))
+        compare_outputs(_flat(compiled(*inputs)), _flat(fn(*inputs)))
+    return compiled
 
 
 def tolerances(dtype: torch.dtype) -> dict[str, float]:

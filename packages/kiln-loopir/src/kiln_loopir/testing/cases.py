@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Case", "CASES", "FLOAT", "ALL", "r"]
+__all__ = ["Case", "CASES", "FLOAT", "ALL", "r", "SizeFamily", "SIZE_FAMILIES"]
 
 FLOAT = (torch.float32, torch.bfloat16)
 ALL = (torch.float32, torch.bfloat16, torch.int64)
@@ -208,4 +208,37 @@ CASES: dict[str, Case] = {
     "odd_sizes": Case(lambda x: torch.softmax(x * 3, -1).sum(0), lambda d: [r(1, 1, 13, dtype=d)]),
     "zero_dim": Case(lambda x, y: x * y + x.sum(), lambda d: [r(dtype=d), r(3, dtype=d)], ALL),
     "empty": Case(lambda x: (x + 1, x.sum(0)), lambda d: [r(0, 4, dtype=d)], ALL),
+}
+
+
+@dataclass(frozen=True)
+class SizeFamily:
+    """``fn`` and ``inputs(n)`` making its inputs at size ``n``; ``sizes`` are the sizes
+    of one family: compiled once (symbolic), checked at each (odd ones among them)."""
+
+    fn: Callable
+    inputs: Callable[[int], list]
+    sizes: tuple[int, ...] = (4, 2, 3, 7, 16, 33)
+
+
+# Functions whose graph, compiled once with symbolic sizes, runs at every size of the family
+SIZE_FAMILIES: dict[str, SizeFamily] = {
+    "pointwise_batch": SizeFamily(lambda x: (x.sin() * 2 + 1).relu(), lambda n: [r(n, 32)]),
+    "softmax_row_length": SizeFamily(
+        lambda x: torch.softmax(x * 3, -1) + x.amax(-1, keepdim=True), lambda n: [r(5, n)]
+    ),
+    "sum_both_dims": SizeFamily(lambda x: x.sum(0).sum() + x.mean(1), lambda n: [r(n, n + 3)]),
+    "broadcast_row": SizeFamily(lambda x, b: x * b + b, lambda n: [r(n, 8), r(8)]),
+    "mlp_batch": SizeFamily(
+        lambda x, w1, b1, w2: torch.softmax(F.relu(x @ w1 + b1) @ w2, -1),
+        lambda n: [r(n, 16), r(16, 24), r(24), r(24, 10)],
+    ),
+    "view_of_an_expression": SizeFamily(
+        lambda x: x.view(x.shape[0] * 2, -1).softmax(-1).reshape(-1, 4).sum(1),
+        lambda n: [r(n, 16)],
+    ),
+    "transpose_flatten": SizeFamily(lambda x: x.t().flatten().cos(), lambda n: [r(n, 6)]),
+    "cat_slice": SizeFamily(
+        lambda x: torch.cat([x[1:], x[:1] * 2], 0).exp(), lambda n: [r(n, 5)], (4, 3, 6, 9)
+    ),
 }
