@@ -34,6 +34,12 @@ def lowerings(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """A cache of the test's own: a graph another test stored is not loaded unlowered."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kiln-cache"))
+
+
+@pytest.fixture(autouse=True)
 def no_fallback():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -133,13 +139,8 @@ def test_mlp_training_lowers_forward_and_backward_once_per_size_family(lowerings
     assert lowerings == [False, False, True, True]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kiln-capture drops the guard of a dimension marked dynamic whose size is 0 or 1 "
-    "(ShapeEnv.produce_guards(ignore_static=True) in shape_guards): the graph made for "
-    "size 1 is then called at other sizes",
-)
 def test_a_size_of_one_gets_its_own_graph(lowerings):
+    # capture guards a dimension marked dynamic that the trace fixed to 1 on that size
     model = mlp()
     compiled = kiln.compile(model)
     with torch.no_grad():

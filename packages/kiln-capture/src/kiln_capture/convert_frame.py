@@ -612,7 +612,10 @@ def shape_guards(output: OutputGraph) -> list[str]:
         return []
     fakes = [var.example for _, var in dynamic]
     sources = [ShapeSource(s.expr()) for s, _ in dynamic]
-    return list(output.shape_env.produce_guards(fakes, sources))
+    # ignore_static=False: a dimension asked to be dynamic that the trace fixed to a number
+    # (a size of 0 or 1, or a guard such as x[1:] at size 2) is guarded on that number; the
+    # tensor guards do not check the sizes of dimensions marked dynamic
+    return list(output.shape_env.produce_guards(fakes, sources, ignore_static=False))
 
 
 def make_function(fn, cg: Codegen) -> types.FunctionType:
