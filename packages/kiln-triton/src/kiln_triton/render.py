@@ -29,9 +29,12 @@ from kiln_loopir.names import describe
 from kiln_loopir.ops import result_dtype
 from kiln_loopir.symbols import index_vars, py_expr, reduction_vars
 from kiln_triton import ops_table
-from kiln_triton.dtypes import LOW_PRECISION, compute_type, convert, tl_type
+from kiln_triton.dtypes import LOW_PRECISION, compute_type, convert
 from kiln_triton.errors import TritonCodegenError
+from kiln_triton.literals import literal
 from kiln_triton.printer import texpr
+from kiln_triton.reductions import ReductionRendering
+from kiln_triton.scans import ScanRendering
 from kiln_triton.split import finish_function, split_function, split_parts
 from kiln_triton.tiling import Tiling, choose_tiling, column_major, merge_dims
 from kiln_triton.values import RecordingHandler, Store, Value, record
@@ -42,32 +45,6 @@ import triton.language as tl
 
 from kiln_triton import device as kt
 """
-
-
-def _literal(value: object, dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "1" if value else "0"
-    if dtype.is_floating_point:
-        v = float(value)  # type: ignore[arg-type]
-        if math.isnan(v) or math.isinf(v):
-            return f'float("{v}")'
-        return repr(v)
-    return str(int(value))  # type: ignore[call-overload]
-
-
-def _identity(kind: str, dtype: torch.dtype) -> str:
-    """The value masked lanes contribute to a reduction (in the compute type)."""
-    if kind in ("sum", "welford"):
-        return "0"
-    if kind == "prod":
-        return "1"
-    big = kind in ("min", "argmin")
-    if dtype.is_floating_point:
-        return 'float("inf")' if big else 'float("-inf")'
-    if dtype == torch.bool:
-        return "1" if big else "0"
-    info = torch.iinfo(dtype)
-    return str(info.max if big else info.min)
 
 
 @dataclass
@@ -100,7 +77,7 @@ class Space:
         return None
 
 
-class KernelRenderer:
+class KernelRenderer(ReductionRendering, ScanRendering):
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         # the functions are named for the kernel's ops without its index in the graph
@@ -214,7 +191,7 @@ class KernelRenderer:
         if op == "load":
             return [f"{n} = {self._load(v)}"]
         if op == "constant":
-            lit = _literal(v.attrs["value"], v.dtype)
+            lit = literal(v.attrs["value"], v.dtype)
             return [f"{n} = tl.full([], {lit}, {compute_type(v.dtype)})"]
         if op == "index":
             expr = texpr(v.attrs["index"])
@@ -225,7 +202,7 @@ class KernelRenderer:
             b, c = (self._cast(x, v.dtype) for x in v.args[1:])
             return [f"{n} = tl.where({a[0]}, {b}, {c})"]
         if op == "masked":
-            other = _literal(v.attrs["other"], v.dtype)
+            other = literal(v.attrs["other"], v.dtype)
             return [f"{n} = tl.where({a[0]}, {a[1]}, {other})"]
         if op == "indirect":
             # negative indices wrap; one out of range reads element 0 rather than outside memory
@@ -284,165 +261,6 @@ class KernelRenderer:
         if s.accumulate:
             return [f"tl.atomic_add({ptr}, {value}, {mask}, sem='relaxed')"]
         return [f"tl.store({ptr}, {value}, {mask})"]
-
-    # -- reductions ----------------------------------------------------------------------------
-    def _reduce_kind(self, v: Value) -> str:
-        kind, src = v.attrs["type"], v.attrs["src"]
-        if src == torch.bool:  # bool sums and products are any/all
-            kind = {"sum": "any", "prod": "all", "max": "any", "min": "all"}.get(kind, kind)
-        return "welford" if kind.startswith("welford") else kind
-
-    def _paired_arg_reduction(self, v: Value) -> Value | None:
-        """The argmax (argmin) over the same values as max (min) reduction ``v``: both
-        come out of one ``(value, index)`` reduction."""
-        pair = {"max": "argmax", "min": "argmin"}.get(self._reduce_kind(v))
-        if pair is None or not v.attrs["src"].is_floating_point:
-            return None
-        for other in self.rec.values:
-            if (
-                other.op == "reduction"
-                and other.args[0] is v.args[0]
-                and self._reduce_kind(other) == pair
-            ):
-                return other
-        return None
-
-    def persistent_reduction(self, v: Value, done: dict) -> list[str]:
-        kind, src = self._reduce_kind(v), v.attrs["src"]
-        i = v.args[0].name
-        ct = compute_type(src)
-        ident = _identity(kind, src)
-        masked = f"tl.where(rxmask, {i}, {ident})"
-        n = v.name
-        if n in done:  # computed beside its paired max/min
-            return [f"{n} = {done.pop(n)}.to(tl.int64)"]
-        paired = self._paired_arg_reduction(v)
-        if paired is not None:
-            values = f"tl.broadcast_to({masked}, [XBLOCK, RBLOCK])"
-            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
-            done[paired.name] = f"{n}_index"
-            return [
-                f"{n}, {n}_index = tl.reduce(({values}, {idx}), 1, kt.arg{kind}_combine, "
-                "keep_dims=True)",
-            ] + self._round(v)
-        if kind == "welford":
-            key = f"wf_{i}"
-            if key not in done:
-                done[key] = True
-                lines = [
-                    f"{key}_mean = tl.sum(tl.where(rxmask, {i}, 0), 1, keep_dims=True) / rnumel",
-                    f"{key}_dev = tl.where(rxmask, {i} - {key}_mean, 0)",
-                    f"{key}_m2 = tl.sum({key}_dev * {key}_dev, 1, keep_dims=True)",
-                ]
-            else:
-                lines = []
-            part = "mean" if v.attrs["type"] == "welford.mean" else "m2"
-            return lines + [f"{n} = {key}_{part}.to({ct})"]
-        if kind == "sum":
-            line = f"{n} = tl.sum({masked}, 1, keep_dims=True)"
-        elif kind == "prod":
-            line = f"{n} = tl.reduce({masked}, 1, kt.prod_combine, keep_dims=True)"
-        elif kind in ("max", "min"):
-            if src.is_floating_point:
-                line = f"{n} = tl.reduce({masked}, 1, kt.{kind}_combine, keep_dims=True)"
-            else:
-                line = f"{n} = tl.{kind}({masked}, 1, keep_dims=True)"
-        elif kind in ("any", "all"):
-            fn = "max" if kind == "any" else "min"
-            flag = f"tl.where(rxmask, ({i} != 0).to(tl.int8), {ident})"
-            line = f"{n} = tl.{fn}({flag}, 1, keep_dims=True) != 0"
-        elif kind in ("argmax", "argmin"):
-            values = f"tl.broadcast_to({masked}, [XBLOCK, RBLOCK])"
-            if src == torch.bool:
-                values = (
-                    f"tl.broadcast_to(tl.where(rxmask, {i}.to(tl.int8), {ident}), [XBLOCK, RBLOCK])"
-                )
-            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
-            return [
-                f"_, {n} = tl.reduce(({values}, {idx}), 1, kt.{kind}_combine, keep_dims=True)",
-                f"{n} = {n}.to(tl.int64)",
-            ]
-        else:
-            raise TritonCodegenError(f"kiln-triton does not render reduction {kind!r} yet")
-        return [line] + self._round(v)
-
-    def _round(self, v: Value) -> list[str]:
-        if v.dtype in LOW_PRECISION:
-            return [f"{v.name} = {v.name}.to({tl_type(v.dtype)}).to(tl.float32)"]
-        return []
-
-    def looped_reduction(self, v: Value, done: dict) -> tuple[list[str], list[str], list[str]]:
-        """(lines before the loop, lines in it, lines after it) for reduction ``v``."""
-        kind, src = self._reduce_kind(v), v.attrs["src"]
-        i = v.args[0].name
-        ct = compute_type(src)
-        ident = _identity(kind, src)
-        n = v.name
-        acc = f"acc_{n}"
-        tile = "[XBLOCK, RBLOCK]"
-        masked = f"tl.where(rxmask, {i}, {ident}).to({ct})"
-        if kind == "welford":
-            key = f"wf_{i}"
-            part = "mean" if v.attrs["type"] == "welford.mean" else "m2"
-            result = (
-                f"tl.where({key}_n == 0, float('nan'), {key}_mean)"
-                if part == "mean"
-                else f"{key}_m2"
-            )
-            after = [f"{n} = ({result}).to({ct})"]
-            if key in done:
-                return [], [], after
-            done[key] = True
-            before = [f"{key}_{p} = tl.zeros({tile}, {ct})" for p in ("mean", "m2", "n")]
-            update = [
-                f"{key}_mean, {key}_m2, {key}_n = kt.welford_update("
-                f"{key}_mean, {key}_m2, {key}_n, {i}, rxmask)"
-            ]
-            final = [
-                f"{key}_mean, {key}_m2, {key}_n = tl.reduce(({key}_mean, {key}_m2, {key}_n), 1, "
-                "kt.welford_combine, keep_dims=True)"
-            ]
-            return before, update, final + after
-        if kind in ("argmax", "argmin"):
-            vt = "tl.int8" if src == torch.bool else ct
-            value = f"tl.where(rxmask, {i}.to({vt}), {ident}).to({vt})"
-            before = [
-                f"{acc} = tl.full({tile}, {ident}, {vt})",
-                f"{acc}_i = tl.zeros({tile}, tl.int64)",
-            ]
-            update = [
-                f"{acc}, {acc}_i = kt.{kind}_combine({acc}, {acc}_i, {value}, rindex.to(tl.int64))"
-            ]
-            after = [f"_, {n} = tl.reduce(({acc}, {acc}_i), 1, kt.{kind}_combine, keep_dims=True)"]
-            return before, update, after
-        if kind in ("any", "all"):
-            fn = "maximum" if kind == "any" else "minimum"
-            before = [f"{acc} = tl.full({tile}, {ident}, tl.int8)"]
-            flag = f"tl.where(rxmask, ({i} != 0).to(tl.int8), {ident}).to(tl.int8)"
-            update = [f"{acc} = tl.{fn}({acc}, {flag})"]
-            red = "max" if kind == "any" else "min"
-            return before, update, [f"{n} = tl.{red}({acc}, 1, keep_dims=True) != 0"]
-        before = [f"{acc} = tl.full({tile}, {ident}, {ct})"]
-        if kind == "sum":
-            update = [f"{acc} = {acc} + {masked}"]
-            final = f"tl.sum({acc}, 1, keep_dims=True)"
-        elif kind == "prod":
-            update = [f"{acc} = {acc} * {masked}"]
-            final = f"tl.reduce({acc}, 1, kt.prod_combine, keep_dims=True)"
-        elif kind in ("max", "min"):
-            if src.is_floating_point:
-                update = [
-                    f"{acc} = kt.{'maximum' if kind == 'max' else 'minimum'}({acc}, {masked})"
-                ]
-                final = f"tl.reduce({acc}, 1, kt.{kind}_combine, keep_dims=True)"
-            else:
-                update = [
-                    f"{acc} = tl.{'maximum' if kind == 'max' else 'minimum'}({acc}, {masked})"
-                ]
-                final = f"tl.{kind}({acc}, 1, keep_dims=True)"
-        else:
-            raise TritonCodegenError(f"kiln-triton does not render reduction {kind!r} yet")
-        return before, update, [f"{n} = {final}"] + self._round(v)
 
     # -- whole functions -----------------------------------------------------------------------
     def _var_defs(self, index: str, ranges, variables) -> list[str]:
@@ -512,17 +330,6 @@ class KernelRenderer:
             body += self._var_defs("xindex", t.ranges[t.split :], xs[t.split :])
         body += self._straight_body(self.single_point_reduction)
         return head + ["    " + line for line in body]
-
-    def single_point_reduction(self, v: Value, done: dict) -> list[str]:
-        """A reduction over no ranges (a 0-d tensor's sum): over its one element."""
-        kind, i = self._reduce_kind(v), v.args[0].name
-        if kind in ("argmax", "argmin"):
-            return [f"{v.name} = tl.full([], 0, tl.int64)"]
-        if kind in ("any", "all"):
-            return [f"{v.name} = {i} != 0"]
-        if v.attrs["type"] == "welford.m2":
-            return [f"{v.name} = {i} * 0"]
-        return [f"{v.name} = {i}"]
 
     def _reduction_head(
         self, suffix: str, *, split: bool = False, finish: bool = False
@@ -680,72 +487,6 @@ class KernelRenderer:
             inner += self.store_lines(item) if isinstance(item, Store) else self.value_lines(item)
         inner += update
         return before + ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + x for x in inner]
-
-    # -- scans -------------------------------------------------------------------------------
-    def _scan_of_block(self, v: Value) -> tuple[list[str], Callable[[str, str], str]]:
-        """Lines scanning value ``v``'s block along its rows, and ``after(a, a_index)``: the
-        expression that combines a running value (its position, for argmax/argmin) before
-        the block with the block's scan."""
-        kind, i, n = v.attrs["type"], v.args[0].name, v.name
-        values = f"tl.broadcast_to({i}, [XBLOCK, RBLOCK])"
-        if kind in ("argmax", "argmin"):
-            fn = f"kt.cum{kind[3:]}_combine"
-            idx = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)"
-            scan = f"{n}_v, {n} = tl.associative_scan(({values}, {idx}), 1, {fn})"
-            return [scan], lambda a, a_index: f"{fn}({a}, {a_index}, {n}_v, {n})"
-        if kind == "sum":
-            return [f"{n} = tl.cumsum({values}, 1)"], lambda a, _: f"{a} + {n}"
-        if kind == "prod":
-            return [f"{n} = tl.cumprod({values}, 1)"], lambda a, _: f"{a} * {n}"
-        if kind in ("max", "min"):
-            fn = f"kt.{kind}_combine"
-        elif kind == "logsumexp":
-            fn = "kt.log_add_exp_combine"
-        else:
-            raise TritonCodegenError(f"kiln-triton does not render scan {kind!r} yet")
-        return [f"{n} = tl.associative_scan({values}, 1, {fn})"], lambda a, _: f"{fn}({a}, {n})"
-
-    def persistent_scan(self, v: Value) -> list[str]:
-        """A scan over rows held whole (``RBLOCK`` covers them); lanes past the row's end
-        come after its elements and change none of them."""
-        lines, _ = self._scan_of_block(v)
-        return lines + self._round(v)
-
-    def scan_function(self, suffix: str) -> list[str]:
-        """The persistent or looped variant of a kernel with a scan (its one node). The
-        looped one walks the rows in chunks of ``RBLOCK``: each chunk's scan is combined
-        with the running value the chunk before left at its last element (the
-        identity before the first)."""
-        head, body = self._reduction_head(suffix)
-        if suffix == "persistent":
-            body += ["rindex = rbase"] + self._rdefs()
-            body += self._straight_body(scan_lines=self.persistent_scan)
-            return head + ["    " + line for line in body]
-        (v,) = [x for x in self.rec.values if x.op == "scan"]
-        kind, src, n = v.attrs["type"], v.attrs["src"], v.name
-        arg = kind in ("argmax", "argmin")
-        ident = _identity(kind, src)
-        body.append(f"{n}_carry = tl.full([XBLOCK, 1], {ident}, {compute_type(src)})")
-        if arg:
-            body.append(f"{n}_carry_index = tl.zeros([XBLOCK, 1], tl.int64)")
-        last = "rindex == tl.minimum(roffset + RBLOCK, rnumel) - 1"
-
-        def scan_lines(v: Value) -> list[str]:
-            lines, after = self._scan_of_block(v)
-            running = after(f"{n}_carry", f"{n}_carry_index")
-            lines.append(f"{n}_v, {n} = {running}" if arg else f"{n} = {running}")
-            value = f"{n}_v" if arg else n
-            lines.append(f"{n}_carry = tl.sum(tl.where({last}, {value}, 0), 1, keep_dims=True)")
-            if arg:
-                lines.append(
-                    f"{n}_carry_index = tl.sum(tl.where({last}, {n}, 0), 1, keep_dims=True)"
-                )
-            return lines + self._round(v)
-
-        inner = ["rindex = roffset + rbase"] + self._rdefs()
-        inner += self._straight_body(scan_lines=scan_lines)
-        body += ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + x for x in inner]
-        return head + ["    " + line for line in body]
 
     # -- the module ----------------------------------------------------------------------------
     def meta(self, split_count: int = 0) -> dict:
