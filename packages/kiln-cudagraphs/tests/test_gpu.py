@@ -353,3 +353,18 @@ def test_a_call_on_another_stream_runs_without_the_graph():
     assert any("another CUDA stream" in reason for reason in runner.stats.reasons)
     runner(x, w, b)  # back on the first stream: the graph replays
     assert runner.stats.replays == before + 1
+
+
+def test_a_call_inside_the_callers_own_capture_runs_the_compiled_callable():
+    x, w, b = cuda_inputs()
+    runner = CudaGraphRunner(block, static_inputs={1, 2}, fresh_outputs=True)
+    runner(x, w, b)  # warmed up: the next call would record
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):  # a serving framework capturing the model itself
+        out, total = runner(x, w, b)
+    x.copy_(torch.randn_like(x))
+    outer.replay()
+    want, want_total = block(x, w, b)
+    torch.testing.assert_close(out, want, **TOL)
+    torch.testing.assert_close(total, want_total, **TOL)
+    assert runner.stats.captures == 0  # nothing recorded inside the caller's capture

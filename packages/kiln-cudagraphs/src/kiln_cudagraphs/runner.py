@@ -88,6 +88,7 @@ class CudaGraphRunner:
         self.max_graphs = max_graphs
         self.recorder = recorder if recorder is not None else CudaGraphRecorder()
         self.device_type = device_type
+        self._cuda = device_type == "cuda" and torch.cuda.is_available()
         self.static_inputs = frozenset(static_inputs)
         self.unchecked_outputs = frozenset(unchecked_outputs)
         self.unused_inputs = frozenset(unused_inputs)
@@ -107,6 +108,8 @@ class CudaGraphRunner:
         return sum(isinstance(e, RecordedGraph) for e in self.entries.values())
 
     def __call__(self, *inputs: object) -> object:
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            return self.compiled(*inputs)  # the caller's own capture records the kernels
         reason = self.refusal or self._call_refusal(inputs)
         if reason is not None:
             return self._run_eagerly(inputs, reason)
