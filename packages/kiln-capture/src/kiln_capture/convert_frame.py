@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
+import re
 import types
 from dataclasses import dataclass, field
 
@@ -613,14 +614,18 @@ def shape_guards(output: OutputGraph) -> list[str]:
     # (a size of 0 or 1, or a guard such as x[1:] at size 2) is guarded on that number; the
     # tensor guards do not check the sizes of dimensions marked dynamic
     try:
-        return list(
-            output.shape_env.produce_guards(
-                fakes, sources, input_contexts=contexts, ignore_static=False
-            )
+        found = output.shape_env.produce_guards(
+            fakes, sources, input_contexts=contexts, ignore_static=False
         )
     except ConstraintViolationError as exc:  # a marked range the code does not keep
         warn_marked_dims_fixed(exc)
-        return list(output.shape_env.produce_guards(fakes, sources, ignore_static=False))
+        found = output.shape_env.produce_guards(fakes, sources, ignore_static=False)
+    # the modules torch's printer names, as the guard's scope has them (a parameter of
+    # the function may be called ``math``)
+    return [MODULE_NAMES.sub(r"___\1.", code) for code in found]
+
+
+MODULE_NAMES = re.compile(r"(?<![\w.'\"])(math|torch)\.")
 
 
 def warn_marked_dims_fixed(exc: Exception) -> None:

@@ -108,6 +108,8 @@ class GuardSet:
             ___ndarray_tensor=ndarray_tensor,
             ___iterator_sequence=iterator_sequence,
             ___iterator_position=iterator_position,
+            ___math=math,  # torch's size guards call math.ceil, math.floor, ...
+            ___torch=torch,
         )
         grad = torch.is_grad_enabled()
         self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")

@@ -283,10 +283,7 @@ def reads_module_state(source: Source) -> bool:
     static, as opposed to what the call passes in (an argument, an item or attribute of
     one, such as a KV cache's tensors)."""
     while source is not None:
-        if isinstance(source, ItemSource) and getattr(source.base, "attr", None) in (
-            "_parameters",
-            "_buffers",
-        ):
+        if isinstance(source, ModuleMemberSource) and source.registry != "_modules":
             return True
         if isinstance(source, (GlobalSource, ClosureSource)):
             return True
