@@ -302,11 +302,6 @@ class GuardFunction:
     def __call__(self, *args, **kwargs) -> bool:
         return self.check(*args, **kwargs)
 
-    def evaluate(self, expression: str, args, kwargs):
-        """The value of a guard expression for one call (used to explain a miss)."""
-        binder = eval(f"lambda {self.parameters}: locals()", dict(self.scope))  # noqa: S307
-        return eval(expression, dict(self.scope), binder(*args, **kwargs))  # noqa: S307
-
     def why(self, *args, **kwargs) -> str | None:
         """The first guard that the call fails (its description), or None."""
         failed = self.failed_lines(args, kwargs, first_only=True)
