@@ -206,6 +206,24 @@ def check_one_graph(model, make_inputs):
     assert captured._captured.stats.eager_reason is None
 
 
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+def test_growing_sequence_lengths_capture_once_per_size_family(name):
+    # the first new length makes it symbolic; HF's shape code (`(-1,) + input_shape[1:]`,
+    # comparisons of lengths) keeps it so, with no graph break
+    torch.manual_seed(0)
+    model, _ = MODELS[name]()
+    captured, graphs = capture_eval(model)
+    with torch.no_grad():
+        for length in range(5, 15):
+            input_ids = torch.randint(0, 128, (2, length))
+            actual, expected = captured(input_ids), model(input_ids)
+            torch.testing.assert_close(actual[0], expected[0])
+    assert len(graphs) == 2
+    stats = captured._captured.stats
+    assert stats.made_dynamic == [["args[0].size(1)"]] and stats.eager_reason is None
+    assert not any(callee.entries for callee in captured._captured.callees.values())
+
+
 def test_training_step_matches_eager_with_the_same_seed():
     """Dropout draws the same masks (the graph runs the ops in eager's order) and gradients
     flow through the captured graph."""
@@ -269,9 +287,10 @@ def test_a_changed_config_attribute_recompiles():
     reasons = captured._captured.stats.recompile_reasons
     # read past the config's __getattribute__, as what it reads
     assert reasons[0] == (
-        "___object_getattribute(self.config, '_attn_implementation_internal') == 'sdpa'"
+        "___object_getattribute(self.config, '_attn_implementation_internal') == 'sdpa', "
+        "now 'eager'"
     )
-    assert reasons[1] == "___object_getattribute(self.config, 'return_dict') is True"
+    assert reasons[1] == "___object_getattribute(self.config, 'return_dict') is True, now False"
     assert type(actual) is tuple
     torch.testing.assert_close(actual, expected)
 

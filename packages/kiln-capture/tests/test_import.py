@@ -16,6 +16,8 @@ def test_public_api_is_pinned():
         "__version__",
         "capture",
         "explain",
+        "mark_dynamic",
+        "mark_static",
     ]
     for name in kiln_capture.__all__:
         assert hasattr(kiln_capture, name)

@@ -19,6 +19,8 @@ def test_public_api_is_pinned():
         "disable",
         "explain",
         "list_backends",
+        "mark_dynamic",
+        "mark_static",
         "reset",
         "set_logs",
     ]

@@ -10,10 +10,12 @@ callable`` compiles the graphs.
     >>> captured = kiln_capture.capture(fn, backend)
     >>> captured(x, y)              # captures on the first call, then reuses
     >>> kiln_capture.explain(fn)(x, y)   # graphs, graph breaks, guards
+    >>> kiln_capture.mark_dynamic(x, 0)  # x's dim 0 is symbolic from the first capture
 """
 
 from kiln_capture.__about__ import __version__
 from kiln_capture.api import CapturedFunction, CapturedModule, capture
+from kiln_capture.dynamic_shapes import mark_dynamic, mark_static
 from kiln_capture.exc import Unsupported
 from kiln_capture.explain import ExplainOutput, explain
 
@@ -25,4 +27,6 @@ __all__ = [
     "__version__",
     "capture",
     "explain",
+    "mark_dynamic",
+    "mark_static",
 ]

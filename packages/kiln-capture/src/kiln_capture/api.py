@@ -9,9 +9,7 @@ capture cannot handle runs eagerly and is logged, never a wrong result.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-import re
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ import torch
 from kiln_capture import versions
 from kiln_capture.convert_frame import CaptureResult, convert_frame
 from kiln_capture.dispatch import make_call, read_signature
+from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import CaptureFailed, Unsupported, UserError
 from kiln_capture.variables.objects import has_hooks
 
@@ -43,7 +42,11 @@ class CacheEntry:
 @dataclass
 class CaptureStats:
     compiles: int = 0
+    # per recompile: every guard the call failed, with the value it had, in one line
     recompile_reasons: list[str] = field(default_factory=list)
+    # per recompile: the failed guards one by one, and what was made symbolic
+    recompile_failures: list[list[str]] = field(default_factory=list)
+    made_dynamic: list[list[str]] = field(default_factory=list)
     eager_reason: str | None = None
 
 
@@ -84,13 +87,13 @@ class CapturedFunction:
         self.entries: list[CacheEntry] = []
         self.dispatch: list[tuple] = []  # (guard check, transformed function), newest first
         self.stats = CaptureStats()
-        self.dynamic_dims: dict[str, set[int]] = {}
-        self.dynamic_ints: set[str] = set()
+        self.dynamic_sizes = DynamicSizes(dynamic)
         # functions called at graph breaks and resume functions, shared by the whole tree of
         # captures that starts here (resume functions are keyed by their code)
         self.callees: dict = {}
         self.warned_limit = False
         self.warned_eager = False
+        self.warned_hooks = False
         self.is_root = True  # not a resume function or a function called at a graph break
         functools.update_wrapper(self, fn)
         self.fast_call = read_signature(fn, bound=bound_self is not None) is not None
@@ -114,13 +117,11 @@ class CapturedFunction:
     def cache_miss(self, args, kwargs):
         if self.stats.eager_reason is not None:
             return self.eager_fn(*args, **kwargs)
-        failed = self.entries[0].result.guard.why(*args, **kwargs) if self.entries else None
-        if failed is not None:
+        failures = self.entries[0].result.guard.failures(*args, **kwargs) if self.entries else []
+        if failures:
             if len(self.entries) >= self.recompile_limit:
-                return self.over_limit(failed, args, kwargs)
-            self.stats.recompile_reasons.append(failed)
-            log.info("recompiling %s: guard failed: %s", self.fn.__qualname__, failed)
-            self.note_dynamic(failed, args, kwargs)
+                return self.over_limit(str(failures[0]), args, kwargs)
+            self.note_recompile(failures)
         try:
             result = convert_frame(
                 self.fn,
@@ -128,8 +129,7 @@ class CapturedFunction:
                 kwargs,
                 self.backend,
                 fullgraph=self.fullgraph,
-                dynamic_dims=self.dims_for(args, kwargs),
-                dynamic_ints=frozenset(self.dynamic_ints),
+                dynamic=self.dynamic_sizes,
                 wrap_callee=self.wrap_callee,
             )
         except Unsupported:
@@ -178,13 +178,25 @@ class CapturedFunction:
         return result
 
     def run_eagerly(self, reason, args, kwargs, warn=False):
+        """From now on the function runs eagerly, and says so once: here, or through the
+        observer, whose ``on_eager`` returns True where it told the user itself."""
         self.stats.eager_reason = reason
         message = f"kiln-capture runs {self.fn.__qualname__} eagerly: {reason}"
-        if warn:
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
         log.info(message)
-        if self.observer is not None:
-            self.observer.on_eager(self, reason)
+        told = self.observer is not None and self.observer.on_eager(self, reason) is True
+        if warn or not told:
+            part = (
+                ""
+                if self.is_root
+                else " (a part of a compiled call: what follows a graph break, or a function "
+                "called at one; the other parts stay compiled)"
+            )
+            warnings.warn(
+                f"{message}{part}; KILN_LOGS=graph_breaks (kiln) or the kiln.capture logger "
+                "says more",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return self.eager_fn(*args, **kwargs)
 
     def warn_if_nothing_compiled(self) -> None:
@@ -228,46 +240,21 @@ class CapturedFunction:
 
     # --- dynamic shapes ---------------------------------------------------------
 
-    def dims_for(self, args, kwargs) -> dict[str, set[int]]:
-        if self.dynamic is True:
-            return AllDims(self.fn, args, kwargs)
-        if self.dynamic is False:
-            return {}
-        return self.dynamic_dims
-
-    def note_dynamic(self, failed: str, args, kwargs) -> None:
-        """After a miss caused by a size or an int argument, make what changed symbolic."""
-        if self.dynamic is False:
-            return
-        changed_int = re.fullmatch(r"([A-Za-z_]\w*) == -?\d+", failed)
-        if changed_int is not None:
-            self.dynamic_ints.add(changed_int.group(1))
-            return
-        if self.dynamic is not None:
-            return
-        match = re.match(r"(.+?): \w+\(.*size=", failed)
-        if match is None:
-            return
-        expr = match.group(1)
-        old_shape = self.previous_shape(expr)
-        new_value = self.entries[0].result.guard.evaluate(expr, args, kwargs)
-        if old_shape is None or not isinstance(new_value, torch.Tensor):
-            return
-        if len(old_shape) != new_value.dim():
-            return
-        changed = {
-            d for d, (a, b) in enumerate(zip(old_shape, new_value.shape, strict=True)) if a != b
-        }
-        if changed:
-            self.dynamic_dims.setdefault(expr, set()).update(changed)
-
-    def previous_shape(self, expr):
-        for guard in self.entries[0].result.guard.lines:
-            if guard.description.startswith(f"{expr}: "):
-                found = re.search(r"size=\(([^)]*)\)", guard.description)
-                if found:
-                    return tuple(int(x) for x in found.group(1).split(",") if x.strip())
-        return None
+    def note_recompile(self, failures) -> None:
+        """Record every guard the call failed (with its old and new value) and make what
+        changed symbolic: all changed sizes at once, not one recompile for each."""
+        lines = [str(f) for f in failures]
+        made = self.dynamic_sizes.note_failures(failures)
+        self.stats.recompile_reasons.append("; ".join(lines))
+        self.stats.recompile_failures.append(lines)
+        self.stats.made_dynamic.append(made)
+        log.info(
+            "recompiling %s: %d guard(s) failed:\n    %s%s",
+            self.fn.__qualname__,
+            len(lines),
+            "\n    ".join(lines),
+            f"\n  now symbolic: {', '.join(made)}" if made else "",
+        )
 
     # --- helpers ----------------------------------------------------------------
 
@@ -298,17 +285,6 @@ class CapturedFunction:
         return list(self.entries)
 
 
-class AllDims(dict):
-    """``dynamic=True``: every dimension of every tensor argument is symbolic."""
-
-    def __init__(self, fn, args, kwargs):
-        super().__init__()
-        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
-        for name, value in bound.arguments.items():
-            if isinstance(value, torch.Tensor):
-                self[name] = set(range(value.dim()))
-
-
 class CapturedModule(torch.nn.Module):
     """An ``nn.Module`` whose forward is captured; everything else is the module's own."""
 
@@ -320,8 +296,22 @@ class CapturedModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         if has_hooks(self._module):
+            self.warn_hooks_once()
             return self._module(*args, **kwargs)
         return self._captured(*args, **kwargs)
+
+    def warn_hooks_once(self) -> None:
+        if self._captured.warned_hooks:
+            return
+        self._captured.warned_hooks = True
+        warnings.warn(
+            f"kiln-capture runs {type(self._module).__qualname__} eagerly while it (or "
+            "torch.nn.modules.module, globally) has forward or backward hooks, which capture "
+            "does not trace; remove the hooks, or compile the module's forward "
+            "(kiln_capture.capture(module.forward, ...))",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def __getattr__(self, name):
         if name in ("_orig_mod", "_captured", "_module"):

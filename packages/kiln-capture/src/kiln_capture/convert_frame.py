@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
+import re
 import types
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ import torch.fx
 
 from kiln_capture import versions
 from kiln_capture.codegen import Codegen
+from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import CaptureFailed, GraphBreak, RestartAnalysis, Unsupported
 from kiln_capture.guards import GuardFunction, build_guard_function
 from kiln_capture.output_graph import OutputGraph
@@ -185,8 +187,7 @@ def convert_frame(
     backend,
     *,
     fullgraph=False,
-    dynamic_dims=None,
-    dynamic_ints=frozenset(),
+    dynamic: DynamicSizes | None = None,
     wrap_callee=None,
 ) -> CaptureResult:
     """Capture one call of ``fn``; see the module docstring for the steps."""
@@ -202,8 +203,7 @@ def convert_frame(
                 kwargs,
                 backend,
                 fullgraph,
-                dynamic_dims or {},
-                dynamic_ints,
+                dynamic if dynamic is not None else DynamicSizes(),
                 break_at,
                 break_info,
                 wrap_callee,
@@ -223,13 +223,12 @@ def trace(
     kwargs,
     backend,
     fullgraph,
-    dynamic_dims,
-    dynamic_ints,
+    dynamic,
     break_at,
     break_info,
     wrap_callee,
 ) -> CaptureResult:
-    output = OutputGraph(fn.__globals__, fn.__closure__, dynamic_dims, dynamic_ints)
+    output = OutputGraph(fn.__globals__, fn.__closure__, dynamic)
     program = load_program(fn.__code__)
     root = RootTranslator(
         program,
@@ -601,21 +600,45 @@ def input_expressions(output: OutputGraph) -> list[str]:
 
 def shape_guards(output: OutputGraph) -> list[str]:
     """Guards on symbolic sizes that the trace relied on, as Python over the arguments."""
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
     from kiln_capture.guards import ShapeSource
 
-    dynamic = [
-        (s, var)
-        for s, _, var in output.inputs
-        if output.dynamic_dims.get(s.expr()) or s.expr() in output.dynamic_ints
-    ]
+    dynamic = [(s, var) for s, _, var in output.inputs if s.expr() in output.symbolic_inputs]
     if not dynamic:
         return []
     fakes = [var.example for _, var in dynamic]
     sources = [ShapeSource(s.expr()) for s, _ in dynamic]
+    contexts = [output.symbolic_contexts.get(s.expr()) for s, _ in dynamic]
     # ignore_static=False: a dimension asked to be dynamic that the trace fixed to a number
     # (a size of 0 or 1, or a guard such as x[1:] at size 2) is guarded on that number; the
     # tensor guards do not check the sizes of dimensions marked dynamic
-    return list(output.shape_env.produce_guards(fakes, sources, ignore_static=False))
+    try:
+        found = output.shape_env.produce_guards(
+            fakes, sources, input_contexts=contexts, ignore_static=False
+        )
+    except ConstraintViolationError as exc:  # a marked range the code does not keep
+        warn_marked_dims_fixed(exc)
+        found = output.shape_env.produce_guards(fakes, sources, ignore_static=False)
+    # the modules torch's printer names, as the guard's scope has them (a parameter of
+    # the function may be called ``math``)
+    return [MODULE_NAMES.sub(r"___\1.", code) for code in found]
+
+
+MODULE_NAMES = re.compile(r"(?<![\w.'\"])(math|torch)\.")
+
+
+def warn_marked_dims_fixed(exc: Exception) -> None:
+    import warnings
+
+    detail = str(exc).strip().splitlines()
+    warnings.warn(
+        "kiln-capture: a dimension marked with mark_dynamic cannot be symbolic here: "
+        f"{' '.join(line.strip() for line in detail[:6])} The graph is compiled for the "
+        "size the code needs, and guarded on it; mark_dynamic only dimensions that vary",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def make_function(fn, cg: Codegen) -> types.FunctionType:

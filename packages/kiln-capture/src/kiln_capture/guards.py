@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +65,24 @@ class Guard:
     description: str
     # a tensor of the program's state: checked with the others in one ___tensors_match call
     tensor: TensorSpec | None = None
+    # the expression whose value the line checks: a miss reports its value then
+    subject: str | None = None
+    # a tensor's sizes at capture (None for a dimension that is symbolic)
+    shape: tuple | None = None
+
+
+@dataclass
+class GuardFailure:
+    """One guard line that a call fails: what it required, and what the call has."""
+
+    guard: Guard
+    now: str | None = None  # the call's value, described
+    value: object = None  # the call's value of the guard's subject (a tensor, an int, ...)
+
+    def __str__(self) -> str:
+        if self.now is None:
+            return self.guard.description
+        return f"{self.guard.description}, now {self.now}"
 
 
 @dataclass
@@ -89,6 +108,8 @@ class GuardSet:
             ___ndarray_tensor=ndarray_tensor,
             ___iterator_sequence=iterator_sequence,
             ___iterator_position=iterator_position,
+            ___math=math,  # torch's size guards call math.ceil, math.floor, ...
+            ___torch=torch,
         )
         grad = torch.is_grad_enabled()
         self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")
@@ -117,35 +138,48 @@ class GuardSet:
             walk = getattr(walk, "base", None)
         return source.expr()
 
-    def add(self, code: str, description: str, tensor: TensorSpec | None = None, **names) -> None:
+    def add(
+        self,
+        code: str,
+        description: str,
+        tensor: TensorSpec | None = None,
+        subject: str | None = None,
+        shape: tuple | None = None,
+        **names,
+    ) -> None:
         if code in self.seen:
             return
         self.seen.add(code)
         self.scope.update(names)
-        self.lines.append(Guard(code, description, tensor))
+        self.lines.append(Guard(code, description, tensor, subject, shape))
 
     # --- kinds of guard ---------------------------------------------------------
 
     def constant(self, source, value) -> None:
         expr = self.bind(source)
         if value is None or isinstance(value, bool):
-            self.add(f"{expr} is {value!r}", f"{expr} is {value!r}")
+            self.add(f"{expr} is {value!r}", f"{expr} is {value!r}", subject=expr)
         elif type(value) in (int, str, bytes) or (type(value) is float and math.isfinite(value)):
             self.add(
                 f"type({expr}) is {type(value).__name__} and {expr} == {value!r}",
                 f"{expr} == {value!r}",
+                subject=expr,
             )
         elif type(value) is float and math.isnan(value):
-            self.add(f"type({expr}) is float and {expr} != {expr}", f"{expr} is nan")
+            self.add(f"type({expr}) is float and {expr} != {expr}", f"{expr} is nan", subject=expr)
         else:
             name = self.constant_name("c", value)
-            self.add(f"type({expr}) is type({name}) and {expr} == {name}", f"{expr} == {value!r}")
+            self.add(
+                f"type({expr}) is type({name}) and {expr} == {name}",
+                f"{expr} == {value!r}",
+                subject=expr,
+            )
 
     def identity(self, source, value) -> None:
         name = self.constant_name("id", value)
         label = getattr(value, "__qualname__", None) or type(value).__name__
         expr = self.bind(source)
-        self.add(f"{expr} is {name}", f"{expr} is the same {label}")
+        self.add(f"{expr} is {name}", f"{expr} is the same {label}", subject=expr)
 
     def method(self, source, value) -> None:
         """A bound method is a new object at every read: guard its function instead."""
@@ -168,7 +202,7 @@ class GuardSet:
     def type(self, source, value) -> None:
         name = self.constant_name("T", type(value))
         expr = self.bind(source)
-        self.add(f"type({expr}) is {name}", f"{expr} is a {type(value).__qualname__}")
+        self.add(f"type({expr}) is {name}", f"{expr} is a {type(value).__qualname__}", subject=expr)
 
     def type_and_length(self, source, value) -> None:
         name = self.constant_name("T", type(value))
@@ -176,6 +210,7 @@ class GuardSet:
         self.add(
             f"type({expr}) is {name} and len({expr}) == {len(value)}",
             f"{expr} is a {type(value).__name__} of length {len(value)}",
+            subject=expr,
         )
 
     def type_and_keys(self, source, value) -> None:
@@ -185,12 +220,13 @@ class GuardSet:
         self.add(
             f"type({expr}) is {name} and list({expr}.keys()) == {keys}",
             f"{expr} is a {type(value).__name__} with keys {list(value.keys())}",
+            subject=expr,
         )
 
     def constant_set(self, source, value) -> None:
         name = self.constant_name("c", value)
         expr = self.bind(source)
-        self.add(f"{expr} == {name}", f"{expr} == {value!r}")
+        self.add(f"{expr} == {name}", f"{expr} == {value!r}", subject=expr)
 
     def same_object(self, source, other) -> None:
         expr, other_expr = self.bind(source), self.bind(other)
@@ -209,7 +245,13 @@ class GuardSet:
             if grouped and expr not in self.examples:
                 self.examples[expr] = value
             code = " and ".join(spec.checks(expr, self.constant_name))
-            self.add(code, f"{expr}: {describe_tensor(value)}", spec if grouped else None)
+            self.add(
+                code,
+                f"{expr}: {describe_tensor(value)}",
+                spec if grouped else None,
+                subject=expr,
+                shape=tuple(value.shape),
+            )
             return
         kind = self.constant_name("T", type(value))
         dtype = self.constant_name("dtype", value.dtype)
@@ -226,7 +268,8 @@ class GuardSet:
             f"___dispatch_keys({expr}).raw_repr() == {dispatch_keys(value)}",
         ]
         about = f"{describe_tensor(value)} with dims {sorted(dynamic_dims)} dynamic"
-        self.add(" and ".join(checks), f"{expr}: {about}")
+        shape = tuple(None if d in dynamic_dims else n for d, n in enumerate(value.shape))
+        self.add(" and ".join(checks), f"{expr}: {about}", subject=expr, shape=shape)
 
 
 def describe_tensor(t: torch.Tensor) -> str:
@@ -259,22 +302,55 @@ class GuardFunction:
     def __call__(self, *args, **kwargs) -> bool:
         return self.check(*args, **kwargs)
 
-    def evaluate(self, expression: str, args, kwargs):
-        """The value of a guard expression for one call (used to explain a miss)."""
-        binder = eval(f"lambda {self.parameters}: locals()", dict(self.scope))  # noqa: S307
-        return eval(expression, dict(self.scope), binder(*args, **kwargs))  # noqa: S307
-
     def why(self, *args, **kwargs) -> str | None:
+        """The first guard that the call fails (its description), or None."""
+        failed = self.failed_lines(args, kwargs, first_only=True)
+        return failed[0].guard.description if failed else None
+
+    def failures(self, *args, **kwargs) -> list[GuardFailure]:
+        """Every guard line the call fails, each with the call's value of what it checks
+        (one miss can change several sizes: they are all made symbolic at once)."""
+        return self.failed_lines(args, kwargs)
+
+    def failed_lines(self, args, kwargs, first_only: bool = False) -> list[GuardFailure]:
         binder = eval(f"lambda {self.parameters}: locals()", dict(self.scope))  # noqa: S307
         frame_locals = binder(*args, **kwargs)
+        found = []
         for guard in self.lines:
             try:
                 ok = eval(guard.code, dict(self.scope), dict(frame_locals))  # noqa: S307
             except Exception:
                 ok = False
             if not ok:
-                return guard.description
-        return None
+                found.append(self.failure(guard, frame_locals))
+                if first_only:
+                    break
+        return found
+
+    def failure(self, guard: Guard, frame_locals: dict) -> GuardFailure:
+        if guard.subject is None:
+            sizes = SIZE_READ.findall(guard.code)  # a symbolic-shape guard: the sizes it reads
+            values = [f"{e} = {self.read(e, frame_locals)[1]}" for e in dict.fromkeys(sizes)]
+            return GuardFailure(guard, ", ".join(values) or None)
+        value, now = self.read(guard.subject, frame_locals)
+        return GuardFailure(guard, now, value)
+
+    def read(self, expression: str, frame_locals: dict) -> tuple[object, str]:
+        """The value of ``expression`` for a call, and its description."""
+        try:
+            value = eval(expression, dict(self.scope), dict(frame_locals))  # noqa: S307
+        except Exception as exc:
+            return None, f"not readable ({type(exc).__name__}: {exc})"
+        if isinstance(value, torch.Tensor):
+            return value, describe_tensor(value)
+        text = repr(value) if type(value) in (int, float, bool, str, type(None)) else None
+        if text is None or len(text) > 80:
+            text = f"a {type(value).__qualname__}"
+        return value, text
+
+
+# a size, stride or storage offset read in a guard of torch's ShapeEnv
+SIZE_READ = re.compile(r"[\w.\[\]'\"]+?\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))")
 
 
 def parameter_list(fn, scope: dict) -> str:

@@ -12,6 +12,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import GraphBreak, UserError
 from kiln_capture.guards import GuardSet
 from kiln_capture.side_effects import SideEffects
@@ -27,7 +28,7 @@ def placeholder_name(source) -> str:
 
 
 class OutputGraph:
-    def __init__(self, f_globals: dict, closure, dynamic_dims: dict, dynamic_ints=frozenset()):
+    def __init__(self, f_globals: dict, closure, dynamic: DynamicSizes):
         self.graph = torch.fx.Graph()
         # an op whose output shape depends on data (nonzero, a boolean mask, unique) breaks
         # the graph, as .item() does: it runs between two compiled graphs
@@ -35,12 +36,14 @@ class OutputGraph:
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
         self.guards = GuardSet(f_globals, closure)
         self.side_effects = SideEffects()
-        self.dynamic_dims = dynamic_dims  # source expr -> dims that are symbolic
-        self.dynamic_ints = dynamic_ints  # source exprs of int arguments that are symbolic
+        self.dynamic = dynamic  # which sizes and ints are symbolic
+        # the inputs given symbols: expr -> symbolic dims of a tensor ({} for an int)
+        self.symbolic_inputs: dict[str, dict] = {}
         self.wrapped: dict = {}  # source -> variable, so a value read twice is one variable
         # id(object) -> its variable, so an object read through two sources is one variable
         self.objects_by_id: dict = {}
         self.inputs: list[tuple[object, torch.Tensor, TensorVariable]] = []
+        self.symbolic_contexts: dict[str, object] = {}  # expr -> how its fake was made
         self.input_by_id: dict[int, TensorVariable] = {}
         self.cells: dict[int, Variable] = {}
         self.grad_mode_changes: list[bool] = []
@@ -55,7 +58,12 @@ class OutputGraph:
         if existing is not None:
             self.guards.same_object(source, existing.source)
             return existing
-        dims = self.dynamic_dims.get(source.expr(), ())
+        from kiln_capture.sources import reads_module_state
+
+        is_state = isinstance(value, torch.nn.Parameter) or reads_module_state(source)
+        dims = self.dynamic.tensor_dims(source.expr(), value, is_state)
+        if dims:
+            self.symbolic_inputs[source.expr()] = dims
         self.guards.tensor(source, value, dims)
         fake = self.fake_from_real(value, source, dims)
         node = self.graph.placeholder(self.unique_name(placeholder_name(source)))
@@ -81,20 +89,16 @@ class OutputGraph:
         node.meta["source"] = expr
         variable = SymNodeVariable(node, symbol)
         self.inputs.append((source, value, variable))
+        self.symbolic_inputs[expr] = {}
         return variable
 
-    def fake_from_real(self, value: torch.Tensor, source, dims) -> torch.Tensor:
+    def fake_from_real(self, value: torch.Tensor, source, dims: dict) -> torch.Tensor:
         if not dims:
             return self.fake_mode.from_tensor(value, static_shapes=True)
-        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-
         from kiln_capture.guards import ShapeSource
 
-        context = StatelessSymbolicContext(
-            dynamic_sizes=[
-                DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())
-            ],
-        )
+        context = symbolic_context(value, dims)
+        self.symbolic_contexts[source.expr()] = context
         return self.fake_mode.from_tensor(
             value, source=ShapeSource(source.expr()), symbolic_context=context
         )
@@ -192,6 +196,38 @@ class OutputGraph:
                 context.__exit__(None, None, None)
             self.live_contexts.clear()
             torch._C._set_grad_enabled(self.initial_grad_mode)
+
+
+def symbolic_context(value: torch.Tensor, dims: dict):
+    """How torch's fake tensors make ``value``'s symbolic dimensions. A dimension the user
+    marked (dims[d] is its (min, max)) is constrained: to its range (the guards check it),
+    and to stay symbolic (the guards say where the code fixes it)."""
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        RelaxedUnspecConstraint,
+        StatelessSymbolicContext,
+        StrictMinMaxConstraint,
+    )
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    def constraint(d):
+        if dims.get(d) is None:
+            return None
+        low, high = dims[d]
+        if low is None and high is None:
+            return RelaxedUnspecConstraint(warn_only=False)
+        return StrictMinMaxConstraint(
+            vr=ValueRanges(0 if low is None else low, int_oo if high is None else high),
+            warn_only=False,
+        )
+
+    return StatelessSymbolicContext(
+        dynamic_sizes=[
+            DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(value.dim())
+        ],
+        constraint_sizes=[constraint(d) for d in range(value.dim())],
+    )
 
 
 def _list(items):

@@ -275,3 +275,17 @@ def reads_program_state(source: Source) -> bool:
     while isinstance(source, (ItemSource, NdarrayTensorSource)):
         source = source.base
     return not isinstance(source, LocalSource)
+
+
+def reads_module_state(source: Source) -> bool:
+    """Whether ``source`` reads a module's parameter or buffer (``..._parameters['w']``,
+    ``..._buffers['b']``), a global or a closure cell: state that ``dynamic=True`` keeps
+    static, as opposed to what the call passes in (an argument, an item or attribute of
+    one, such as a KV cache's tensors)."""
+    while source is not None:
+        if isinstance(source, ModuleMemberSource) and source.registry != "_modules":
+            return True
+        if isinstance(source, (GlobalSource, ClosureSource)):
+            return True
+        source = getattr(source, "base", None)
+    return False

@@ -8,6 +8,7 @@ through a runtime plug-in (kiln-cudagraphs: ``kiln.runtime``).
 
     >>> compiled = kiln.compile(model)          # or @kiln.compile on a function
     >>> kiln.explain(model)(x)                  # graphs, graph breaks, guards
+    >>> kiln.mark_dynamic(x, 0, min=2, max=64)  # x's dim 0 symbolic from the first call
     >>> kiln.list_backends()                    # installed plug-ins, and why any failed
     >>> kiln.set_logs("graph,perf")             # or KILN_LOGS=graph,perf; KILN_DEBUG=<dir>
 
@@ -22,6 +23,7 @@ from kiln.config import Options
 from kiln.frames import compile_times
 from kiln.logs import configure_from_environment, set_logs
 from kiln.module import CompiledFunction, CompiledModule
+from kiln_capture import mark_dynamic, mark_static
 
 configure_from_environment()
 
@@ -36,6 +38,8 @@ __all__ = [
     "disable",
     "explain",
     "list_backends",
+    "mark_dynamic",
+    "mark_static",
     "reset",
     "set_logs",
 ]

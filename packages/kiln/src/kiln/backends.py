@@ -64,12 +64,16 @@ class Session:
             frame.log_perf("compiled")
         label = frame.describe() if frame is not None else name
         logs.logger("guards").info("%s guards:\n%s", label, result.guard.source)
-        if captured.stats.compiles > 1 and captured.stats.recompile_reasons:
+        if captured.stats.compiles > 1 and captured.stats.recompile_failures:
+            failed = captured.stats.recompile_failures[-1]
+            made = captured.stats.made_dynamic[-1]
             logs.logger("recompiles").info(
-                "%s recompiled (compile %d): guard failed: %s",
+                "%s recompiled (compile %d), %d guard(s) failed (as captured, now):%s%s",
                 label,
                 captured.stats.compiles,
-                captured.stats.recompile_reasons[-1],
+                len(failed),
+                "".join(f"\n    guard failed: {line}" for line in failed),
+                f"\n    now symbolic: {', '.join(made)}" if made else "",
             )
         if result.graph_break is not None:
             brk = result.graph_break
@@ -79,13 +83,14 @@ class Session:
             if frame is not None:
                 frame.dump("graph_break.txt", f"{brk.reason}\nat {brk.where}")
 
-    def on_eager(self, captured, reason) -> None:
+    def on_eager(self, captured, reason) -> bool:
+        """Compile what the frame calls instead; True where a warning said so (capture
+        warns itself otherwise)."""
         logs.logger("graph_breaks").info("%s runs eagerly: %s", captured.fn.__qualname__, reason)
         owner = getattr(captured, "bound_self", None)
         if isinstance(owner, torch.nn.Module):  # a module's forward, or another method
-            compile_submodules(owner, self.config, reason, captured.fn.__name__)
-        else:
-            compile_callees(captured, self.config, reason)
+            return bool(compile_submodules(owner, self.config, reason, captured.fn.__name__))
+        return bool(compile_callees(captured, self.config, reason))
 
 
 def _captured_function_name(gm: torch.fx.GraphModule) -> str:

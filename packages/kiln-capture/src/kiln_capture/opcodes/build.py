@@ -119,6 +119,10 @@ CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
 
 
 def _format(tx, value, spec: str, conversion):
+    from kiln_capture.variables.tensor import SymNodeVariable
+
+    if isinstance(value, SymNodeVariable):  # a size in a message: its value, guarded
+        value = value.specialized()
     if is_graph_value(value):
         raise GraphBreak("formatting a tensor or symbolic value into a string")
     python = value.as_constant()

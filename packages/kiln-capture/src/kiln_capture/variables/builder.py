@@ -60,7 +60,7 @@ def _wrap_new(tx, value, source) -> Variable:
         from kiln_capture.variables.ndarray import wrap_ndarray
 
         return wrap_ndarray(tx, value, source)
-    if kind is int and source.expr() in tx.output.dynamic_ints:
+    if kind is int and source.expr() in tx.output.dynamic.ints:
         return tx.output.add_int_input(value, source)
     if is_constant_value(value):
         guards.constant(source, value)

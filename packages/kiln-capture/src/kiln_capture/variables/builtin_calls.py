@@ -332,6 +332,9 @@ def _type(tx, obj, *rest):
 
 @builtin(range)
 def _range(tx, *args):
+    from kiln_capture.variables.tensor import SymNodeVariable
+
+    args = [a.specialized() if isinstance(a, SymNodeVariable) else a for a in args]
     if constant_args(*args):
         return ConstantVariable(range(*(a.as_constant() for a in args)))
     raise GraphBreak("range() over a symbolic size")
@@ -571,11 +574,21 @@ def _bool(tx, x=None):
     return ConstantVariable(x.truthy(tx))
 
 
-@builtin(int, float)
-def _number(tx, x=None, *rest):
-    if x is not None and is_graph_value(x):
-        raise GraphBreak("converting a tensor or symbolic value to a Python number")
-    return None
+def number(cls: type):
+    def handler(tx, x=None, *rest):
+        from kiln_capture.variables.tensor import SymNodeVariable
+
+        if isinstance(x, SymNodeVariable) and not rest:
+            return sym_math.to_number(tx, cls, x)
+        if x is not None and is_graph_value(x):
+            raise GraphBreak("converting a tensor to a Python number")
+        return None
+
+    return handler
+
+
+builtin(int)(number(int))
+builtin(float)(number(float))
 
 
 @builtin(str, repr)
@@ -751,3 +764,6 @@ def _is_model_output(cls) -> bool:
 
 
 __all__ = ["BuiltinVariable", "builtins", "call_constructor", "is_pure_builtin"]
+
+
+from kiln_capture.variables import sym_math  # noqa: E402 - registers its handlers

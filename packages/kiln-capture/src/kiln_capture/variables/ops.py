@@ -14,6 +14,7 @@ from kiln_capture.variables.containers import (
     ListVariable,
     SequenceVariable,
     SetVariable,
+    SizeVariable,
     TupleVariable,
 )
 from kiln_capture.variables.ndarray import NumpyArrayVariable
@@ -61,18 +62,45 @@ DUNDER = {
 }
 
 
+def as_sequence(v: Variable) -> Variable:
+    """A constant tuple as a tuple variable, so it concatenates with one holding sizes."""
+    if isinstance(v, ConstantVariable) and type(v.value) is tuple:
+        return TupleVariable([ConstantVariable(item) for item in v.value])
+    return v
+
+
+def concatenated(a: SequenceVariable, b: SequenceVariable) -> Variable | None:
+    """``a + b`` of two sequences, of the class Python gives (a ``torch.Size`` with a
+    tuple on either side is a ``torch.Size``), or None where Python raises."""
+    import torch
+
+    if a.mutable or b.mutable:
+        return ListVariable(a.items + b.items) if a.python_cls is b.python_cls else None
+    classes = {a.python_cls, b.python_cls}
+    if not all(issubclass(cls, tuple) for cls in classes):
+        return None
+    if torch.Size in classes:
+        return SizeVariable(a.items + b.items)
+    return TupleVariable(a.items + b.items)  # named tuples too concatenate to a tuple
+
+
 def container_operator(tx, op, args):
     a = args[0]
     b = args[1] if len(args) > 1 else None
+    if op in (operator.add, operator.iadd) and (
+        isinstance(a, SequenceVariable) or isinstance(b, SequenceVariable)
+    ):
+        a, b = as_sequence(a), as_sequence(b)
     if (
         op in (operator.add, operator.iadd)
         and isinstance(a, SequenceVariable)
         and isinstance(b, SequenceVariable)
     ):
-        if type(a) is type(b) or (a.python_cls is b.python_cls):
-            if op is operator.iadd and isinstance(a, ListVariable):
-                return a.call_method(tx, "__iadd__", [b], {})
-            return type(a)(a.items + b.items) if not a.mutable else ListVariable(a.items + b.items)
+        if op is operator.iadd and isinstance(a, ListVariable):
+            return a.call_method(tx, "__iadd__", [b], {})
+        joined = concatenated(a, b)
+        if joined is not None:
+            return joined
         raise UserError(
             TypeError(
                 f"can only concatenate {a.python_cls.__name__} "

@@ -140,7 +140,11 @@ class TensorVariable(Variable):
             else:
                 return ConstantVariable(value)
         if name == "__len__":
-            return ConstantVariable(len(self.example))
+            if self.example.dim() == 0:
+                from kiln_capture.exc import UserError
+
+                raise UserError(TypeError("len() of a 0-d tensor"))
+            return self.size_variables()[0]  # symbolic where the size is
         if name in ("__contains__", "__iter__"):
             raise GraphBreak(f"Tensor.{name} needs the tensor's data")
         return tx.output.call_graph("call_method", name, [self, *args], kwargs)
@@ -182,6 +186,11 @@ class SymNodeVariable(Variable):
 
     def as_constant(self):
         raise GraphBreak(f"{self.describe()} used where a constant is needed")
+
+    def specialized(self) -> ConstantVariable:
+        """Its value as a constant, for code that needs one (``range(n)``, ``f"{n}"``):
+        torch's ShapeEnv guards on it, so another value captures again."""
+        return ConstantVariable(self.python_type()(self.example))
 
     def reconstruct(self, cg) -> None:
         cg.load_graph_value(self)

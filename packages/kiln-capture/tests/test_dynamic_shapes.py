@@ -1,0 +1,234 @@
+"""Symbolic sizes: automatic dynamic after a size-caused recompile (every changed size at
+once), ``dynamic=True``/``False``, ``mark_dynamic``/``mark_static``, Python's arithmetic on
+sizes, the recompile reasons, and the warning of a function that runs eagerly."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from recording import Recorder
+
+import kiln_capture
+from kiln_capture import capture, mark_dynamic, mark_static
+
+
+@pytest.fixture(autouse=True)
+def no_warnings():
+    """A graph that should run compiled but ran eagerly would warn."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def check(fn, compiled, inputs_per_call):
+    for inputs in inputs_per_call:
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs))
+
+
+def is_symbolic(gm) -> bool:
+    return any(
+        isinstance(s, torch.SymInt)
+        for node in gm.graph.nodes
+        if node.op == "placeholder" and isinstance(node.meta["example_value"], torch.Tensor)
+        for s in node.meta["example_value"].shape
+    )
+
+
+# --- Python's arithmetic on symbolic sizes ----------------------------------------
+
+
+SIZE_ARITHMETIC = {
+    "tuple_plus_size": lambda x: x.reshape((-1,) + x.shape[1:]) * 2,
+    "size_plus_tuple": lambda x: x.view(x.shape[:-1] + (2, -1)).sum(-1),
+    "size_plus_size": lambda x: x.new_zeros(x.shape[:1] + x.shape[1:]) + x,
+    "list_of_size": lambda x: x.view(*list(x.shape[:-1]), 2, -1),
+    "math_sqrt": lambda x: x / math.sqrt(x.shape[0]),
+    "math_ceil": lambda x: x[: math.ceil(x.shape[0] / 2)] + 1,
+    "int_float": lambda x: x * int(x.shape[0]) + float(x.shape[0]),
+    "divmod": lambda x: x * divmod(x.shape[0], 3)[1],
+    "len": lambda x: x * len(x),
+    "range_of_min": lambda x: sum(x[i] for i in range(min(len(x), 2))),
+    "compare_and_floordiv": lambda x: x[: x.shape[0] // 2] if x.shape[0] > 3 else x,
+}
+
+
+@pytest.mark.parametrize("fn", SIZE_ARITHMETIC.values(), ids=SIZE_ARITHMETIC.keys())
+def test_python_arithmetic_on_sizes_keeps_them_symbolic(fn):
+    backend = Recorder()
+    compiled = capture(fn, backend, fullgraph=True, dynamic=True)
+    check(fn, compiled, [[torch.randn(n, 4)] for n in (5, 7, 8, 12)])
+    assert len(backend.graphs) == 1 and is_symbolic(backend.graphs[0])
+
+
+def test_a_size_in_a_string_is_its_value_guarded():
+    def fn(x):
+        return x * len(f"{x.shape[0]}")
+
+    backend = Recorder()
+    compiled = capture(fn, backend, fullgraph=True, dynamic=True)
+    check(fn, compiled, [[torch.randn(n, 4)] for n in (5, 7, 5)])
+    assert len(backend.graphs) == 2, "one graph per value the string was made of"
+
+
+# --- automatic dynamic --------------------------------------------------------------
+
+
+class Cache:
+    def __init__(self, n):
+        self.keys = [torch.randn(2, n, 4) for _ in range(3)]
+        self.values = [torch.randn(2, n, 4) for _ in range(3)]
+
+
+def attend(q, cache):
+    out = q
+    for k, v in zip(cache.keys, cache.values, strict=True):
+        out = out + (q @ k.transpose(-1, -2)).softmax(-1) @ v
+    return out
+
+
+def test_every_size_that_changed_becomes_symbolic_in_one_recompile():
+    backend = Recorder()
+    compiled = capture(attend, backend)
+    check(attend, compiled, [[torch.randn(2, 1, 4), Cache(n)] for n in (3, 4, 5, 6, 7)])
+    assert len(backend.graphs) == 2, "one capture per size, then one for the family"
+    assert is_symbolic(backend.graphs[1])
+    (failed,) = compiled.stats.recompile_failures
+    assert len(failed) == 6, "the six cache tensors, not only the first that failed"
+    (made,) = compiled.stats.made_dynamic
+    assert made == [f"cache.{name}[{i}].size(1)" for name in ("keys", "values") for i in range(3)]
+
+
+def test_a_recompile_reason_has_the_old_and_the_new_value():
+    backend = Recorder()
+    compiled = capture(lambda x, n: x.sum(0) * n, backend, dynamic=False)
+    compiled(torch.randn(3, 2), 2)
+    compiled(torch.randn(4, 2), 5)
+    (failed,) = compiled.stats.recompile_failures
+    assert failed[0].startswith("x: Tensor(float32, cpu, size=(3, 2)")
+    assert ", now Tensor(float32, cpu, size=(4, 2)" in failed[0]
+    assert failed[1] == "n == 2, now 5"
+    assert compiled.stats.recompile_reasons == ["; ".join(failed)]
+    assert compiled.stats.made_dynamic == [[]], "dynamic=False makes nothing symbolic"
+
+
+def test_dynamic_false_never_makes_a_size_symbolic():
+    backend = Recorder()
+    compiled = capture(lambda x: x.softmax(-1), backend, dynamic=False)
+    check(lambda x: x.softmax(-1), compiled, [[torch.randn(n, 3)] for n in (2, 3, 4)])
+    assert len(backend.graphs) == 3 and not any(is_symbolic(g) for g in backend.graphs)
+
+
+def test_an_int_read_from_an_attribute_stays_a_constant():
+    class Config:
+        heads = 2
+
+    config = Config()
+
+    def fn(x):
+        return x.view(config.heads, -1) * config.heads
+
+    backend = Recorder()
+    compiled = capture(fn, backend)
+    check(fn, compiled, [[torch.randn(8)]])
+    config.heads = 4
+    check(fn, compiled, [[torch.randn(8)]])
+    config.heads = 8
+    check(fn, compiled, [[torch.randn(8)]])
+    assert len(backend.graphs) == 3 and compiled.stats.made_dynamic == [[], []]
+
+
+# --- dynamic=True -----------------------------------------------------------------
+
+
+def test_dynamic_true_makes_what_the_call_passes_symbolic_but_not_parameters():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 4)
+
+    def fn(x, cache):
+        return linear(x) + attend(x, cache)
+
+    backend = Recorder()
+    compiled = capture(fn, backend, dynamic=True)
+    check(fn, compiled, [[torch.randn(2, 1, 4), Cache(n)] for n in (3, 4, 9)])
+    (gm,) = backend.graphs
+    placeholders = {
+        n.meta["source"]: n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"
+    }
+    assert isinstance(placeholders["cache.keys[0]"].shape[1], torch.SymInt)
+    weight = next(v for k, v in placeholders.items() if k.endswith("['weight']"))
+    assert not any(isinstance(s, torch.SymInt) for s in weight.shape)
+
+
+# --- mark_dynamic / mark_static -------------------------------------------------------
+
+
+def test_mark_dynamic_makes_a_dimension_symbolic_from_the_first_call():
+    backend = Recorder()
+    compiled = capture(lambda x: x.sum(0), backend)
+    inputs = [[mark_dynamic(torch.randn(n, 3), 0)] for n in (4, 5)] + [[torch.randn(6, 3)]]
+    check(lambda x: x.sum(0), compiled, inputs)
+    assert len(backend.graphs) == 1 and is_symbolic(backend.graphs[0])
+    assert kiln_capture.mark_dynamic is mark_dynamic
+
+
+def test_mark_dynamic_with_a_range_recompiles_outside_it():
+    backend = Recorder()
+    compiled = capture(lambda x: x.cos(), backend, dynamic=False)
+    inputs = [[mark_dynamic(torch.randn(n, 3), 0, min=2, max=8)] for n in (4, 8, 3)]
+    check(lambda x: x.cos(), compiled, [*inputs, [torch.randn(9, 3)]])
+    assert len(backend.graphs) == 2, "9 is outside [2, 8]"
+    guard = compiled.cache_entries()[-1].guard_source
+    assert "x.size()[0] <= 8" in guard
+
+
+def test_mark_dynamic_checks_its_arguments():
+    with pytest.raises(ValueError, match="outside"):
+        mark_dynamic(torch.randn(3, 2), 0, min=4)
+    with pytest.raises(IndexError):
+        mark_dynamic(torch.randn(3, 2), 2)
+
+
+def test_mark_dynamic_on_a_dimension_the_code_fixes_warns():
+    def fn(x):
+        return x.view(4, 3) + 1
+
+    compiled = capture(fn, Recorder())
+    x = mark_dynamic(torch.randn(4, 3), 0)
+    with pytest.warns(RuntimeWarning, match="mark_dynamic"):
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_mark_static_keeps_a_dimension_static_with_dynamic_true():
+    backend = Recorder()
+    compiled = capture(lambda x: x.sum(1), backend, dynamic=True)
+    check(lambda x: x.sum(1), compiled, [[mark_static(torch.randn(n, 5), 1)] for n in (3, 4)])
+    (gm,) = backend.graphs
+    (x,) = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
+    assert isinstance(x.shape[0], torch.SymInt) and x.shape[1] == 5
+
+
+def test_mark_static_wins_over_automatic_dynamic():
+    backend = Recorder()
+    compiled = capture(lambda x: x * 2, backend)
+    check(lambda x: x * 2, compiled, [[mark_static(torch.randn(n))] for n in (2, 3, 4)])
+    assert len(backend.graphs) == 3 and not any(is_symbolic(g) for g in backend.graphs)
+
+
+# --- eager runs say so ------------------------------------------------------------
+
+
+def test_a_function_that_runs_eagerly_says_so_once():
+    def fn(x):
+        def inner():
+            return x + 1
+
+        y = x * 2
+        print(end="")  # a graph break in a function with cells: capture runs it eagerly
+        return inner() + y
+
+    compiled = capture(fn, Recorder())
+    x = torch.randn(3)
+    with pytest.warns(RuntimeWarning, match=r"fn eagerly: graph break in a function"):
+        torch.testing.assert_close(compiled(x), fn(x))
+    torch.testing.assert_close(compiled(x), fn(x))  # no second warning (errors here)
