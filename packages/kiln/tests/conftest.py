@@ -1,5 +1,6 @@
 import pathlib
 import sys
+import warnings
 
 import pytest
 
@@ -18,6 +19,39 @@ def fresh_caches(tmp_path_factory):
     mp.setenv("KILN_CPP_CACHE_DIR", str(tmp_path_factory.mktemp("kiln-cpp-cache")))
     yield
     mp.undo()
+
+
+@pytest.fixture
+def lowerings(monkeypatch):
+    """One entry per lowering (kiln-loopir's ``compile_fx`` of one aten graph): whether its
+    sizes were symbolic."""
+    from helpers import symbolic
+
+    import kiln.pipeline
+
+    seen: list[bool] = []
+    real = kiln.pipeline.kiln_loopir.compile_fx
+
+    def counting(gm, example_inputs, **kwargs):
+        seen.append(symbolic(example_inputs))
+        return real(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(kiln.pipeline.kiln_loopir, "compile_fx", counting)
+    return seen
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A cache of the test's own: a graph another test stored is not loaded unlowered."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kiln-cache"))
+
+
+@pytest.fixture
+def warnings_are_errors():
+    """A graph that ran eagerly instead would warn: that fails the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
 
 
 @pytest.fixture(autouse=True)

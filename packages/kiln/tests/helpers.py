@@ -32,3 +32,13 @@ def assert_same_grads(model, reference):
         else:
             assert p.grad is not None, f"{name} got no gradient, eager gives one"
             torch.testing.assert_close(p.grad, p_ref.grad, msg=name)
+
+
+def symbolic(values) -> bool:
+    """Whether any tensor of ``values`` has a symbolic size or stride."""
+    return any(
+        isinstance(s, torch.SymInt)
+        for v in values
+        if isinstance(v, torch.Tensor)
+        for s in (*v.shape, *v.stride())
+    )

@@ -5,7 +5,6 @@ warning (a graph that ran eagerly instead would warn; warnings are errors here).
 from __future__ import annotations
 
 import logging
-import warnings
 
 import pytest
 import torch
@@ -16,37 +15,7 @@ import kiln.pipeline
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture
-def lowerings(monkeypatch):
-    """One entry per lowering (kiln-loopir's compile_fx): whether its sizes were symbolic."""
-    seen: list[bool] = []
-    real = kiln.pipeline.kiln_loopir.compile_fx
-
-    def counting(gm, example_inputs, **kwargs):
-        seen.append(
-            any(
-                isinstance(s, torch.SymInt)
-                for v in example_inputs
-                if isinstance(v, torch.Tensor)
-                for s in v.shape
-            )
-        )
-        return real(gm, example_inputs, **kwargs)
-
-    monkeypatch.setattr(kiln.pipeline.kiln_loopir, "compile_fx", counting)
-    return seen
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kiln-cache"))
-
-
-@pytest.fixture(autouse=True)
-def no_fallback():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
+pytestmark = pytest.mark.usefixtures("own_cache", "warnings_are_errors")
 
 
 def gpt2(use_cache: bool):

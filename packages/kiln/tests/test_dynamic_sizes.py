@@ -7,10 +7,9 @@ with warnings as errors: a graph that ran eagerly instead would warn.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from helpers import symbolic
 
 import kiln
 import kiln.pipeline
@@ -19,40 +18,7 @@ from kiln.cache import graph_key
 BATCHES = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 
 
-@pytest.fixture
-def lowerings(monkeypatch):
-    """One entry per lowering: whether its graph's sizes were symbolic."""
-    seen: list[bool] = []
-    real = kiln.pipeline.kiln_loopir.compile_fx
-
-    def counting(gm, example_inputs, **kwargs):
-        seen.append(_symbolic(example_inputs))
-        return real(gm, example_inputs, **kwargs)
-
-    monkeypatch.setattr(kiln.pipeline.kiln_loopir, "compile_fx", counting)
-    return seen
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    """A cache of the test's own: a graph another test stored is not loaded unlowered."""
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kiln-cache"))
-
-
-@pytest.fixture(autouse=True)
-def no_fallback():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
-
-
-def _symbolic(values) -> bool:
-    return any(
-        isinstance(s, torch.SymInt)
-        for v in values
-        if isinstance(v, torch.Tensor)
-        for s in (*v.shape, *v.stride())
-    )
+pytestmark = pytest.mark.usefixtures("own_cache", "warnings_are_errors")
 
 
 def _check_calls(fn, compiled, inputs_per_call) -> None:
@@ -153,15 +119,15 @@ def test_the_cache_key_tells_symbolic_sizes_from_static_ones(lowerings, monkeypa
 
     def recording(gm, example_inputs, codegen, settings):
         key = graph_key(gm, example_inputs, codegen, settings)
-        keys.append((_symbolic(example_inputs), key))
+        keys.append((symbolic(example_inputs), key))
         return key
 
     monkeypatch.setattr(kiln.pipeline, "graph_key", recording)
     options = {"cache_dir": str(tmp_path)}
     compiled = kiln.compile(sin_softmax, options=options)
     _check_calls(sin_softmax, compiled, [[torch.randn(b, 32)] for b in [2, 3, 4]])
-    (static, static_key), (symbolic, symbolic_key) = keys
-    assert (static, symbolic) == (False, True) and static_key != symbolic_key
+    (static, static_key), (dynamic, symbolic_key) = keys
+    assert (static, dynamic) == (False, True) and static_key != symbolic_key
     assert lowerings == [False, True]
     # a new process (here: after reset) whose family starts at other sizes finds its graph
     kiln.reset()
