@@ -95,38 +95,45 @@ def compiled_forward(model: torch.nn.Module, variant: str) -> None:
         model.forward = kiln.compile(model.forward)
 
 
-def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    started = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - started
+def twice(build: Callable[[], torch.nn.Module], variant: str, work: Callable) -> tuple:
+    """``work(model)`` run twice on a new model whose forward ``variant`` compiled:
+    ``(results, seconds, graphs compiled)``, one entry per run."""
+    torch.manual_seed(0)
+    model = build()
+    compiled_forward(model, variant)
+    results, seconds, compiled = [], [], []
+    with torch.no_grad():
+        for _ in range(2):
+            before = compiles(variant)
+            started = time.perf_counter()
+            results.append(work(model))
+            seconds.append(time.perf_counter() - started)
+            compiled.append(compiles(variant) - before)
+    return results, seconds, compiled
+
+
+def row(name: str, case: str, variant: str, seconds, compiled, per: int, note: str) -> list:
+    """A table row; the time per token (per call) is the second run's over ``per``."""
+    return [name, case, variant, f"{compiled[0]}, {compiled[1]}", f"{seconds[0]:.2f}",
+            f"{seconds[1]:.2f}", f"{seconds[1] / per * 1e3:.2f}", note]  # fmt: skip
 
 
 def generate_rows(name: str, build: Callable[[], torch.nn.Module]) -> list[list[str]]:
     torch.manual_seed(0)
     prompt = torch.randint(0, 512, PROMPT)
+
+    def generate(model):
+        return model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False,
+                              min_new_tokens=NEW_TOKENS, pad_token_id=0)  # fmt: skip
+
     rows, expected = [], None
     for variant in ("eager", "torch.compile", "kiln"):
-        torch.manual_seed(0)
-        model = build()
-        compiled_forward(model, variant)
-
-        def run(model=model):
-            return model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                  min_new_tokens=NEW_TOKENS, pad_token_id=0)  # fmt: skip
-
-        with torch.no_grad():
-            before = compiles(variant)
-            first, first_s = timed(run)
-            middle = compiles(variant)
-            second, second_s = timed(run)
-            after = compiles(variant)
-        if expected is None:
-            expected = first
-        same = torch.equal(first, expected) and torch.equal(second, expected)
+        tokens, seconds, compiled = twice(build, variant, generate)
+        expected = tokens[0] if expected is None else expected
+        same = all(torch.equal(t, expected) for t in tokens)
         note = "tokens equal eager's" if same else "TOKENS DIFFER FROM EAGER'S"
-        rows.append([name, f"generate {NEW_TOKENS} tokens", variant,
-                     f"{middle - before}, {after - middle}", f"{first_s:.2f}",
-                     f"{second_s:.2f}", f"{second_s / NEW_TOKENS * 1e3:.2f}", note])  # fmt: skip
+        case = f"generate {NEW_TOKENS} tokens"
+        rows.append(row(name, case, variant, seconds, compiled, NEW_TOKENS, note))
     return rows
 
 
@@ -135,32 +142,22 @@ def serving_rows(name: str, build: Callable[[], torch.nn.Module]) -> list[list[s
     sizes = [(rng.randint(1, 8), rng.randint(8, 64)) for _ in range(SERVING_CALLS)]
     torch.manual_seed(0)
     batches = [torch.randint(0, 512, size) for size in sizes]
+
+    def serve(model):
+        return [model(ids, use_cache=False).logits for ids in batches]
+
     rows, expected = [], None
     for variant in ("eager", "torch.compile", "kiln"):
-        torch.manual_seed(0)
-        model = build()
-        compiled_forward(model, variant)
-
-        def serve(model=model):
-            return [model(ids, use_cache=False).logits for ids in batches]
-
-        with torch.no_grad():
-            before = compiles(variant)
-            first, first_s = timed(serve)
-            middle = compiles(variant)
-            second, second_s = timed(serve)
-            after = compiles(variant)
-        if expected is None:
-            expected = first
+        outputs, seconds, compiled = twice(build, variant, serve)
+        expected = outputs[0] if expected is None else expected
         ok = all(
             torch.allclose(a, b, rtol=1e-4, atol=1e-4)
-            for out in (first, second)
+            for out in outputs
             for a, b in zip(out, expected, strict=True)
         )
-        rows.append([name, f"serving loop, {SERVING_CALLS} sizes", variant,
-                     f"{middle - before}, {after - middle}", f"{first_s:.2f}",
-                     f"{second_s:.2f}", f"{second_s / SERVING_CALLS * 1e3:.2f}",
-                     "outputs equal eager's" if ok else "OUTPUTS DIFFER FROM EAGER'S"])  # fmt: skip
+        note = "outputs equal eager's" if ok else "OUTPUTS DIFFER FROM EAGER'S"
+        case = f"serving loop, {SERVING_CALLS} sizes"
+        rows.append(row(name, case, variant, seconds, compiled, SERVING_CALLS, note))
     return rows
 
 
