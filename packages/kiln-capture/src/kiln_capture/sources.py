@@ -8,6 +8,7 @@ transformed frame (``emit``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 class Source:
@@ -194,23 +195,32 @@ def ndarray_tensor(array):
 
 
 @dataclass(frozen=True)
-class NdarrayTensorSource(Source):
-    """The tensor over an ndarray the frame reads (``torch.from_numpy``): the graph input
-    that stands for the ndarray ``base``."""
+class HelperSource(Source):
+    """``helper(base)``: a value computed from ``base`` by one of kiln-capture's helpers,
+    which guard functions name ``___<helper's name>``."""
 
     base: Source
+    helper: ClassVar[staticmethod]
 
     def expr(self) -> str:
         return self.over(self.base.expr())
 
     def over(self, base: str) -> str:
-        return f"___ndarray_tensor({base})"
+        return f"___{self.helper.__name__}({base})"
 
     def emit(self, cg) -> None:
-        cg.call(lambda: cg.load_const(ndarray_tensor), [lambda: self.base.emit(cg)])
+        cg.call(lambda: cg.load_const(self.helper), [lambda: self.base.emit(cg)])
 
     def root(self) -> Source:
         return self.base.root()
+
+
+@dataclass(frozen=True)
+class NdarrayTensorSource(HelperSource):
+    """The tensor over an ndarray the frame reads (``torch.from_numpy``): the graph input
+    that stands for the ndarray ``base``."""
+
+    helper = staticmethod(ndarray_tensor)
 
 
 ITERATOR_TYPES = (type(iter([])), type(iter(())))
@@ -238,24 +248,12 @@ def advance_iterator(iterator, count: int) -> None:
 
 
 @dataclass(frozen=True)
-class IteratorSequenceSource(Source):
+class IteratorSequenceSource(HelperSource):
     """The list or tuple under a list or tuple iterator the frame reads (a comprehension's
     ``.0``, a loop's iterator handed to a resume function); its items are read by their
     index there, which taking items from the iterator does not change."""
 
-    base: Source
-
-    def expr(self) -> str:
-        return self.over(self.base.expr())
-
-    def over(self, base: str) -> str:
-        return f"___iterator_sequence({base})"
-
-    def emit(self, cg) -> None:
-        cg.call(lambda: cg.load_const(iterator_sequence), [lambda: self.base.emit(cg)])
-
-    def root(self) -> Source:
-        return self.base.root()
+    helper = staticmethod(iterator_sequence)
 
 
 def object_sources(source: Source) -> list[ObjectSource]:
