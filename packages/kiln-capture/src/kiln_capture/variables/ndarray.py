@@ -454,7 +454,7 @@ class NumpyFunctionVariable(Variable):
         return type(self.fn)
 
     def describe(self) -> str:
-        return f"numpy.{self.fn.__name__}"
+        return f"numpy.{numpy_name(self.fn)}"  # numpy.linalg.norm: its submodule too
 
     def identity_key(self):
         return ("object", id(self.fn))
