@@ -334,25 +334,28 @@ def test_kiln_compile_default_mode_launches_small_graphs_directly(kiln_with_plug
     assert (after.warmups, after.replays) == (before.warmups, before.replays), after
 
 
-def test_a_call_on_another_stream_runs_without_the_graph():
+def test_a_call_on_another_stream_replays_after_the_last_streams_work():
     x, w, b = cuda_inputs()
     runner = CudaGraphRunner(block, static_inputs={1, 2}, fresh_outputs=True)
-    for _ in range(3):
-        runner(x, w, b)  # warm-up, record, replay on the current stream
-    before = runner.stats.replays
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # could run alongside a replay on the first stream
-        x2 = torch.randn_like(x)
-        out, total = runner(x2, w, b)
-        want, want_total = block(x2, w, b)
-    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.stream(side):  # warm-up and record on a side stream
+        for _ in range(3):
+            runner(x, w, b)
+    before = runner.stats.replays
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # the side stream's replay waits behind this
+        slow = runner(x, w, b)[0]
+    x2 = torch.randn_like(x)  # on the first stream again: its input copy and replay wait
+    # for the side stream, else x2 would reach the side stream's replay first
+    out, total = runner(x2, w, b)
+    want, want_total = block(x2, w, b)
     torch.testing.assert_close(out, want, **TOL)
     torch.testing.assert_close(total, want_total, **TOL)
-    assert runner.stats.replays == before
-    assert any("another CUDA stream" in reason for reason in runner.stats.reasons)
-    runner(x, w, b)  # back on the first stream: the graph replays
-    assert runner.stats.replays == before + 1
+    torch.cuda.synchronize()
+    torch.testing.assert_close(slow, block(x, w, b)[0], **TOL)
+    assert runner.stats.replays == before + 2
+    assert runner.stats.eager_calls == 0
 
 
 def test_a_call_inside_the_callers_own_capture_runs_the_compiled_callable():

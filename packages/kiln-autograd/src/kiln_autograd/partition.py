@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx
 
-from kiln_autograd.recompute import is_random
+from kiln_autograd.recompute import VIEW_OPS, is_random, op_name
 from kiln_autograd.trace import JointGraph
 
 
@@ -127,7 +127,9 @@ PARTITIONERS: dict[str, Callable[[JointGraph], PartitionedGraphs]] = {
 
 
 def split(joint: JointGraph, parts: JointParts, saved: set[torch.fx.Node]) -> PartitionedGraphs:
-    """Build the forward and backward graphs that pass exactly ``saved`` between them."""
+    """Build the forward and backward graphs that pass ``saved`` between them, except that
+    a saved view of a forward input is passed as the input itself (:func:`input_view_base`)."""
+    saved = {input_view_base(n, joint, parts) or n for n in saved}
     order = {n: i for i, n in enumerate(joint.gm.graph.nodes)}
     saved_list = sorted(saved, key=order.__getitem__)
     saved_tensors = [n for n in saved_list if not _is_sym(n)]
@@ -167,6 +169,29 @@ def split(joint: JointGraph, parts: JointParts, saved: set[torch.fx.Node]) -> Pa
         num_saved_symints=len(saved_symints),
         grad_tangent_deps=tuple(deps),
     )
+
+
+def input_view_base(
+    node: torch.fx.Node, joint: JointGraph, parts: JointParts
+) -> torch.fx.Node | None:
+    """The forward input that ``node`` is a chain of views of (a transposed weight, say), or
+    None. Saving the input instead costs no more memory, and the backward makes the views
+    again for free; a runtime then sees a parameter it reads in place at every step rather
+    than a new tensor (a CUDA graph would copy it). Inputs the graph writes are not taken:
+    their memory holds the new value by the time the backward runs."""
+    chain = node
+    while chain.op == "call_function":
+        target = chain.target
+        if not isinstance(target, torch._ops.OpOverload) or op_name(target) not in VIEW_OPS:
+            return None
+        if len(chain.all_input_nodes) != 1:  # sizes that are SymInts of the forward
+            return None
+        chain = chain.all_input_nodes[0]
+    if chain is node or chain not in parts.primals:
+        return None
+    if parts.primals.index(chain) in joint.meta.mutated_inputs:
+        return None
+    return chain
 
 
 def _is_sym(node: torch.fx.Node) -> bool:

@@ -10,9 +10,10 @@ raise once a later replay has overwritten them (clone what you keep), or, with
 ``fresh_outputs`` (kiln's default mode), copied into memory of their own. Where a graph would be
 wrong (inputs off the GPU, inputs requiring grad under grad mode, random seeds drawn on
 the host, a call that synchronises with the host, a capture that fails or differs from
-eager, too many keys, a call on another stream than the device's replays) the call runs
+eager, too many keys) the call runs
 ``compiled`` itself and the ``kiln.cudagraphs`` logger says why, once. A call made while
-the caller's own CUDA graph is being captured runs ``compiled`` itself, into that capture.
+the caller's own CUDA graph is being captured runs ``compiled`` itself, into that capture;
+a replay on another stream than the last replay's waits for that stream's work first.
 
 ``stats(wrapped)`` reports what a wrapper did; ``stats()`` totals the process.
 ``register_view_maker(factory)`` lets a caller make the tensors a replay hands out in one

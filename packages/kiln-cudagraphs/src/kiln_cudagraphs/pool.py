@@ -29,25 +29,15 @@ class PoolMember(Protocol):
 class GraphPool:
     """One memory pool and the graphs recorded into it, in the order they were recorded.
 
-    Its graphs replay on one stream of the device: the caller's current stream at the first
-    replay. Replays on two streams could run at once, over the same memory."""
+    Replays on two streams could run at once over the same memory: a replay on another
+    stream than the last one's first makes its stream wait for the last one's work."""
 
     def __init__(self, handle: object = None, device_index: int | None = None) -> None:
         self.handle = handle
         self.device_index = device_index  # None: no stream to keep to (the runner's tests)
-        self.stream: int | None = None  # the replays' stream, once one replayed
+        self.stream: torch.cuda.Stream | None = None  # the last replay's stream
         self._graphs: list[weakref.ref] = []
         self._owner: dict[int, weakref.ref] = {}  # output data pointer -> its graph
-
-    def on_replay_stream(self) -> bool:
-        """Whether the caller's current stream is the one this pool's graphs replay on (the
-        first caller's)."""
-        if self.device_index is None:
-            return True
-        current = torch.cuda.current_stream(self.device_index).cuda_stream
-        if self.stream is None:
-            self.stream = current
-        return current == self.stream
 
     def renew(self) -> None:
         """After a capture into the pool failed: torch may still hold the pool as being
@@ -74,7 +64,9 @@ class GraphPool:
         return ref() if ref is not None else None
 
     def replaying(self, graph: PoolMember) -> None:
-        """``graph`` replays next: invalidate what it and every later graph handed out."""
+        """``graph`` replays next, on the caller's current stream: invalidate what it and
+        every later graph handed out, and order the stream after the last replay's."""
+        self._order_streams()
         later = False
         for ref in self._graphs:
             member = ref()
@@ -82,6 +74,17 @@ class GraphPool:
                 later = True
             if later and member is not None:
                 member.invalidate_outputs()
+
+    def _order_streams(self) -> None:
+        """A replay on another stream than the last replay's (another thread's, or a
+        ``torch.cuda.stream`` block) waits for all the work queued on that stream so far:
+        the two replays never run at once over the same memory."""
+        if self.device_index is None:
+            return
+        current = torch.cuda.current_stream(self.device_index)
+        if self.stream is not None and current != self.stream:
+            current.wait_stream(self.stream)
+        self.stream = current
 
 
 _POOLS: dict[object, GraphPool] = {}

@@ -26,10 +26,6 @@ log = logging.getLogger("kiln.cudagraphs")
 
 MAX_GRAPHS = 8  # input keys per wrapper; calls with further keys run eagerly
 MAX_RECORDINGS = 4  # per key: recordings again (an input moved), then the key runs eagerly
-OTHER_STREAM = (
-    "called on another CUDA stream than the device's graphs replay on (the first replay's): "
-    "replays on two streams could run at once over the same graph memory"
-)
 
 
 @dataclass(frozen=True)
@@ -122,8 +118,6 @@ class CudaGraphRunner:
                 return self._run_eagerly(inputs, str(exc))
         entry = self.entries.get(key)
         if isinstance(entry, RecordedGraph):
-            if not entry.pool.on_replay_stream():
-                return self._run_eagerly(inputs, OTHER_STREAM)
             moved = entry.moved_inputs(inputs)
             now_in_pool = entry.pool_inputs(inputs)
             if not moved and not now_in_pool:
