@@ -172,3 +172,19 @@ def test_saves_no_more_bytes_than_torch_min_cut(name):
     ours_bytes = measured_saved_bytes(ours, inputs)
     theirs_bytes = measured_saved_bytes(lambda *a: theirs(*a), inputs)
     assert 0 < ours_bytes <= theirs_bytes
+
+
+def test_forward_graph_notes_its_saved_outputs():
+    seen = {}
+
+    def keep(gm, _):
+        seen.setdefault("fw", gm)
+        return gm
+
+    build, inputs = CASES["mlp"]
+    kiln_autograd.aot(build(), inputs(), keep)(*inputs())
+    fw = seen["fw"]
+    (output,) = fw.graph.find_nodes(op="output")
+    n_outputs = len(output.args[0])
+    saved = kiln_autograd.saved_outputs(fw)
+    assert saved and saved == tuple(range(n_outputs - len(saved), n_outputs))

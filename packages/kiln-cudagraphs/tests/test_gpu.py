@@ -322,6 +322,29 @@ def test_kiln_compile_default_mode_training_step_equals_eager(kiln_with_plugins)
     assert after.replays - before.replays >= 4, after  # forward and backward graphs replay
 
 
+def test_kiln_compile_default_mode_training_loop_replays_both_graphs(kiln_with_plugins):
+    """A plain loop (forward, backward, next step): the forward's saved tensors are handed
+    out over graph memory and dead by the next forward, so every call replays."""
+    kiln = kiln_with_plugins
+    model = encoder()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"cache": False})
+    for step in range(6):
+        if step == 3:
+            before = kiln_cudagraphs.stats()
+        x = torch.randn(4, 12, 16, device="cuda")
+        loss = compiled(x).square().mean()
+        loss.backward()
+        expected = reference(x).square().mean()
+        expected.backward()
+        torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+    after = kiln_cudagraphs.stats()
+    assert after.replays - before.replays == 6, after  # forward and backward, 3 steps
+    assert after.eager_calls == before.eager_calls, after
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
 def test_kiln_compile_default_mode_launches_small_graphs_directly(kiln_with_plugins):
     kiln = kiln_with_plugins
     model = mlp().eval()

@@ -87,3 +87,24 @@ def test_a_registered_view_maker_makes_the_outputs_in_graph_memory(monkeypatch):
     assert got[1] is static_x
     torch.testing.assert_close(got[0], a, rtol=0, atol=0)
     torch.testing.assert_close(got[2], b, rtol=0, atol=0)
+
+
+def test_kept_outputs_are_handed_out_over_graph_memory_until_they_die():
+    static_in = [torch.randn(3)]
+    user = torch.randn(4, 3)
+    saved = torch.randn(6, 5)  # a saved tensor: only the backward reads it
+    shared = torch.randn(8)  # kept, but a user output is a view of it: copied
+    plan = OutputPlan([user, saved, shared[2:], shared[:4]], static_in, kept={1, 2})
+    assert plan.copy_bytes < user.nbytes + saved.nbytes + shared.nbytes
+    out_user, out_saved, out_kept_view, out_view = plan.fresh(static_in)
+    assert out_saved.data_ptr() == saved.data_ptr()  # no copy
+    assert out_user.data_ptr() != user.data_ptr()
+    assert out_kept_view.data_ptr() != shared[2:].data_ptr()  # shares memory with output 3
+    torch.testing.assert_close(out_saved, saved, rtol=0, atol=0)
+    assert out_kept_view.untyped_storage().data_ptr() == out_view.untyped_storage().data_ptr()
+    assert plan.in_use()  # the saved tensor is alive: a replay must not overwrite it
+    saved.add_(1.0)
+    torch.testing.assert_close(out_saved, saved)  # it is graph memory
+    del out_saved
+    assert not plan.in_use()
+    assert out_user.data_ptr() != plan.fresh(static_in)[0].data_ptr()

@@ -448,3 +448,27 @@ def test_fresh_outputs_too_big_to_copy_run_without_a_graph():
     s = kiln_cudagraphs.stats(r)
     assert (s.captures, s.replays, s.failed_captures) == (0, 0, 1)
     assert any("more than copying them at every call would save" in k for k in s.reasons)
+
+
+def test_saved_outputs_are_not_copied_and_a_replay_never_overwrites_live_ones():
+    """A forward graph's saved tensors (output 1 here) are handed out over graph memory; a
+    second forward while the first one's are alive (its backward has not run) runs without
+    a graph, and replays again once they are gone."""
+    r = runner(two_outputs, static_inputs=PARAMS, fresh_outputs=True, saved_outputs={1})
+    w, b = torch.randn(8, 5), torch.randn(5)
+    for _ in range(3):  # warm-up, record, replay: each call's saved tensor dies at once
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(r(x, w, b)[1], two_outputs(x, w, b)[1])
+    assert kiln_cudagraphs.stats(r).replays == 1
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
+    first = r(x1, w, b)
+    second = r(x2, w, b)  # first[1] is alive: this call must not overwrite it
+    torch.testing.assert_close(first[1], two_outputs(x1, w, b)[1])
+    torch.testing.assert_close(second[1], two_outputs(x2, w, b)[1])
+    s = kiln_cudagraphs.stats(r)
+    assert (s.replays, s.eager_calls) == (2, 1)
+    assert any("still alive" in reason for reason in s.reasons)
+    assert graph_of(r).outputs.copy_bytes == 4 * 5 * 4  # output 0 alone is copied
+    del first, second
+    r(torch.randn(4, 8), w, b)
+    assert kiln_cudagraphs.stats(r).replays == 3

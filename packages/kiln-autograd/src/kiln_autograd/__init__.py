@@ -31,6 +31,7 @@ from kiln_autograd.partition import PartitionedGraphs
 from kiln_autograd.static_inputs import (
     STATIC_INPUTS,
     rng_state_outputs,
+    saved_outputs,
     static_inputs,
     unused_seed_inputs,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "partition",
     "register_decomposition",
     "rng_state_outputs",
+    "saved_outputs",
     "static_inputs",
     "trace_inference_graph",
     "trace_joint_graph",

@@ -20,7 +20,11 @@ from kiln_autograd.fake import captured_examples, fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
 from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
 from kiln_autograd.runtime import Compiler, InferenceRunner, TrainingRunner, example_values
-from kiln_autograd.static_inputs import captured_state_inputs, note_static_inputs
+from kiln_autograd.static_inputs import (
+    captured_state_inputs,
+    note_saved_outputs,
+    note_static_inputs,
+)
 from kiln_autograd.trace import (
     JointGraph,
     TracedGraph,
@@ -207,6 +211,8 @@ def compile_signature(
     parts = PARTITIONERS[options.partitioner](joint)
     log.debug("%s partition saves %d bytes:\n%s", options.partitioner, parts.saved_bytes(), parts)
     note_static_inputs(parts.fw, set(static_inputs))
+    n_fw = parts.num_fw_outputs
+    note_saved_outputs(parts.fw, range(n_fw, n_fw + parts.num_saved_tensors))
     primals = [n.name for n in joint.gm.graph.nodes if n.op == "placeholder"]
     note_static_inputs(parts.bw, {primals[i] for i in static_inputs})
     compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))

@@ -12,6 +12,7 @@ import operator
 import torch.fx
 
 STATIC_INPUTS = "kiln_static_inputs"
+SAVED_OUTPUTS = "kiln_saved_outputs"
 
 
 def static_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...] | None:
@@ -48,6 +49,20 @@ def note_static_inputs(gm: torch.fx.GraphModule, state: set[int] | set[str]) -> 
     gm.meta[STATIC_INPUTS] = tuple(
         i for i, name in enumerate(placeholders) if i in state or name in state
     )
+
+
+def note_saved_outputs(gm: torch.fx.GraphModule, saved: range) -> None:
+    """Note which outputs of a forward graph are the tensors it saves for its backward."""
+    gm.meta[SAVED_OUTPUTS] = tuple(saved)
+
+
+def saved_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Indices of a forward graph's outputs that are the tensors it saves for its backward
+    graph (none for other graphs). They die once the backward ran (unless they share memory
+    with an output the caller gets), so a runtime may hand them out over memory that it
+    reuses at a later call, once they are gone."""
+    meta = getattr(gm, "meta", None)
+    return meta.get(SAVED_OUTPUTS, ()) if isinstance(meta, dict) else ()
 
 
 # Outputs of ATen ops whose values no result depends on and that differ from run to run:

@@ -54,6 +54,7 @@ def wrap(
     max_graphs: int = MAX_GRAPHS,
     fresh_outputs: bool = False,
     max_copy_bytes: int | None = None,
+    saved_outputs: Collection[int] = (),
 ) -> CudaGraphRunner:
     """``compiled`` replayed through CUDA graphs: the ``kiln.runtime`` contract.
 
@@ -71,6 +72,9 @@ def wrap(
     its own (copied after the replay), as kiln's default mode needs, instead of tensors
     over graph memory that the next replay overwrites; with it, a graph whose outputs take
     more than ``max_copy_bytes`` is not kept (the copy would cost more than it saves).
+    ``saved_outputs`` (kiln-autograd's ``saved_outputs(gm)``: a forward graph's saved
+    tensors) are not copied with ``fresh_outputs``: they are handed out over graph memory,
+    and a call that would overwrite ones still alive runs without a graph.
     """
     return CudaGraphRunner(
         compiled,
@@ -81,6 +85,7 @@ def wrap(
         pinned=pinned,
         fresh_outputs=fresh_outputs,
         max_copy_bytes=max_copy_bytes,
+        saved_outputs=saved_outputs,
     )
 
 

@@ -181,6 +181,9 @@ class RecordedGraph:
     def invalidate_outputs(self) -> None:
         self.outputs.invalidate()
 
+    def outputs_in_use(self) -> bool:
+        return self.outputs.in_use()
+
     def output_pointers(self) -> list[int]:
         return self.outputs.output_pointers()
 
@@ -197,11 +200,13 @@ def record(
     device: torch.device,
     unused: Collection[int] = (),
     fresh_outputs: bool = False,
+    kept_outputs: Collection[int] = (),
 ) -> RecordedGraph:
     """Record ``compiled`` on ``inputs``: the ``in_place`` tensor inputs are read where
     they are, the other tensor inputs go through static buffers; the ``unused`` ones
     (nothing computes with them) are kept as this call passed them. ``fresh_outputs``:
-    every replay returns copies of the outputs (else tensors over graph memory)."""
+    every replay returns copies of the outputs (else tensors over graph memory), except
+    the ``kept_outputs`` (see ``OutputPlan``)."""
     static = list(inputs)
     buffers = {}
     for i, x in enumerate(inputs):
@@ -214,7 +219,7 @@ def record(
     }
     replay, static_outputs = recorder(lambda: compiled(*static), device)
     pool = recorder.pool(device)
-    plan = OutputPlan(static_outputs, static)
+    plan = OutputPlan(static_outputs, static, kept_outputs if fresh_outputs else ())
     graph = RecordedGraph(replay, buffers, read_in_place, plan, pool, fresh_outputs)
     pool.add(graph)
     return graph

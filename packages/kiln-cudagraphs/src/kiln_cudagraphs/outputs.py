@@ -8,11 +8,16 @@ sharing one block of graph memory spans are copied, all groups into one new bloc
 multi-tensor copy, and the outputs are rebuilt on it with their size, stride and offset
 (outputs that were views of one another still are). An output that is an input, or a view
 of one, is rebuilt on the caller's input of this call.
+
+Fresh outputs may name some outputs ``kept``: a forward graph's saved tensors, which only
+its backward reads and which die once it ran. Those are handed out over graph memory
+without a copy (where no other output shares their memory), and :meth:`OutputPlan.in_use`
+tells whether any of them is still alive: a later replay must not overwrite them then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,7 +86,12 @@ Placement = InputAlias | GraphMemory | NoElements | Constant
 class OutputPlan:
     """How to hand out a recorded graph's outputs: worked out once, at capture."""
 
-    def __init__(self, static_outputs: Sequence[object], static_inputs: Sequence[object]):
+    def __init__(
+        self,
+        static_outputs: Sequence[object],
+        static_inputs: Sequence[object],
+        kept: Collection[int] = (),
+    ):
         self.container = tuple if isinstance(static_outputs, tuple) else list
         input_of = {  # storage -> the first input in it
             _storage(x): i for i, x in reversed(list(enumerate(static_inputs))) if _has_elements(x)
@@ -107,12 +117,19 @@ class OutputPlan:
             self.placements.append(placement)
 
         self.handed_out: torch.UntypedStorage | None = None  # the last outputs' storage
+        self.kept_out: torch.UntypedStorage | None = None  # the last kept outputs' storage
         self._window = _window(self.spans, self.placements)
-        self._block = _block_layout(self.spans, self.placements)
+        # spans holding kept outputs only: fresh() hands them out over graph memory
+        self._kept_groups = _kept_groups(len(self.spans), where, set(kept))
+        copied = [p for p in self.placements if _copied(p, self._kept_groups)]
+        kept_out = [p for p in self.placements if _kept(p, self._kept_groups)]
+        self._block = _block_layout(self.spans, copied)
+        self._kept_window = _window(self.spans, kept_out)
         # the outputs in graph memory, made over the window's storage or the block's copy
         in_memory = [p for p in self.placements if isinstance(p, GraphMemory)]
         self._window_views = _views(in_memory, self._window[2] if self._window else [])
-        self._block_views = _views(in_memory, self._block[2])
+        self._block_views = _views(copied, self._block[2])
+        self._kept_views = _views(kept_out, self._kept_window[2] if self._kept_window else [])
 
     @property
     def copy_bytes(self) -> int:
@@ -145,14 +162,32 @@ class OutputPlan:
             self.handed_out = None
 
     def fresh(self, inputs: Sequence[object]) -> tuple | list:
-        """The outputs of the replay that just ran, in one new block of memory."""
-        if not self.spans:
-            return self._assemble([], inputs)
+        """The outputs of the replay that just ran, in one new block of memory; the kept
+        ones over graph memory."""
+        copies: list[torch.Tensor] = []
         nbytes, starts, _ = self._block
-        block = torch.empty(nbytes, dtype=torch.uint8, device=self.spans[0].device)
-        targets = [block[s : s + span.numel()] for s, span in zip(starts, self.spans, strict=True)]
-        torch._foreach_copy_(targets, self.spans)
-        return self._assemble(self._block_views(block.untyped_storage()), inputs)
+        if nbytes:
+            block = torch.empty(nbytes, dtype=torch.uint8, device=self.spans[0].device)
+            targets = [block[start : start + self.spans[g].numel()] for g, start in starts.items()]
+            torch._foreach_copy_(targets, [self.spans[g] for g in starts])
+            copies = self._block_views(block.untyped_storage())
+        if self._kept_window is None:
+            return self._assemble(copies, inputs)
+        base, size, _ = self._kept_window
+        self.kept_out = torch._C._construct_storage_from_data_pointer(
+            base, self.spans[0].device, size
+        )
+        kept, copied = iter(self._kept_views(self.kept_out)), iter(copies)
+        in_memory = [
+            next(kept) if p.group in self._kept_groups else next(copied)
+            for p in self.placements
+            if isinstance(p, GraphMemory)
+        ]
+        return self._assemble(in_memory, inputs)
+
+    def in_use(self) -> bool:
+        """Whether a kept output that :meth:`fresh` handed out last is still alive."""
+        return self.kept_out is not None and _use_count(self.kept_out._cdata) > 1
 
     def _assemble(self, in_memory: list[torch.Tensor], inputs: Sequence[object]) -> tuple | list:
         """The outputs, in order: those in graph memory from ``in_memory``, the others
@@ -182,12 +217,14 @@ def _spans(
 def _window(
     spans: Sequence[torch.Tensor], placements: Sequence[Placement]
 ) -> tuple[int, int, list[int | None]] | None:
-    """``(base, nbytes, offsets)``: one address range holding every span, and each output's
-    offset in it, in elements of its dtype (None: not in graph memory)."""
-    if not spans:
+    """``(base, nbytes, offsets)``: one address range holding the spans of the outputs in
+    graph memory among ``placements``, and each output's offset in it, in elements of its
+    dtype (None: not in graph memory)."""
+    used = [spans[g] for g in sorted({p.group for p in placements if isinstance(p, GraphMemory)})]
+    if not used:
         return None
-    base = min(span.data_ptr() for span in spans)  # spans start on 16-byte boundaries
-    end = max(span.data_ptr() + span.numel() for span in spans)
+    base = min(span.data_ptr() for span in used)  # spans start on 16-byte boundaries
+    end = max(span.data_ptr() + span.numel() for span in used)
     offsets: list[int | None] = []
     for p in placements:
         if not isinstance(p, GraphMemory):
@@ -200,19 +237,40 @@ def _window(
 
 def _block_layout(
     spans: Sequence[torch.Tensor], placements: Sequence[Placement]
-) -> tuple[int, list[int], list[int | None]]:
-    """``(nbytes, starts, offsets)``: the spans laid end to end in one block (each from a
-    16-byte boundary, as in graph memory), and each output's offset in the block, in
+) -> tuple[int, dict[int, int], list[int | None]]:
+    """``(nbytes, starts, offsets)``: the spans of the outputs in graph memory among
+    ``placements`` laid end to end in one block (each from a 16-byte boundary, as in graph
+    memory; ``starts``: span index -> its start), and each output's offset in the block, in
     elements of its dtype (None: not in graph memory)."""
-    starts, nbytes = [], 0
-    for span in spans:
-        starts.append(nbytes)
-        nbytes += -(-span.numel() // _ALIGN) * _ALIGN
+    starts, nbytes = {}, 0
+    for group in sorted({p.group for p in placements if isinstance(p, GraphMemory)}):
+        starts[group] = nbytes
+        nbytes += -(-spans[group].numel() // _ALIGN) * _ALIGN
     offsets = [
         starts[p.group] // p.dtype.itemsize + p.offset if isinstance(p, GraphMemory) else None
         for p in placements
     ]
     return nbytes, starts, offsets
+
+
+def _kept_groups(n_spans: int, where: dict[int, tuple[int, int]], kept: set[int]) -> set[int]:
+    """The spans that hold kept outputs and no other output."""
+    members: dict[int, list[int]] = {}
+    for i, (group, _) in where.items():
+        members.setdefault(group, []).append(i)
+    return {g for g in range(n_spans) if members.get(g) and set(members[g]) <= kept}
+
+
+def _kept(p: Placement, kept_groups: set[int]) -> bool:
+    return isinstance(p, GraphMemory) and p.group in kept_groups
+
+
+def _copied(p: Placement, kept_groups: set[int]) -> bool:
+    return isinstance(p, GraphMemory) and p.group not in kept_groups
+
+
+# How many tensors (and storage objects) hold a storage: torch's own count.
+_use_count = torch._C._storage_Use_Count
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -25,6 +25,11 @@ class PoolMember(Protocol):
 
     def output_pointers(self) -> list[int]: ...
 
+    def outputs_in_use(self) -> bool:
+        """Whether outputs handed out over graph memory that must not be overwritten
+        (fresh outputs' kept ones) are still alive."""
+        ...
+
 
 class GraphPool:
     """One memory pool and the graphs recorded into it, in the order they were recorded.
@@ -62,6 +67,17 @@ class GraphPool:
         """The graph whose output lives at ``pointer`` (the start of a tensor), or None."""
         ref = self._owner.get(pointer)
         return ref() if ref is not None else None
+
+    def overwrites_live_outputs(self, graph: PoolMember) -> bool:
+        """Whether a replay of ``graph`` would overwrite kept outputs still alive: its
+        own, or those of a graph recorded after it."""
+        later = False
+        for ref in self._graphs:
+            member = ref()
+            later = later or member is graph
+            if later and member is not None and member.outputs_in_use():
+                return True
+        return False
 
     def replaying(self, graph: PoolMember) -> None:
         """``graph`` replays next, on the caller's current stream: invalidate what it and

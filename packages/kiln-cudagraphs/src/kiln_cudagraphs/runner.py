@@ -26,6 +26,10 @@ log = logging.getLogger("kiln.cudagraphs")
 
 MAX_GRAPHS = 8  # input keys per wrapper; calls with further keys run eagerly
 MAX_RECORDINGS = 4  # per key: recordings again (an input moved), then the key runs eagerly
+KEPT_ALIVE = (
+    "saved tensors of an earlier call are still alive (a forward called again before the "
+    "backward of the last call ran): the replay would overwrite them"
+)
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,10 @@ class CudaGraphRunner:
     the compiled callable does (one copy of the outputs' bytes per replay), and a key that
     runs without a graph is logged at INFO: the compiled callable is the default anyway. A
     key whose outputs take more than ``max_copy_bytes`` runs without a graph: copying them
-    would cost more than the replay saves.
+    would cost more than the replay saves. The ``saved_outputs`` (a forward graph's saved
+    tensors, which only its backward reads) are not copied but handed out over graph
+    memory; a call that would overwrite ones still alive (a second forward before the
+    first one's backward) runs without a graph.
     """
 
     def __init__(
@@ -76,6 +83,7 @@ class CudaGraphRunner:
         pinned: bool = False,
         fresh_outputs: bool = False,
         max_copy_bytes: int | None = None,
+        saved_outputs: Collection[int] = (),
     ) -> None:
         if max_graphs < 0:
             raise ValueError(f"max_graphs={max_graphs}: give 0 (never record) or more")
@@ -91,6 +99,7 @@ class CudaGraphRunner:
         self.pinned = pinned
         self.fresh_outputs = fresh_outputs
         self.max_copy_bytes = max_copy_bytes
+        self.saved_outputs = frozenset(saved_outputs)
         self.stats = CudaGraphStats()
         self.entries: dict[tuple, WarmedUp | RecordedGraph | Eager] = {}
         self.recordings: dict[tuple, int] = {}
@@ -118,6 +127,8 @@ class CudaGraphRunner:
                 return self._run_eagerly(inputs, str(exc))
         entry = self.entries.get(key)
         if isinstance(entry, RecordedGraph):
+            if self.fresh_outputs and entry.pool.overwrites_live_outputs(entry):
+                return self._run_eagerly(inputs, KEPT_ALIVE)
             moved = entry.moved_inputs(inputs)
             now_in_pool = entry.pool_inputs(inputs)
             if not moved and not now_in_pool:
@@ -227,6 +238,7 @@ class CudaGraphRunner:
                 device,
                 self.unused_inputs,
                 self.fresh_outputs,
+                self.saved_outputs,
             )
             self._check_copy(graph)
             _set_device_rng_state(device, rng)

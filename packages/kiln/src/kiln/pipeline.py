@@ -201,6 +201,7 @@ class AtenCompiler:
                 unchecked_outputs=kiln_autograd.rng_state_outputs(gm),
                 unused_inputs=unused_inputs,
                 steps=_steps(entry),
+                saved_outputs=kiln_autograd.saved_outputs(gm),
             )
         if kind == "backward":  # compiled at the first backward, after capture finished
             frame.log_perf("backward compiled")

@@ -15,7 +15,8 @@ guards pin them); ``fresh_outputs`` that every call must return outputs of its o
   Kiln warns once per device and reason.
 - The default mode (``options.cudagraphs`` None) replays a CUDA graph of
   :data:`MIN_GRAPH_STEPS` kernels and extern calls or more, with fresh outputs at every
-  call: one replay costs the host less than launching that many kernels. Smaller graphs,
+  call: one replay costs the host less than launching that many kernels (a forward
+  graph's saved tensors are not copied: only its backward reads them). Smaller graphs,
   graphs whose outputs take more than :data:`COPY_BYTES_PER_STEP` per step to copy, other
   devices and a missing plug-in launch kernel by kernel, logged at INFO.
 - ``options={"cudagraphs": False}`` always launches kernel by kernel.
@@ -95,6 +96,7 @@ def wrap_for_mode(
     unchecked_outputs: Sequence[int] = (),
     unused_inputs: Sequence[int] = (),
     steps: int = 0,
+    saved_outputs: Sequence[int] = (),
 ) -> Callable:
     """``compiled`` as the mode runs it: replayed through CUDA graphs, or itself. ``steps``:
     the graph's kernels and extern calls."""
@@ -131,4 +133,5 @@ def wrap_for_mode(
         pinned=not _symbolic(example_inputs),
         fresh_outputs=not asked,
         max_copy_bytes=None if asked else steps * COPY_BYTES_PER_STEP,
+        saved_outputs=tuple(saved_outputs),
     )
