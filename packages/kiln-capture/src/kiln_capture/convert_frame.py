@@ -37,6 +37,7 @@ from kiln_capture.sources import ClosureSource, LocalSource
 from kiln_capture.translator import Translator
 from kiln_capture.variables.base import DeletedVariable, NullVariable, Variable
 from kiln_capture.variables.builder import wrap
+from kiln_capture.variables.class_statements import refuse_escaping_class
 from kiln_capture.variables.context_managers import GeneratorContextManagerVariable
 
 log = logging.getLogger("kiln.capture")
@@ -298,8 +299,27 @@ def children(v: Variable) -> list:
     return out
 
 
+def refuse_escaping_classes(roots: list[Variable]) -> None:
+    """Fail before a graph is compiled for nothing where the code after it would hand out
+    a class made over stand-in cells (``class_statements.refuse_escaping_class``)."""
+    seen = set()
+
+    def visit(v):
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        for attr in ("cls", "value"):
+            refuse_escaping_class(getattr(v, attr, None))
+        for child in children(v):
+            visit(child)
+
+    for root in roots:
+        visit(root)
+
+
 def compile_graph(output: OutputGraph, needed: list[Variable], backend):
     """Finish the FX graph with ``needed`` as its outputs and hand it to the backend."""
+    refuse_escaping_classes(needed)
     values = graph_values(needed)
     if not output.has_ops() and not values:
         return None, None, {}
