@@ -15,6 +15,7 @@ from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 
 from kiln_capture import versions
 from kiln_capture.variables.base import Variable
+from kiln_capture.variables.class_statements import refuse_escaping_class
 
 PROLOGUE_OPS = ("MAKE_CELL", "COPY_FREE_VARS", "RESUME", "NOP")
 GRAPH_OUT = "___graph_out"
@@ -36,6 +37,7 @@ class Codegen:
         self.instrs.extend(instrs)
 
     def load_const(self, value) -> None:
+        refuse_escaping_class(value)
         self.emit(Instr("LOAD_CONST", value))
 
     def load_local(self, name: str) -> None:

@@ -28,6 +28,11 @@ import torch.fx
 
 from kiln_capture import versions
 from kiln_capture.codegen import Codegen
+from kiln_capture.comprehensions import (
+    comprehension_at,
+    comprehension_function,
+    enclosing_comprehension,
+)
 from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import CaptureFailed, GraphBreak, RestartAnalysis, Unsupported
 from kiln_capture.guards import GuardFunction, build_guard_function
@@ -37,6 +42,7 @@ from kiln_capture.sources import ClosureSource, LocalSource
 from kiln_capture.translator import Translator
 from kiln_capture.variables.base import DeletedVariable, NullVariable, Variable
 from kiln_capture.variables.builder import wrap
+from kiln_capture.variables.class_statements import refuse_escaping_class
 from kiln_capture.variables.context_managers import GeneratorContextManagerVariable
 
 log = logging.getLogger("kiln.capture")
@@ -160,6 +166,9 @@ class RootTranslator(Translator):
             where = brk.inner_where or source_line(self.program, index)
             if self.fullgraph:
                 raise Unsupported(brk.reason, where) from None
+            comprehension = enclosing_comprehension(self.program, index)
+            if comprehension is not None:  # 3.12+: the comprehension runs as a call
+                index = comprehension.start
             raise RestartAnalysis(index, brk.reason, where, brk.data_dependent) from None
 
     def check_return(self) -> None:
@@ -298,8 +307,27 @@ def children(v: Variable) -> list:
     return out
 
 
+def refuse_escaping_classes(roots: list[Variable]) -> None:
+    """Fail before a graph is compiled for nothing where the code after it would hand out
+    a class made over stand-in cells (``class_statements.refuse_escaping_class``)."""
+    seen = set()
+
+    def visit(v):
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        for attr in ("cls", "value"):
+            refuse_escaping_class(getattr(v, attr, None))
+        for child in children(v):
+            visit(child)
+
+    for root in roots:
+        visit(root)
+
+
 def compile_graph(output: OutputGraph, needed: list[Variable], backend):
     """Finish the FX graph with ``needed`` as its outputs and hand it to the backend."""
+    refuse_escaping_classes(needed)
     values = graph_values(needed)
     if not output.has_ops() and not values:
         return None, None, {}
@@ -399,7 +427,12 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         if any(is_null(v) for v in stack[: handler.stack_depth]):
             raise CaptureFailed(f"graph break at {break_info.where} cannot be resumed")
 
-    if inst.name in CALL_OPS:
+    comprehension = comprehension_at(root.program, index)
+    if comprehension is not None:
+        below = call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_entry)
+        saved = tuple(_unbound(live.get(name, DeletedVariable())) for name in comprehension.saved)
+        resume_after(comprehension.end_for + 1, (*nulls(below), *saved, False))
+    elif inst.name in CALL_OPS:
         below = emit_native_call(cg, root, inst, wrap_callee, handler_entry)
         following = root.program.instrs[index + 1]
         if following.name == "POP_TOP":  # the result is unused: drop it here
@@ -464,6 +497,26 @@ def native_stack_effect(inst) -> tuple[int, int]:
     return popped, pushed
 
 
+def call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_entry):
+    """At the start of a comprehension inlined in the frame (3.12+): push the values of the
+    names it saves, then its result, computed by the comprehension cut out as a function
+    and called natively (and captured on its own); the values below its iterator."""
+    below, iterator = list(root.stack[:-1]), root.stack[-1]
+    reconstruct_values(cg, below)
+    for name in comprehension.saved:
+        if not _unbound(live.get(name, DeletedVariable())):
+            cg.reconstruct(live[name])
+    names = tuple(live)
+    function = wrap_callee(comprehension_function(fn, comprehension.start, names))
+    cg.begin_handler_region(handler_entry)
+    cg.call(
+        lambda: cg.load_const(function),
+        [lambda: cg.reconstruct(iterator), *(lambda n=n: cg.reconstruct(live[n]) for n in names)],
+    )
+    cg.end_handler_region(handler_entry)
+    return below
+
+
 def emit_native_call(cg, root, inst, wrap_callee, handler_entry=None) -> list[Variable]:
     """Rebuild the stack below the call and perform the call natively (user functions are
     captured); the values below the call's operands."""
@@ -505,7 +558,9 @@ def emit_native_call(cg, root, inst, wrap_callee, handler_entry=None) -> list[Va
 
 
 def is_null(v) -> bool:
-    return isinstance(v, NullVariable)
+    """A NULL on the stack: below a callable, or the value of an unbound local that a 3.12
+    comprehension saved (``LOAD_FAST_AND_CLEAR``) to restore after it."""
+    return isinstance(v, (NullVariable, DeletedVariable))
 
 
 def nulls(values) -> tuple[bool, ...]:

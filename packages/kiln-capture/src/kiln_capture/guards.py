@@ -128,10 +128,11 @@ class GuardSet:
 
     def bind(self, source) -> str:
         """The guard expression of ``source``, with the objects it names in scope."""
-        from kiln_capture.sources import object_sources
+        from kiln_capture.sources import item_keys, object_sources
 
         for found in object_sources(source):
             self.scope[found.expr()] = found.obj
+        self.scope.update(item_keys(source))
         walk = source
         while walk is not None:  # every prefix, for the dispatcher's shared reads
             self.sources.setdefault(walk.expr(), walk)

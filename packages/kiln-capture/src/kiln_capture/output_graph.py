@@ -49,6 +49,7 @@ class OutputGraph:
         self.grad_mode_changes: list[bool] = []
         self.live_contexts: list = []
         self.classes_made: list[type] = []  # by class statements, at capture time
+        self.stand_in_cells: list = []  # a class's cells for the frame's (class_statements)
         self.initial_grad_mode = torch.is_grad_enabled()
 
     # --- inputs -----------------------------------------------------------------

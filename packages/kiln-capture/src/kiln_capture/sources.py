@@ -7,6 +7,8 @@ transformed frame (``emit``).
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -104,13 +106,35 @@ class GenericAttrSource(Source):
         return self.base.root()
 
 
+def is_literal_key(key) -> bool:
+    """Whether ``repr(key)`` reads back as ``key`` in a guard (a number, a string, ...)."""
+    if type(key) is tuple:
+        return all(is_literal_key(item) for item in key)
+    if type(key) is float:
+        return math.isfinite(key)
+    return key is None or type(key) in (int, str, bytes, bool)
+
+
+def key_name(key) -> str:
+    """The guard's name for a dict key that does not print as a literal (a class, as the
+    keys of torch's table of type names): built from the key's module and qualified name
+    where it has them."""
+    label = getattr(key, "__qualname__", None)
+    if isinstance(label, str):
+        label = f"{getattr(key, '__module__', None) or ''}_{label}"
+    else:
+        label = f"{type(key).__name__}_{id(key):x}"
+    return "___key_" + re.sub(r"\W", "_", label)
+
+
 @dataclass(frozen=True)
 class ItemSource(Source):
     base: Source
     key: object
 
     def expr(self) -> str:
-        return f"{self.base.expr()}[{self.key!r}]"
+        key = repr(self.key) if is_literal_key(self.key) else key_name(self.key)
+        return f"{self.base.expr()}[{key}]"
 
     def emit(self, cg) -> None:
         self.base.emit(cg)
@@ -262,6 +286,16 @@ def object_sources(source: Source) -> list[ObjectSource]:
     while source is not None:
         if isinstance(source, ObjectSource):
             found.append(source)
+        source = getattr(source, "base", None)
+    return found
+
+
+def item_keys(source: Source) -> dict[str, object]:
+    """The dict keys a source reads items by that guards must bind by name."""
+    found = {}
+    while source is not None:
+        if isinstance(source, ItemSource) and not is_literal_key(source.key):
+            found[key_name(source.key)] = source.key
         source = getattr(source, "base", None)
     return found
 

@@ -7,6 +7,7 @@ SCALE = 2.5
 OFFSET = torch.tensor([1.0, 2.0, 3.0])
 TABLE = {"w": 3, "b": -1}
 NAMES = ["a", "b", "c"]
+SCALE_BY_TYPE = {int: 2, float: 0.5, torch.Tensor: 3}  # keys a guard cannot print as literals
 counter = 0
 history: list = []
 registry: dict = {}
@@ -262,6 +263,11 @@ def acc_state():
 
 G = {"reset": reset_globals, "state": snapshot}
 
+
+def global_dict_keyed_by_class(x):
+    return x * SCALE_BY_TYPE[float] + SCALE_BY_TYPE[type(x)]
+
+
 CASES = [
     Case("closure_scale", make_scaler(3.0), randn((3, 4))),
     Case("closure_tensor", make_adder(torch.tensor([1.0, 2.0, 3.0, 4.0])), randn((3, 4))),
@@ -304,4 +310,5 @@ CASES = [
     Case("global_dict_counter", global_dict_counter, randn((3,)), **G),
     Case("default_captured_late", default_captured_late, randn((3,))),
     Case("late_binding_closure", late_binding_closure, randn((3,))),
+    Case("global_dict_keyed_by_class", global_dict_keyed_by_class, randn((3,))),
 ]

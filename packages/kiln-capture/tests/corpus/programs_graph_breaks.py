@@ -301,6 +301,19 @@ def break_in_dict_comprehension(xs):
     return {i: helper_with_print(t) for i, t in enumerate(xs)}
 
 
+def break_in_comprehension_shadowing_local(xs):
+    t = xs[0] * 3
+    scale = 2.0
+    out = [helper_with_print(t) * scale for t in xs]
+    return t + out[0] + out[1]
+
+
+def break_in_nested_comprehension(xs):
+    y = xs[0].sin()
+    out = [[helper_with_print(t) for t in xs] for _ in range(2)]
+    return y + out[1][0]
+
+
 CASES = [
     Case("print_middle", print_middle, randn((3,)), graphs=2),
     Case("print_first", print_first, randn((3,)), graphs=1),
@@ -363,24 +376,42 @@ CASES = [
     Case("break_in_method", break_in_method, randn((3,)), graphs=2),
     # before the comprehension, the helper's two parts (the comprehension's first item, its
     # other items run natively), after the comprehension. From 3.12 the comprehension is
-    # inlined (PEP 709): the break is inside the frame's own loop, and from there the frame
-    # runs natively, the helper included (a gap: only the code before the loop compiles)
+    # inlined (PEP 709): the break moves to its start, where it is cut out as a function and
+    # called natively, captured on its own as before 3.12
     Case(
         "break_in_comprehension_between_ops",
         break_in_comprehension_between_ops,
         lambda: ([torch.randn(3) for _ in range(2)],),
-        graphs=4 if sys.version_info < (3, 12) else 1,
+        graphs=4,
     ),
     Case(
         "break_in_dict_comprehension",
         break_in_dict_comprehension,
         lambda: ([torch.randn(3) for _ in range(2)],),
-        graphs=2 if sys.version_info < (3, 12) else 0,
+        graphs=2,
     ),
     Case(
         "break_in_comprehension_helper",
         break_in_comprehension_helper,
         lambda: ([torch.randn(3) for _ in range(2)],),
-        graphs=2 if sys.version_info < (3, 12) else 0,
+        graphs=2,
+    ),
+    # the comprehension's variable is bound before it and read after it (3.12 saves and
+    # restores it around the inlined loop); the comprehension reads another local, which
+    # before 3.12 makes it a cell of the frame, and a frame with cells that breaks runs
+    # eagerly (a gap of 3.11 only)
+    Case(
+        "break_in_comprehension_shadowing_local",
+        break_in_comprehension_shadowing_local,
+        lambda: ([torch.randn(3) for _ in range(2)],),
+        graphs=4 if sys.version_info >= (3, 12) else 0,
+        oracle_graphs=4,
+    ),
+    Case(
+        "break_in_nested_comprehension",
+        break_in_nested_comprehension,
+        lambda: ([torch.randn(3) for _ in range(2)],),
+        graphs=4 if sys.version_info >= (3, 12) else 0,
+        oracle_graphs=4,
     ),
 ]

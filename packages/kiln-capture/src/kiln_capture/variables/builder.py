@@ -83,8 +83,9 @@ def _wrap_new(tx, value, source) -> Variable:
     if kind in (dict, collections.OrderedDict):
         guards.type_and_keys(source, value)
         entries = {
-            key: (ConstantVariable(key), wrap(tx, item, ItemSource(source, key)))
+            entry_key: (key_var, wrap(tx, item, ItemSource(source, key)))
             for key, item in value.items()
+            for entry_key, key_var in [dict_key(tx, key)]
         }
         return DictVariable(entries, source, cls=kind)
     if kind in (set, frozenset):
@@ -219,9 +220,11 @@ def wrap_derived(tx, value) -> Variable:
 
         return SizeVariable([wrap_derived(tx, v) for v in value])
     if kind in (dict, collections.OrderedDict):
-        return DictVariable(
-            {k: (ConstantVariable(k), wrap_derived(tx, v)) for k, v in value.items()}, cls=kind
-        )
+        entries = {}
+        for key, item in value.items():
+            entry_key, key_var = dict_key(tx, key)
+            entries[entry_key] = (key_var, wrap_derived(tx, item))
+        return DictVariable(entries, cls=kind)
     if kind in (set, frozenset):
         return SetVariable([wrap_derived(tx, v) for v in value], cls=kind)
     if isinstance(value, torch.Tensor):
@@ -235,6 +238,22 @@ def wrap_derived(tx, value) -> Variable:
     if isinstance(value, types.ModuleType):
         return objects.PythonModuleVariable(value, None)
     return wrap_callable_or_object(tx, value, None, guard=False)
+
+
+def dict_key(tx, key) -> tuple[object, Variable]:
+    """A real dict's key as a ``DictVariable`` entry's: (the value lookups index it by, the
+    key's variable). A class or function is indexed by identity, as the variable a lookup
+    passes (``d[float]``) is."""
+    from kiln_capture.exc import GraphBreak
+    from kiln_capture.variables.containers import constant_key
+
+    if is_constant_value(key):
+        return key, ConstantVariable(key)
+    try:
+        key_var = wrap_derived(tx, key)
+        return constant_key(tx, key_var), key_var
+    except GraphBreak:  # a tensor key: only lookups by it break
+        return key, ConstantVariable(key)
 
 
 def has_builtin_handler(value) -> bool:

@@ -38,6 +38,7 @@ from kiln_capture.variables.context_managers import (
 from kiln_capture.variables.functions import CallableObjectVariable
 from kiln_capture.variables.ops import apply_operator, contains, is_graph_value, sort_variables
 from kiln_capture.variables.tensor import TensorVariable
+from kiln_capture.variables.torchscript import type_argument
 
 BUILTIN_HANDLERS: dict = {}
 
@@ -130,20 +131,6 @@ class BuiltinVariable(CallableObjectVariable):
         if isinstance(self.fn, type) and argument is not None:
             return wrap_derived(tx, tx.run_user_code(operator.getitem, self.fn, argument[0]))
         return super().getitem(tx, key)
-
-
-def type_argument(v: Variable):
-    """A constant, class or tuple of them, as the argument of ``cls[...]`` (1-tuple)."""
-    if v.is_constant():
-        return (v.as_constant(),)
-    value = getattr(v, "fn", getattr(v, "value", None))
-    if isinstance(value, type):
-        return (value,)
-    if isinstance(v, TupleVariable):
-        items = [type_argument(item) for item in v.items]
-        if all(item is not None for item in items):
-            return (tuple(item[0] for item in items),)
-    return None
 
 
 def python_value(v: Variable):

@@ -9,6 +9,13 @@ class. Anything else breaks the graph at the class statement, which then runs na
 
 The class is one object per capture rather than one per call: nothing a plain body
 defines can tell the two apart, except the class's identity across calls.
+
+A class whose methods read variables of the enclosing function (a closure) is made over
+cells of its own, one per variable, which capture maps to the frame's cells: a method
+traced during the call reads and writes the frame's variables, as it does eagerly. The body
+itself may read an enclosing variable that holds a constant (``size = n``), which the class
+keeps. Such a class stays inside the frame: the code generated after the graph refuses to
+hand it (or an instance of it) out, since its methods could not reach a later call's cells.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import builtins
 import dis
 import types
+import weakref
 
 from kiln_capture.exc import GraphBreak
 from kiln_capture.variables.base import Variable
@@ -29,13 +37,16 @@ def _names(text: str) -> frozenset[str]:
 # What a body made of definitions compiles to (CPython 3.11 to 3.13).
 DEFINITION_OPS = _names("""RESUME NOP CACHE EXTENDED_ARG LOAD_NAME STORE_NAME LOAD_CONST
 RETURN_VALUE RETURN_CONST MAKE_FUNCTION SET_FUNCTION_ATTRIBUTE LOAD_CLOSURE MAKE_CELL
-COPY_FREE_VARS BUILD_TUPLE COPY POP_TOP PUSH_NULL PRECALL CALL LOAD_ATTR LOAD_METHOD
-SETUP_ANNOTATIONS STORE_SUBSCR LOAD_LOCALS LOAD_FROM_DICT_OR_GLOBALS""")
+COPY_FREE_VARS LOAD_CLASSDEREF LOAD_FROM_DICT_OR_DEREF LOAD_DEREF BUILD_TUPLE COPY POP_TOP
+PUSH_NULL PRECALL CALL LOAD_ATTR LOAD_METHOD SETUP_ANNOTATIONS STORE_SUBSCR LOAD_LOCALS
+LOAD_FROM_DICT_OR_GLOBALS""")
 # The builtins a body may name (decorators, annotations).
 BUILTIN_NAMES = _names("""staticmethod classmethod property int float bool str bytes complex
 list tuple dict set frozenset object type None""")
 # Modules whose classes and functions a body may use (annotations, decorators, bases).
 LIBRARY_MODULES = ("torch", "typing", "dataclasses", "functools", "abc", "builtins", "enum")
+# Classes made over cells of their own that stand for a frame's (see the module docstring).
+CLASSES_OVER_FRAME_CELLS: weakref.WeakSet = weakref.WeakSet()
 
 
 class BuildClassVariable(Variable):
@@ -56,11 +67,16 @@ class BuildClassVariable(Variable):
         why = why_not_at_capture_time(body, bases, kwargs, tx.output.classes_made)
         if why is not None:
             raise GraphBreak(f"class {name}: {why}")
-        function = types.FunctionType(body.code_object, body.globals_dict, body.qualname)
+        cells = stand_in_cells(tx, body)
+        function = types.FunctionType(
+            body.code_object, body.globals_dict, body.qualname, None, cells
+        )
         real_bases = [b.value for b in bases]
         keywords = {k: v.as_constant() for k, v in kwargs.items()}
         cls = tx.run_user_code(builtins.__build_class__, function, name, *real_bases, **keywords)
         tx.output.classes_made.append(cls)
+        if cells:
+            CLASSES_OVER_FRAME_CELLS.add(cls)
         return wrap_derived(tx, cls)
 
     def reconstruct(self, cg) -> None:
@@ -74,8 +90,8 @@ def why_not_at_capture_time(
     library classes or classes made at capture time too."""
     from kiln_capture.variables.objects import ClassVariable
 
-    if body.closure or body.defaults is not None or body.kwdefaults is not None:
-        return "its methods read variables of the enclosing function"
+    if body.defaults is not None or body.kwdefaults is not None:
+        return "a class body with defaults"
     if kwargs:
         return "a metaclass or class keywords"
     for base in bases:
@@ -84,6 +100,46 @@ def why_not_at_capture_time(
         ):
             return f"base {base.describe()} is a class of the user's, made outside the frame"
     return why_not_plain_body(body.code_object, body.globals_dict)
+
+
+def stand_in_cells(tx, body: NestedFunctionVariable) -> tuple | None:
+    """Cells for the class body's free variables, each mapped to the frame's cell it stands
+    for (``tx.output.cell_for`` finds the frame's cell from it); a cell the body reads
+    itself holds the frame cell's value, which must be a constant."""
+    from kiln_capture.variables.functions import real_value
+
+    if not body.closure:
+        return None
+    read = {
+        inst.argval
+        for inst in dis.get_instructions(body.code_object)
+        if inst.opname in ("LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF", "LOAD_DEREF")
+    }
+    cells = []
+    for name, frame_cell in zip(body.code_object.co_freevars, body.closure, strict=True):
+        cell = types.CellType()
+        if name in read:
+            value = real_value(frame_cell.load(tx))
+            if value is None:
+                raise GraphBreak(
+                    f"class {body.qualname}: its body reads {name}, which is not a constant"
+                )
+            cell.cell_contents = value[0]
+        tx.output.cells[id(cell)] = frame_cell
+        tx.output.stand_in_cells.append(cell)  # alive while ids key tx.output.cells
+        cells.append(cell)
+    return tuple(cells)
+
+
+def refuse_escaping_class(value) -> None:
+    """Raise where generated code would hand out a class made over stand-in cells."""
+    if isinstance(value, type) and value in CLASSES_OVER_FRAME_CELLS:
+        from kiln_capture.exc import CaptureFailed
+
+        raise CaptureFailed(
+            f"class {value.__qualname__} reads variables of the enclosing function and "
+            f"leaves the frame (returned or stored), so each call must make its own"
+        )
 
 
 def why_not_plain_body(code: types.CodeType, f_globals: dict) -> str | None:

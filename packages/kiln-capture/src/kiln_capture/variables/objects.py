@@ -20,11 +20,12 @@ from torch.nn.modules.module import (
 from kiln_capture.exc import GraphBreak, UserError
 from kiln_capture.sources import AttrSource, ItemSource, ModuleMemberSource
 from kiln_capture.variables.base import Variable
-from kiln_capture.variables.builder import is_namedtuple_class, wrap, wrap_derived
+from kiln_capture.variables.builder import dict_key, is_namedtuple_class, wrap, wrap_derived
 from kiln_capture.variables.constant import ConstantVariable
 from kiln_capture.variables.containers import DictVariable, NamedTupleVariable, TupleVariable
 from kiln_capture.variables.functions import BoundMethodVariable, UserFunctionVariable
 from kiln_capture.variables.module_walks import MODULE_INTROSPECTION, MODULE_WALKS
+from kiln_capture.variables.torchscript import is_typing_form, subscript_typing_form
 
 
 def bind_class_attribute(tx, static, instance: Variable, cls: type):
@@ -150,6 +151,13 @@ class ObjectVariable(Variable):
             raise UserError(exc) from None
         return wrap(tx, attr, source)
 
+    def getitem(self, tx, key):
+        if is_typing_form(self.value):
+            made = subscript_typing_form(tx, self.value, key)
+            if made is not None:
+                return made
+        return super().getitem(tx, key)
+
     def call_method(self, tx, name, args, kwargs):
         if self.source is None:
             # an object computed during capture by pure code: its methods run for real
@@ -182,10 +190,10 @@ class ObjectVariable(Variable):
 
     def as_dict(self, tx) -> DictVariable:
         source = self.source
-        entries = {
-            k: (ConstantVariable(k), wrap(tx, v, ItemSource(source, k) if source else None))
-            for k, v in self.value.items()
-        }
+        entries = {}
+        for k, v in self.value.items():
+            entry_key, key_var = dict_key(tx, k)
+            entries[entry_key] = (key_var, wrap(tx, v, ItemSource(source, k) if source else None))
         return DictVariable(entries)
 
     def setattr(self, tx, name: str, value: Variable):

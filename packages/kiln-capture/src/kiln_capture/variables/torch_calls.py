@@ -16,6 +16,7 @@ import torch
 from kiln_capture.exc import GraphBreak
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.constant import ConstantVariable
+from kiln_capture.variables.torchscript import TORCHSCRIPT_CALLS
 
 
 def _answer(value):
@@ -26,8 +27,6 @@ STATE_READERS = {
     torch.is_grad_enabled: _answer(torch.is_grad_enabled),
     torch.get_default_dtype: _answer(torch.get_default_dtype),
     torch.is_autocast_enabled: None,  # filled below: depends on the device argument
-    torch.jit.is_scripting: _answer(False),
-    torch.jit.is_tracing: _answer(False),
     torch.compiler.is_compiling: _answer(True),
     torch.is_inference_mode_enabled: _answer(torch.is_inference_mode_enabled),
 }
@@ -48,6 +47,7 @@ def _is_autocast_enabled(tx, *args):
 
 
 STATE_READERS[torch.is_autocast_enabled] = _is_autocast_enabled
+STATE_READERS.update(TORCHSCRIPT_CALLS)  # answered at capture time, as they run eagerly
 METADATA_FUNCTIONS = {torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel}
 
 
