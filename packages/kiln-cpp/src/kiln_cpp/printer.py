@@ -16,7 +16,7 @@ import math
 
 import sympy
 
-from kiln_loopir.index_printer import ParenthesizedIndexPrinter
+from kiln_loopir.index_printer import ParenthesizedIndexPrinter, is_float_valued
 
 
 class CppIndexPrinter(ParenthesizedIndexPrinter):
@@ -35,6 +35,10 @@ class CppIndexPrinter(ParenthesizedIndexPrinter):
         return f"kiln::mod<int64_t>({self._print(a)}, {self._print(b)})"
 
     def to_float(self, x: sympy.Expr) -> str:
+        if x.is_Number:
+            return self.float_literal(float(x))
+        if is_float_valued(x):
+            return self._print(x)  # a double already
         return f"static_cast<double>({self._print(x)})"
 
     def true_div(self, a: sympy.Expr, b: sympy.Expr) -> str:

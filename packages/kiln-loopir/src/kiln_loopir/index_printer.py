@@ -38,10 +38,20 @@ BITWISE_OPERATORS = {
 }
 
 
-def is_integer_valued(expr: sympy.Basic) -> bool:
-    """Whether ``expr`` computes an integer (what torch's functions declare, or sympy
-    proves); anything else computes a float."""
-    return bool(getattr(expr, "is_integer", False)) or expr.is_Boolean
+# torch's sympy functions whose value is a float
+FLOAT_FUNCTIONS = {"ToFloat", "IntTrueDiv", "FloatTrueDiv", "FloatPow", "TruncToFloat"}
+FLOAT_FUNCTIONS.add("RoundDecimal")
+
+
+def is_float_valued(expr: sympy.Basic) -> bool:
+    """Whether ``expr`` computes a float: a float number, a float function of torch's, or
+    a sum, product, min or max with a float term (which languages promote)."""
+    name = type(expr).__name__
+    if expr.is_Float or name in FLOAT_FUNCTIONS or name.startswith(OPAQUE_PREFIX):
+        return True
+    if expr.is_Add or expr.is_Mul or name in ("Min", "Max"):
+        return any(is_float_valued(a) for a in expr.args)
+    return False
 
 
 class IndexPrinter(StrPrinter):
@@ -125,12 +135,12 @@ class IndexPrinter(StrPrinter):
     _print_PythonMod = _print_Mod
 
     def _print_Min(self, expr: sympy.Expr) -> str:
-        integer = all(is_integer_valued(a) for a in expr.args)
-        return self._nested(self.min_function if integer else self.float_min_function, expr)
+        floats = is_float_valued(expr)
+        return self._nested(self.float_min_function if floats else self.min_function, expr)
 
     def _print_Max(self, expr: sympy.Expr) -> str:
-        integer = all(is_integer_valued(a) for a in expr.args)
-        return self._nested(self.max_function if integer else self.float_max_function, expr)
+        floats = is_float_valued(expr)
+        return self._nested(self.float_max_function if floats else self.max_function, expr)
 
     def _nested(self, function: str, expr: sympy.Expr) -> str:
         out = self._print(expr.args[0])

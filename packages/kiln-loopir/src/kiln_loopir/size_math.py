@@ -25,7 +25,10 @@ def minimum(*args):
     """``Min``: of numbers, or elementwise of tensors."""
     out = args[0]
     for a in args[1:]:
-        out = torch.minimum(out, a) if _is_tensor(out) else min(out, a)
+        if _is_tensor(out) or _is_tensor(a):
+            out = torch.minimum(torch.as_tensor(out), torch.as_tensor(a))
+        else:
+            out = min(out, a)
     return out
 
 
@@ -33,7 +36,10 @@ def maximum(*args):
     """``Max``: of numbers, or elementwise of tensors."""
     out = args[0]
     for a in args[1:]:
-        out = torch.maximum(out, a) if _is_tensor(out) else max(out, a)
+        if _is_tensor(out) or _is_tensor(a):
+            out = torch.maximum(torch.as_tensor(out), torch.as_tensor(a))
+        else:
+            out = max(out, a)
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sympy
 
-from kiln_loopir.index_printer import ParenthesizedIndexPrinter
+from kiln_loopir.index_printer import ParenthesizedIndexPrinter, is_float_valued
 
 
 def _nonneg(expr: sympy.Expr) -> bool:
@@ -44,6 +44,8 @@ class TritonIndexPrinter(ParenthesizedIndexPrinter):
         return f"(tl.zeros([], {dtype}) + {self._print(x)})"
 
     def to_float(self, x: sympy.Expr) -> str:
+        if is_float_valued(x) and not x.is_Number:
+            return self._print(x)  # a float64 already
         return self._tensor(x, "tl.float64")
 
     def true_div(self, a: sympy.Expr, b: sympy.Expr) -> str:
