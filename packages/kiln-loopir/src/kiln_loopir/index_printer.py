@@ -25,9 +25,15 @@ from sympy.printing.str import StrPrinter
 # the float math functions of torch's OpaqueUnaryFn_<name> (sqrt, cos, log2 ...)
 OPAQUE_PREFIX = "OpaqueUnaryFn_"
 
-# float -> int conversions: torch's sympy function -> the rounding it does
-ROUNDINGS = {"FloorToInt": "floor", "CeilToInt": "ceil", "TruncToInt": "trunc"}
-ROUNDINGS.update(RoundToInt="round", floor="floor", ceiling="ceil")
+# float -> int conversions: torch's (and sympy's) function -> the rounding it does
+ROUNDINGS = {
+    "FloorToInt": "floor",
+    "CeilToInt": "ceil",
+    "TruncToInt": "trunc",
+    "RoundToInt": "round",
+    "floor": "floor",
+    "ceiling": "ceil",
+}
 
 BITWISE_OPERATORS = {
     "BitwiseFn_bitwise_and": "&",
@@ -37,10 +43,10 @@ BITWISE_OPERATORS = {
     "RShift": ">>",
 }
 
-
 # torch's sympy functions whose value is a float
-FLOAT_FUNCTIONS = {"ToFloat", "IntTrueDiv", "FloatTrueDiv", "FloatPow", "TruncToFloat"}
-FLOAT_FUNCTIONS.add("RoundDecimal")
+FLOAT_FUNCTIONS = {
+    "ToFloat", "IntTrueDiv", "FloatTrueDiv", "FloatPow", "TruncToFloat", "RoundDecimal",
+}  # fmt: skip
 
 
 def is_float_valued(expr: sympy.Basic) -> bool:
