@@ -7,6 +7,8 @@ with warnings as errors: a graph that ran eagerly instead would warn.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from helpers import symbolic
@@ -70,6 +72,42 @@ def test_views_whose_sizes_are_expressions(lowerings, fn):
     # x[1:] of 2 rows has 1 row, which expand treats apart: a guard sends that size to a
     # graph of its own (2 rows, any width); the others share one
     assert lowerings == ([True, True] if fn is slice_expand else [True])
+
+
+def attention_scores(q, k):
+    return (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1)
+
+
+def rotary_frequencies(x):
+    n = x.shape[-1]
+    freqs = 1.0 / 10000 ** (torch.arange(0, n, 2, dtype=torch.float32) / n)
+    return x * freqs.repeat(2)
+
+
+# sizes past polynomials: FloatPow(ToFloat(s0), -0.5), OpaqueUnaryFn_sqrt, CeilToInt of an
+# IntTrueDiv, the IntTrueDiv of two sizes, TruncToInt of a float product; and positions
+# divided by a size, as rotary embeddings compute them
+@pytest.mark.parametrize(
+    ("fn", "make_inputs"),
+    [
+        (attention_scores, lambda n: [torch.randn(2, 5, n), torch.randn(2, 7, n)]),
+        (lambda x: x / math.sqrt(x.shape[-1]) + 1, lambda n: [torch.randn(3, n)]),
+        (lambda x: x[:, : math.ceil(x.shape[1] / 3)] * 2, lambda n: [torch.randn(3, n)]),
+        (lambda x: x * (x.shape[0] / x.shape[1]), lambda n: [torch.randn(n + 2, n)]),
+        (lambda x: x[:, : int(x.shape[1] * 0.5 + 1)].exp(), lambda n: [torch.randn(3, n)]),
+        (rotary_frequencies, lambda n: [torch.randn(3, 2 * n)]),
+    ],
+    ids=["attention_scale", "sqrt", "ceil_of_a_quotient", "ratio", "int_of_a_float", "rope"],
+)
+def test_float_functions_of_sizes_run_as_generated_code(lowerings, tmp_path, fn, make_inputs):
+    """No ATen fallback (it would warn): the kernels and the host program print these
+    sizes, and one lowering serves every size."""
+    compiled = kiln.compile(fn, dynamic=True, options={"debug_dir": str(tmp_path)})
+    _check_calls(fn, compiled, [make_inputs(n) for n in [4, 5, 7, 8, 13]])
+    assert lowerings == [True]
+    if fn is attention_scores:  # the scale is computed in doubles from the size argument
+        kernels = (tmp_path / "frame000" / "forward_kernels.cpp").read_text()
+        assert "std::pow(static_cast<double>(s" in kernels
 
 
 def mlp() -> torch.nn.Module:

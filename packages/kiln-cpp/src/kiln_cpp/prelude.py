@@ -27,6 +27,16 @@ template <typename T> inline T mod(T a, T b) {
   if (r != 0 && ((r < 0) != (b < 0))) r += b;
   return r;
 }
+// torch's PowByNatural: an integer power whose exponent is a size (never negative)
+// (unsigned arithmetic: a power past int64_t wraps as Python's would not, but is defined)
+inline int64_t pow_by_natural(int64_t base, int64_t exp) {
+  uint64_t out = 1, b = static_cast<uint64_t>(base);
+  for (; exp > 0; exp >>= 1) {
+    if (exp & 1) out *= b;
+    b *= b;
+  }
+  return static_cast<int64_t>(out);
+}
 template <typename T> inline T truncdiv(T a, T b) { return b == 0 ? 0 : a / b; }
 template <typename T> inline T fmod_int(T a, T b) { return b == 0 ? 0 : a % b; }
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from kiln_loopir import runtime, symbols
+from kiln_loopir import runtime, size_math, symbols
 from kiln_loopir.codegen import Codegen, resolve_codegen
 from kiln_loopir.constants import fold_constants
 from kiln_loopir.dce import eliminate_dead_nodes
@@ -119,9 +119,8 @@ def load_host_program(
         "match_layout": runtime.match_layout,
         "view_layout": runtime.view_layout,
         "bind_op": runtime.bind_op,
-        # sizes such as Max(s0, 1) print as maximum(s0, 1)
-        "minimum": symbols.minimum,
-        "maximum": symbols.maximum,
+        # sizes such as Max(s0, 1) print as maximum(s0, 1), CeilToInt(x) as ceil_to_int(x)
+        **size_math.FUNCTIONS,
     }
     namespace.update(kernels)
     namespace.update(constants)

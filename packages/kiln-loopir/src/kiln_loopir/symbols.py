@@ -16,7 +16,9 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
+from kiln_loopir import size_math
 from kiln_loopir.index_printer import IndexPrinter
+from kiln_loopir.size_math import maximum, minimum  # noqa: F401 - printed as these names
 
 __all__ = [
     "FloorDiv",
@@ -167,7 +169,8 @@ _PRINTER = _PythonPrinter()
 
 
 def py_expr(expr: sympy.Expr | int) -> str:
-    """``expr`` as Python source; ``//`` and ``%`` floor, as sympy's FloorDiv/Mod do."""
+    """``expr`` as Python source; ``//`` and ``%`` floor, as sympy's FloorDiv/Mod do, and
+    the functions it calls are those of :data:`kiln_loopir.size_math.FUNCTIONS`."""
     return _printed(sympy.sympify(expr))
 
 
@@ -177,25 +180,9 @@ def _printed(expr: sympy.Basic) -> str:
     return _PRINTER.doprint(expr)
 
 
-def minimum(*args):
-    """``Min`` as printed by ``py_expr``: of ints, or elementwise of tensors."""
-    out = args[0]
-    for a in args[1:]:
-        out = torch.minimum(out, a) if isinstance(out, torch.Tensor) else min(out, a)
-    return out
-
-
-def maximum(*args):
-    """``Max`` as printed by ``py_expr``: of ints, or elementwise of tensors."""
-    out = args[0]
-    for a in args[1:]:
-        out = torch.maximum(out, a) if isinstance(out, torch.Tensor) else max(out, a)
-    return out
-
-
 def evaluate(expr: sympy.Expr, env: dict[str, object]) -> object:
-    """Evaluate ``expr`` with symbols bound by name in ``env`` (ints or int64 tensors)."""
-    scope = {"minimum": minimum, "maximum": maximum, **env}
+    """Evaluate ``expr`` with symbols bound by name in ``env`` (numbers or tensors)."""
+    scope = {**size_math.FUNCTIONS, **env}
     return eval(py_expr(expr), {"__builtins__": {}}, scope)  # noqa: S307 - our own printer
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln_loopir import size_math
 from kiln_triton import autotune
 from kiln_triton.configs import Config, candidates, next_pow2
 from kiln_triton.device import INTERPRET
@@ -108,7 +109,7 @@ class TritonKernel:
         names = list(self.meta["numels"])
         exprs = ", ".join(self.meta["numels"][n] for n in names)
         params = ", ".join(self.meta["sizes"])
-        scope = {"minimum": min, "maximum": max}
+        scope = dict(size_math.FUNCTIONS)  # sizes such as CeilToInt(x) print as ceil_to_int(x)
         self._numels = eval(f"lambda {params}: ({exprs},)", scope)  # noqa: S307 - generated
         self._numel_names = names
         self._launches: dict[tuple, Launch | None] = {}

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from kiln_loopir import size_math
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -233,6 +235,7 @@ def scan(kind: str, value, src_dtype, grid: tuple, device=None) -> torch.Tensor:
 def namespace() -> dict[str, object]:
     """The globals a rendered reference kernel runs with."""
     ns: dict[str, object] = {name: _tensor_args(fn) for name, fn in ELEMENTWISE.items()}
+    ns.update(size_math.FUNCTIONS)  # what printed size expressions call (ceil_to_int ...)
     ns.update(
         torch=torch, index_var=index_var, flat=flat, load=load, store=store,
         store_add=store_add, reduction=reduction, scan=scan, constant=constant,

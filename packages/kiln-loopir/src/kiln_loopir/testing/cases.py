@@ -8,6 +8,7 @@ sizes are odd on purpose, and several cases broadcast.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -240,5 +241,25 @@ SIZE_FAMILIES: dict[str, SizeFamily] = {
     "transpose_flatten": SizeFamily(lambda x: x.t().flatten().cos(), lambda n: [r(n, 6)]),
     "cat_slice": SizeFamily(
         lambda x: torch.cat([x[1:], x[:1] * 2], 0).exp(), lambda n: [r(n, 5)], (4, 3, 6, 9)
+    ),
+    # sizes past polynomials: torch's symbolic shapes make float and rounding functions
+    "scaled_by_a_size_power": SizeFamily(  # an attention scale: FloatPow(ToFloat(s1), -0.5)
+        lambda x: (x * x.shape[-1] ** -0.5).softmax(-1), lambda n: [r(3, n)]
+    ),
+    "square_root_of_a_size": SizeFamily(  # what math.sqrt(n) captures as: OpaqueUnaryFn_sqrt
+        lambda x: x / torch._sym_sqrt(x.shape[-1]) + x.shape[0] / x.shape[1],
+        lambda n: [r(n, n + 2)],
+    ),
+    "rounded_slice_lengths": SizeFamily(  # CeilToInt(IntTrueDiv(s1, 3)), RoundToInt, TruncToInt
+        lambda x: (
+            x[:, : math.ceil(x.shape[1] / 3)].sum(1)
+            + x[:, : round(x.shape[1] * 0.7)].amax(1)
+            + x[:, : torch.sym_int(x.shape[1] * 0.5 + 1)].mean(1)
+        ),
+        lambda n: [r(3, n)],
+    ),
+    "power_of_sizes": SizeFamily(  # PowByNatural(s0, s1) and the Max of float sizes
+        lambda x: x * x.shape[0] ** x.shape[1] + torch.sym_max(x.shape[1] / 2, 3.0),
+        lambda n: [r(2, n)],
     ),
 }
