@@ -225,18 +225,35 @@ def test_pinned_inputs_compute_no_key():
     assert kiln_cudagraphs.stats(r).replays == 2
 
 
-def test_each_shape_gets_its_graph_up_to_the_bound(caplog):
+def test_each_shape_gets_its_graph_and_the_least_recently_used_is_evicted():
     r = runner(max_graphs=2, static_inputs=PARAMS)
     w, b = torch.randn(8, 5), torch.randn(5)
-    with caplog.at_level(logging.WARNING, "kiln.cudagraphs"):
-        for rows in (1, 2, 3, 1, 2, 3, 3):
-            x = torch.randn(rows, 8)
-            torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    # 3 evicts 2 (1 was used since), then 2 evicts 1
+    for rows in (1, 1, 2, 2, 1, 3, 3, 3, 2, 2):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
     assert r.num_graphs == 2
     s = kiln_cudagraphs.stats(r)
-    assert s.eager_calls == 3  # every call with 3 rows
-    assert "more than 2 input shapes" in caplog.text
-    assert caplog.text.count("more than 2 input shapes") == 1  # logged once
+    assert (s.evictions, s.eager_calls) == (2, 0)
+    assert (s.warmups, s.captures, s.replays) == (4, 4, 2)  # 2 again after its eviction
+
+
+def test_a_graph_whose_saved_outputs_are_alive_is_not_evicted(caplog):
+    r = runner(two_outputs, static_inputs=PARAMS, fresh_outputs=True, max_graphs=1,
+               saved_outputs={1})  # fmt: skip
+    w, b = torch.randn(8, 5), torch.randn(5)
+    for _ in range(3):
+        r(torch.randn(4, 8), w, b)
+    alive = r(torch.randn(4, 8), w, b)  # its saved tensor stays alive
+    x = torch.randn(2, 8)
+    with caplog.at_level(logging.INFO, "kiln.cudagraphs"):
+        torch.testing.assert_close(r(x, w, b)[1], two_outputs(x, w, b)[1])
+    s = kiln_cudagraphs.stats(r)
+    assert (s.evictions, r.num_graphs) == (0, 1)
+    assert "outputs are all still in use" in caplog.text
+    del alive
+    r(x, w, b)
+    assert kiln_cudagraphs.stats(r).evictions == 1
 
 
 def test_cpu_inputs_run_the_compiled_callable(caplog):

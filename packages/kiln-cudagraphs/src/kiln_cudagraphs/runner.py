@@ -24,7 +24,7 @@ from kiln_cudagraphs.stats import PROCESS_TOTALS, CudaGraphStats
 
 log = logging.getLogger("kiln.cudagraphs")
 
-MAX_GRAPHS = 8  # input keys per wrapper; calls with further keys run eagerly
+MAX_GRAPHS = 8  # input keys per wrapper; a further key evicts the least recently used
 MAX_RECORDINGS = 4  # per key: recordings again (an input moved), then the key runs eagerly
 KEPT_ALIVE = (
     "saved tensors of an earlier call are still alive (a forward called again before the "
@@ -101,7 +101,7 @@ class CudaGraphRunner:
         self.max_copy_bytes = max_copy_bytes
         self.saved_outputs = frozenset(saved_outputs)
         self.stats = CudaGraphStats()
-        self.entries: dict[tuple, WarmedUp | RecordedGraph | Eager] = {}
+        self.entries: dict[tuple, WarmedUp | RecordedGraph | Eager] = {}  # oldest use first
         self.recordings: dict[tuple, int] = {}
         self.refusal = host_random_reason(compiled)  # holds for every call
         self._refusals: dict[bool, str | None] = {}  # pinned: per grad mode
@@ -126,6 +126,8 @@ class CudaGraphRunner:
             except TypeError as exc:
                 return self._run_eagerly(inputs, str(exc))
         entry = self.entries.get(key)
+        if entry is not None and not self.pinned:  # the most recently used key goes last
+            self.entries[key] = self.entries.pop(key)
         if isinstance(entry, RecordedGraph):
             if self.fresh_outputs and entry.pool.overwrites_live_outputs(entry):
                 return self._run_eagerly(inputs, KEPT_ALIVE)
@@ -139,15 +141,30 @@ class CudaGraphRunner:
             return self._record(key, inputs)
         if isinstance(entry, Eager):
             return self._run_eagerly(inputs, entry.reason)
-        if len(self.entries) >= self.max_graphs:
+        if len(self.entries) >= self.max_graphs and not self._evict_least_recently_used():
             return self._run_eagerly(
                 inputs,
-                f"more than {self.max_graphs} input shapes (max_graphs): further shapes "
-                "run without graphs",
+                f"more than {self.max_graphs} input shapes (max_graphs) whose graphs' "
+                "outputs are all still in use: further shapes run without graphs",
             )
         self.entries[key] = WarmedUp()
         self._count("warmups")
         return self.compiled(*inputs)
+
+    def _evict_least_recently_used(self) -> bool:
+        """Drop the key used longest ago whose graph may go (one whose outputs handed out
+        over its memory are dead, or that has no graph): its memory returns to the pool.
+        False when every key's graph still has outputs in use."""
+        for key, entry in self.entries.items():
+            if isinstance(entry, RecordedGraph):
+                if self.fresh_outputs and entry.outputs_in_use():
+                    continue
+                entry.pool.remove(entry)
+            del self.entries[key]
+            self.recordings.pop(key, None)
+            self._count("evictions")
+            return True
+        return False
 
     def _call_refusal(self, inputs: Sequence[object]) -> str | None:
         if not self.pinned:

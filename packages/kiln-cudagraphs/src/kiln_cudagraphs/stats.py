@@ -14,7 +14,8 @@ class CudaGraphStats:
     (re-recordings included); ``replays``: calls answered by a replay; ``eager_calls``:
     calls run without a graph after the warm-up, with ``reasons`` counting them per reason;
     ``failed_captures``: recordings given up (the eager run synchronised with the host,
-    the capture raised, or its replay differed from eager).
+    the capture raised, or its replay differed from eager); ``evictions``: keys dropped,
+    least recently used first, to make room for a new one (``max_graphs``).
     """
 
     warmups: int = 0
@@ -22,6 +23,7 @@ class CudaGraphStats:
     replays: int = 0
     eager_calls: int = 0
     failed_captures: int = 0
+    evictions: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
 
     def count_eager(self, reason: str) -> None:
