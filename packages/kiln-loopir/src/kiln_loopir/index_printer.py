@@ -158,6 +158,8 @@ class IndexPrinter(StrPrinter):
         base, exp = expr.args
         if exp.is_Integer and int(exp) > 0:
             return "(" + " * ".join([self._print(base)] * int(exp)) + ")"
+        if base.is_integer and exp.is_integer and exp.is_nonnegative:
+            return self.int_pow(base, exp)  # 2**Max(0, s1): how torch 2.11 writes a shift
         # torch writes a float power as FloatPow: a sympy Pow of another exponent is a
         # quotient sympy made, which no integer size is
         raise NotImplementedError(

@@ -80,6 +80,8 @@ SIZE_EXPRESSIONS: dict[str, SizeExpression] = {
     "shifts_and_bits": SizeExpression(
         LShift(A, Max(B, 0)) + RShift(A, Max(B, 1)) + BitwiseFn_bitwise_and(A, B), SIGNED[:-1]
     ),
+    # a shift as some torch versions evaluate LShift: a sympy power of a natural exponent
+    "power_of_two": SizeExpression(A * sympy.Pow(2, Max(B, 0)), SIGNED[:-1]),
 }
 
 
