@@ -64,29 +64,10 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
         )  # fmt: skip
         assert runtime.wrap_for_mode(f, ["x"], default, cuda, steps=big - 1) is f
         assert runtime.wrap_for_mode(f, ["x"], default, torch.device("cpu"), steps=big) is f
-        # a graph of symbolic sizes: one recording per size pays off only in reduce-overhead
-        symbolic = [symbolic_sizes_example()]
-        assert runtime.wrap_for_mode(f, symbolic, default, cuda, steps=big) is f
-        assert runtime.wrap_for_mode(f, symbolic, reduce_overhead, cuda, steps=big)[0] == "replayed"
         launches = kiln.Options(cudagraphs=False)
         assert runtime.wrap_for_mode(f, ["x"], launches, cuda, steps=big) is f
     finally:
         _plugins.load_plugins.cache_clear()
-
-
-def symbolic_sizes_example() -> torch.Tensor:
-    """A fake tensor of a symbolic number of rows, as a graph captured with dynamic sizes
-    has for an example input."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import (
-        DimDynamic,
-        ShapeEnv,
-        StatelessSymbolicContext,
-    )
-
-    mode = FakeTensorMode(shape_env=ShapeEnv())
-    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
-    return mode.from_tensor(torch.randn(4, 3), symbolic_context=context)
 
 
 def test_cuda_graphs_come_from_kiln_cudagraphs():

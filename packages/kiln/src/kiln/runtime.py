@@ -16,10 +16,7 @@ guards pin them); ``fresh_outputs`` that every call must return outputs of its o
 - The default mode (``options.cudagraphs`` None) replays a CUDA graph of
   :data:`MIN_GRAPH_STEPS` kernels and extern calls or more, with fresh outputs at every
   call: one replay costs the host less than launching that many kernels (a forward
-  graph's saved tensors are not copied: only its backward reads them). Graphs of symbolic
-  sizes launch kernel by kernel: a graph recorded per size pays for its recording only
-  where sizes repeat often, which reduce-overhead asks for (there, one graph per size, the
-  least recently used evicted past ``max_graphs``). Smaller graphs,
+  graph's saved tensors are not copied: only its backward reads them). Smaller graphs,
   graphs whose outputs take more than :data:`COPY_BYTES_PER_STEP` per step to copy, other
   devices and a missing plug-in launch kernel by kernel, logged at INFO.
 - ``options={"cudagraphs": False}`` always launches kernel by kernel.
@@ -107,9 +104,6 @@ def wrap_for_mode(
         return compiled
     asked = options.cudagraphs is True  # mode="reduce-overhead"
     if not asked and (device.type != "cuda" or steps < MIN_GRAPH_STEPS):
-        return compiled
-    if not asked and _symbolic(example_inputs):
-        log.info("a graph of symbolic sizes launches its kernels one by one in the default mode")
         return compiled
     if asked and device.type != "cuda":
         _warn_once(
