@@ -22,6 +22,7 @@ def test_public_api_is_pinned():
         "partition",
         "register_decomposition",
         "rng_state_outputs",
+        "saved_outputs",
         "static_inputs",
         "trace_inference_graph",
         "trace_joint_graph",
