@@ -12,6 +12,7 @@ and that it is functional.
 
 from __future__ import annotations
 
+import builtins
 import operator
 from collections.abc import Callable, Mapping
 
@@ -153,7 +154,9 @@ def is_in_op_set(target: object) -> bool:
         return True
     if isinstance(target, torch._ops.OpOverload):
         return torch.Tag.core in target.tags
-    # Python arithmetic on SymInts (operator.mul, sym_max ...) belongs to shape glue.
+    # Python arithmetic on SymInts (operator.mul, sym_max, round ...) belongs to shape glue.
+    if target is builtins.round:  # what a traced SymFloat.__round__ records
+        return True
     return getattr(target, "__module__", None) in {"_operator", "torch", "math"} or (
         "sym_" in getattr(target, "__name__", "")
     )
