@@ -50,6 +50,14 @@ SIZE_ARITHMETIC = {
     "len": lambda x: x * len(x),
     "range_of_min": lambda x: sum(x[i] for i in range(min(len(x), 2))),
     "compare_and_floordiv": lambda x: x[: x.shape[0] // 2] if x.shape[0] > 3 else x,
+    "round": lambda x: x[: round(x.shape[0] * 0.7)] * 2,
+    "round_to_digits": lambda x: x * round(x.shape[0] / 3, 1),
+    "round_method": lambda x: x[: (x.shape[0] * 0.7).__round__()] + 1,
+    "int_of_a_float": lambda x: x[: int(x.shape[0] * 0.5)] * 2,
+    "floor_and_ceil_of_floats": lambda x: x[
+        math.floor(x.shape[0] * 0.3) : math.ceil(x.shape[0] * 0.7)
+    ],
+    "float_method": lambda x: x * float(x.shape[0]).__floor__(),
 }
 
 
@@ -61,6 +69,20 @@ def test_python_arithmetic_on_sizes_keeps_them_symbolic(fn):
     assert len(backend.graphs) == 1 and is_symbolic(backend.graphs[0])
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: x * math.log(x.shape[0]), lambda x: x * float(x.shape[0]).is_integer()],
+    ids=["math_log", "is_integer"],
+)
+def test_a_function_with_no_symbolic_version_guards_the_size_in_one_graph(fn):
+    """torch has no symbolic ``log`` or ``is_integer``: the size's value is guarded (as
+    torch.compile does) and the function stays one graph."""
+    backend = Recorder()
+    compiled = capture(fn, backend, fullgraph=True, dynamic=True)
+    check(fn, compiled, [[torch.randn(n, 4)] for n in (5, 7, 5)])
+    assert len(backend.graphs) == 2, "one graph per size"
+
+
 def test_a_size_in_a_string_is_its_value_guarded():
     def fn(x):
         return x * len(f"{x.shape[0]}")
@@ -69,6 +91,56 @@ def test_a_size_in_a_string_is_its_value_guarded():
     compiled = capture(fn, backend, fullgraph=True, dynamic=True)
     check(fn, compiled, [[torch.randn(n, 4)] for n in (5, 7, 5)])
     assert len(backend.graphs) == 2, "one graph per value the string was made of"
+
+
+# --- torch functions given symbolic sizes -----------------------------------------
+
+
+def interpolate_to_twice(x):
+    return torch.nn.functional.interpolate(x, size=(x.shape[-1] * 2,))
+
+
+def interpolate_bilinear(x):
+    return torch.nn.functional.interpolate(x, scale_factor=1.5, mode="bilinear")
+
+
+@pytest.mark.parametrize(
+    ("fn", "make_input"),
+    [
+        (interpolate_to_twice, lambda n: torch.randn(2, 3, n)),
+        (
+            lambda x: torch.nn.functional.interpolate(x, scale_factor=2.0),
+            lambda n: torch.randn(1, 2, n),
+        ),
+        (interpolate_bilinear, lambda n: torch.randn(1, 2, n, n + 3)),
+        (
+            lambda x: torch.nn.functional.adaptive_avg_pool2d(x, (3, 2)),
+            lambda n: torch.randn(2, n, n + 1),
+        ),
+    ],
+    ids=[
+        "interpolate_to_a_size_expression",
+        "interpolate_nearest_scale",
+        "interpolate_bilinear_scale",
+        "adaptive_avg_pool2d",
+    ],
+)
+def test_torch_functions_given_symbolic_sizes_trace_with_them(fn, make_input):
+    """torch's Python decompositions run where the C++ composites take concrete sizes only
+    (``upsample_nearest1d.vec``) or fix them with guards: one graph, symbolic output."""
+    backend = Recorder()
+    compiled = capture(fn, backend, fullgraph=True, dynamic=True)
+    check(fn, compiled, [[make_input(n)] for n in (5, 6, 9, 16)])
+    (gm,) = backend.graphs
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert any(isinstance(s, torch.SymInt) for s in out.meta["example_value"].shape)
+
+
+def test_interpolate_after_an_automatic_dynamic_recompile():
+    backend = Recorder()
+    compiled = capture(interpolate_to_twice, backend)
+    check(interpolate_to_twice, compiled, [[torch.randn(2, 3, n)] for n in (5, 6, 9, 16)])
+    assert len(backend.graphs) == 2 and is_symbolic(backend.graphs[1])
 
 
 # --- automatic dynamic --------------------------------------------------------------

@@ -173,3 +173,85 @@ def test_the_cache_key_tells_symbolic_sizes_from_static_ones(lowerings, monkeypa
     _check_calls(sin_softmax, compiled, [[torch.randn(b, 32)] for b in [7, 9, 11]])
     assert keys[-1] == (True, symbolic_key)
     assert lowerings == [False, True, False], "the family's graph loaded, not lowered again"
+
+
+# --- torch functions given symbolic sizes, and Python's rounding of sizes -----------------
+
+
+def interpolate_to_twice(x):
+    return torch.nn.functional.interpolate(x, size=(x.shape[-1] * 2,)) + 1
+
+
+def interpolate_nearest(x):
+    return torch.nn.functional.interpolate(x, scale_factor=2.0) * 2
+
+
+def interpolate_bilinear(x):
+    return torch.nn.functional.interpolate(x, scale_factor=1.5, mode="bilinear").relu()
+
+
+def rounded_slices(x):
+    n = x.shape[-1]
+    head = x[..., : round(n * 0.7)] * float(n)
+    return head.sum(-1) + x[..., : int(n * 0.5)].sum(-1) + x[..., math.floor(n * 0.3) :].sum(-1)
+
+
+@pytest.mark.parametrize(
+    ("fn", "make_input"),
+    [
+        (interpolate_to_twice, lambda n: torch.randn(2, 3, n)),
+        (interpolate_nearest, lambda n: torch.randn(2, 3, n)),
+        (interpolate_bilinear, lambda n: torch.randn(1, 2, n, n + 3)),
+        (rounded_slices, lambda n: torch.randn(3, n)),
+    ],
+    ids=["interpolate_to_a_size_expression", "interpolate_nearest", "bilinear", "rounding"],
+)
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_sizes_computed_by_python_and_interpolate_lower_once(lowerings, fn, make_input, dynamic):
+    """A size list of expressions, a scale factor's output size and sizes rounded by
+    Python's ``round``/``int``/``math.floor`` stay symbolic: one lowering for every size
+    (after the first, when ``dynamic=None`` makes them symbolic on the first new size)."""
+    compiled = kiln.compile(fn, dynamic=dynamic)
+    _check_calls(fn, compiled, [[make_input(n)] for n in [5, 6, 9, 15, 16]])
+    assert lowerings == ([True] if dynamic else [False, True])
+
+
+@pytest.mark.parametrize(
+    ("output_size", "make_input"),
+    [
+        ((3, 3), lambda n: torch.randn(2, 3, n, n + 2)),
+        ((7, 5), lambda n: torch.randn(2, 3, n, 2 * n)),
+        (1, lambda n: torch.randn(2, 4, n, n + 1)),
+        ((None, 2), lambda n: torch.randn(3, n, n + 1)),
+    ],
+    ids=["3x3", "7x5", "global", "none_keeps_a_size"],
+)
+def test_adaptive_avg_pool2d_lowers_once_for_every_size(lowerings, output_size, make_input):
+    """torch's decomposition picks its form by the sizes (divisible or not, the longest
+    window), a guard each; Kiln's is two products with window-averaging matrices.
+    (torch.compile's inductor lowering fixes every size: one graph per size.)"""
+
+    def fn(x):
+        return torch.nn.functional.adaptive_avg_pool2d(x, output_size) * 2
+
+    compiled = kiln.compile(fn, dynamic=True)
+    # smaller than the output, divisible by it and not, windows of one and of two lengths
+    _check_calls(fn, compiled, [[make_input(n)] for n in [2, 6, 7, 9, 12, 14]])
+    assert lowerings == [True]
+
+
+def test_adaptive_avg_pool2d_trains_with_one_forward_and_backward(lowerings):
+    def fn(x):
+        return torch.nn.functional.adaptive_avg_pool2d(x, (3, 3)).sin()
+
+    compiled = kiln.compile(fn, dynamic=True)
+    for n in [5, 7, 9, 14]:
+        x = torch.randn(2, 3, n, n + 1, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_(True)
+        out, expected = compiled(x), fn(x_ref)
+        torch.testing.assert_close(out, expected)
+        weight = torch.randn_like(expected)
+        (out * weight).sum().backward()
+        (expected * weight).sum().backward()
+        torch.testing.assert_close(x.grad, x_ref.grad)
+    assert lowerings == [True, True]

@@ -14,6 +14,7 @@ import enum
 from collections.abc import Callable, Sequence
 
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -62,8 +63,10 @@ class GraphMeta:
 def analyze(
     fn: Callable[..., object], fake_args: Sequence[object], *, grad_enabled: bool
 ) -> GraphMeta:
-    """Run ``fn`` on ``fake_args`` (inside their fake mode), functionalized, and describe it."""
-    with explain_unsupported(), FunctionalTensorMode(), LinalgChecks():
+    """Run ``fn`` on ``fake_args`` (inside their fake mode), functionalized, and describe it.
+    Ops dispatch as they do when traced (through torch's Python decompositions): the C++
+    composites of some take concrete sizes only (``upsample_nearest1d.vec``)."""
+    with explain_unsupported(), enable_python_dispatcher(), FunctionalTensorMode(), LinalgChecks():
         inputs = [_to_fun(_fresh_input(a)) for a in fake_args]
         with torch.set_grad_enabled(grad_enabled):
             raw = fn(*inputs)

@@ -12,6 +12,7 @@ and that it is functional.
 
 from __future__ import annotations
 
+import builtins
 import operator
 from collections.abc import Callable, Mapping
 
@@ -114,8 +115,7 @@ def apply_replacements(gm: torch.fx.GraphModule) -> None:
 
 # torch's decompositions that are not among the core ones, used as Kiln's: vector norms
 # become pointwise ops and sums that fuse, max pooling (with its indices) a max over the
-# windows, its backward a scatter-add, adaptive average pooling means of gathered windows,
-# grid sampling gathers and weights.
+# windows, its backward a scatter-add, grid sampling gathers and weights.
 KILN_DECOMPOSITIONS.update(
     get_decompositions(
         [
@@ -123,7 +123,6 @@ KILN_DECOMPOSITIONS.update(
             aten.max_pool2d_with_indices.default,
             aten.max_pool2d_with_indices_backward.default,
             aten.max_pool3d_with_indices.default,
-            aten._adaptive_avg_pool2d.default,
             aten.grid_sampler_2d.default,
             aten.ldexp.Tensor,
             aten.new_empty_strided.default,
@@ -153,7 +152,9 @@ def is_in_op_set(target: object) -> bool:
         return True
     if isinstance(target, torch._ops.OpOverload):
         return torch.Tag.core in target.tags
-    # Python arithmetic on SymInts (operator.mul, sym_max ...) belongs to shape glue.
+    # Python arithmetic on SymInts (operator.mul, sym_max, round ...) belongs to shape glue.
+    if target is builtins.round:  # what a traced SymFloat.__round__ records
+        return True
     return getattr(target, "__module__", None) in {"_operator", "torch", "math"} or (
         "sym_" in getattr(target, "__name__", "")
     )
@@ -234,4 +235,4 @@ def native_dropout_backward(
 
 
 # modules that register decompositions of their own (imported for the registrations)
-from kiln_autograd import embedding_bag, indexing  # noqa: E402, F401
+from kiln_autograd import adaptive_pooling, embedding_bag, indexing  # noqa: E402, F401

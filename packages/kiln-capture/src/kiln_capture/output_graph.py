@@ -9,6 +9,7 @@ import re
 
 import torch
 import torch.fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -128,7 +129,7 @@ class OutputGraph:
         fake_args = tuple(as_fake_arg(a) for a in args)
         fake_kwargs = {k: as_fake_arg(v) for k, v in kwargs.items()}
         try:
-            with self.fake_mode:
+            with self.fake_mode, self.symbolic_dispatch():
                 if kind == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
@@ -153,6 +154,14 @@ class OutputGraph:
             if isinstance(arg, TensorVariable) and arg.example is result:
                 return arg
         return self.wrap_result(node, result)
+
+    def symbolic_dispatch(self):
+        """Where sizes are symbolic, ops run through torch's Python decompositions: the C++
+        composites of some (``upsample_nearest1d.vec``, the kernel of ``F.interpolate``)
+        take concrete sizes only, or fix the symbolic ones they are given with guards."""
+        if not self.symbolic_inputs:
+            return contextlib.nullcontext()
+        return enable_python_dispatcher()
 
     def wrap_result(self, node, result) -> Variable:
         from kiln_capture.variables.builder import wrap_derived

@@ -1,6 +1,10 @@
 """Python's number functions on symbolic sizes: ``int(n)``, ``float(n)``, ``math.sqrt(n)``,
-``math.ceil(n / 2)``, ``divmod(n, 2)`` become graph nodes of torch's symbolic versions, so
-a size that is symbolic stays so (each would otherwise fix the size with a guard)."""
+``math.ceil(n / 2)``, ``round(n * 0.7)``, ``divmod(n, 2)``, ``(n * 0.7).__round__()``
+become graph nodes of torch's symbolic versions, so a size that is symbolic stays so. A
+function torch has no symbolic version of (``math.log(n)``, ``math.isqrt(n)``,
+``float(n).is_integer()``) gets the size's value, fixed by a guard (as ``range(n)`` does):
+another size captures again, where a graph break would split the graph and fix the result
+all the same."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import torch
 
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.builtin_calls import builtin
+from kiln_capture.variables.constant import ConstantVariable
 from kiln_capture.variables.containers import TupleVariable
 from kiln_capture.variables.ops import apply_operator
 from kiln_capture.variables.tensor import SymNodeVariable
@@ -65,6 +70,62 @@ def to_number(tx, cls: type, x: Variable) -> Variable:
     return graph_call(tx, target, [x])
 
 
+# math.f that torch has no symbolic version of: run on the values, which guards fix
+SPECIALIZING_MATH = [
+    fn
+    for name, fn in vars(math).items()
+    if callable(fn) and not name.startswith("_") and fn not in MATH_FUNCTIONS
+]
+
+
+def specializing(fn):
+    def handler(tx, *args, **kwargs):
+        if not symbolic(*args, *kwargs.values()):
+            return None
+        args = [specialized(a) for a in args]
+        kwargs = {k: specialized(v) for k, v in kwargs.items()}
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            return None
+        values = [a.as_constant() for a in args]
+        kw_values = {k: v.as_constant() for k, v in kwargs.items()}
+        return ConstantVariable(tx.run_user_code(fn, *values, **kw_values))
+
+    return handler
+
+
+def specialized(v: Variable) -> Variable:
+    return v.specialized() if isinstance(v, SymNodeVariable) else v
+
+
+for _fn in SPECIALIZING_MATH:
+    builtin(_fn)(specializing(_fn))
+
+
+# x.__round__() ... as the builtin of the same meaning, which keeps x symbolic
+NUMBER_METHODS = {
+    "__round__": round,
+    "__floor__": math.floor,
+    "__ceil__": math.ceil,
+    "__trunc__": math.trunc,
+    "__int__": int,
+    "__float__": float,
+    "__abs__": abs,
+    "__neg__": operator.neg,
+    "__pos__": operator.pos,
+}
+
+
+def call_number_method(tx, x: SymNodeVariable, name: str, args, kwargs) -> Variable:
+    """``x.name(*args)`` of a symbolic number: through the graph where a builtin has the
+    same meaning, else on its value (``x.is_integer()``), which a guard fixes."""
+    from kiln_capture.variables.builtin_calls import BuiltinVariable
+
+    fn = NUMBER_METHODS.get(name)
+    if fn is not None:
+        return BuiltinVariable(fn).call(tx, [x, *args], kwargs)
+    return x.specialized().call_method(tx, name, args, kwargs)
+
+
 @builtin(divmod)
 def _divmod(tx, a, b):
     if not symbolic(a, b):
@@ -72,3 +133,12 @@ def _divmod(tx, a, b):
     return TupleVariable(
         [apply_operator(tx, operator.floordiv, [a, b]), apply_operator(tx, operator.mod, [a, b])]
     )
+
+
+@builtin(round)
+def _round(tx, x, ndigits=None):
+    """``round(n * 0.7)`` (an int, rounded half to even) or ``round(n / 3, 1)`` (a float)."""
+    if not symbolic(x) or (ndigits is not None and not ndigits.is_constant()):
+        return None
+    args = [x] if ndigits is None or ndigits.as_constant() is None else [x, ndigits]
+    return graph_call(tx, round, args)

@@ -187,6 +187,11 @@ class SymNodeVariable(Variable):
     def as_constant(self):
         raise GraphBreak(f"{self.describe()} used where a constant is needed")
 
+    def call_method(self, tx, name, args, kwargs):
+        from kiln_capture.variables.sym_math import call_number_method
+
+        return call_number_method(tx, self, name, args, kwargs)
+
     def specialized(self) -> ConstantVariable:
         """Its value as a constant, for code that needs one (``range(n)``, ``f"{n}"``):
         torch's ShapeEnv guards on it, so another value captures again."""
