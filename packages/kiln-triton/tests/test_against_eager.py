@@ -25,6 +25,18 @@ CASES = {
         lambda a, b: torch.sigmoid((a * 2 + b).relu()) - a.exp(),
         [_f(8, 16), _f(8, 16)],
     ),
+    # values past 50, where i0e and i1e take the asymptotic series
+    "bessel_erfcx_ndtri": (
+        lambda a: (
+            torch.special.i0e(a),
+            torch.special.i1e(a),
+            torch.i0(a / 8),
+            torch.special.i1(a / 8),
+            torch.special.erfcx(a / 4),
+            torch.special.ndtri(torch.sigmoid(a / 10)),
+        ),
+        [lambda d: torch.randn(4, 8, device=d) * 40],
+    ),
     "broadcast_4d": (lambda a, b: a * b + 1, [_f(2, 3, 4, 5), _f(3, 1, 5)]),
     "transpose_2d_tiles": (lambda a, b: a.t() * 2 + b, [_f(33, 20), _f(20, 33)]),
     "permute_3d": (lambda a: a.permute(2, 0, 1).contiguous() + 1, [_f(5, 6, 7)]),

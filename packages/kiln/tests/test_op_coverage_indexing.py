@@ -45,13 +45,22 @@ FRAMES = {
     "scatter_reduce_prod": Frame(
         lambda x, y: x.scatter_reduce(0, ROWS, y.sin() + 1.5, "prod"),
         ((5, 6), (3, 6)),
+        fused=True,
         **LOOSE,
     ),
     "scatter_reduce_amax_exclude_self": Frame(
-        lambda x, y: x.scatter_reduce(0, ROWS, y, "amax", include_self=False), ((5, 6), (3, 6))
+        lambda x, y: x.scatter_reduce(0, ROWS, y, "amax", include_self=False),
+        ((5, 6), (3, 6)),
+        fused=True,
     ),
     "scatter_reduce_amin": Frame(
-        lambda x, y: x.cos().scatter_reduce(0, ROWS, y, "amin"), ((5, 6), (3, 6))
+        lambda x, y: x.cos().scatter_reduce(0, ROWS, y, "amin"), ((5, 6), (3, 6)), fused=True
+    ),
+    "scatter_reduce_prod_dim1_float64": Frame(
+        lambda x, y: x.scatter_reduce(1, COLS, y.exp(), "prod", include_self=False),
+        ((4, 6), (4, 3)),
+        fused=True,
+        dtype=torch.float64,
     ),
     "scatter_reduce_mean": Frame(
         lambda x, y: x.scatter_reduce(0, ROWS, y.exp(), "mean"), ((5, 6), (3, 6)), fused=True

@@ -1,5 +1,6 @@
 """The op-coverage corpus: neural-network ops (padding modes, interpolation modes,
-unfold/fold, convolutions, pooling incl. adaptive, one_hot, embeddings and embedding bags in
+unfold/fold, convolutions, pooling incl. adaptive (average pooling and max pooling's
+backward as kernels), one_hot, embeddings and embedding bags in
 every mode, losses and normalizations). See test_op_coverage.py."""
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ BAG_OFFSETS = torch.tensor([0, 4, 4, 9, 13])
 TARGETS = torch.tensor([2, 0, 4, 1])
 
 
-# adaptive average pooling decomposes; its backward runs through ATen
+# adaptive average pooling decomposes; its backward runs through ATen unless the windows
+# tile the input
 _ADAPTIVE_AVG = {"fused": True, "externs": ("aten._adaptive_avg_pool2d_backward",)}
-# max_pool3d's backward runs through ATen
-_MAX_POOL3D = {"externs": ("aten.max_pool3d_with_indices_backward",)}
 
 
 def _bag(w, **kwargs):
@@ -74,9 +74,10 @@ FRAMES = {
         lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"), ((1, 1, 2, 3, 2),), fused=True
     ),
     "interpolate_area": Frame(
-        # windows that tile the input: ATen's avg_pool2d, forward and backward
+        # windows that tile the input: average pooling, forward and backward
         lambda x: F.interpolate(x.exp(), size=(2, 3), mode="area"),
         ((1, 2, 4, 6),),
+        fused=True,
     ),
     # sizes as tuples: F.unfold's _pair(int) builds an itertools.repeat, a graph break
     "unfold": Frame(
@@ -126,16 +127,36 @@ FRAMES = {
     "max_pool1d_indices": Frame(
         lambda x: torch.max_pool1d_with_indices(x.sin(), 2)[1] * 2, ((2, 3, 8),), False, True
     ),
-    "max_pool3d": Frame(
-        lambda x: torch.max_pool3d(x.sin(), 2) * 2, ((1, 1, 4, 4, 4),), fused=True, **_MAX_POOL3D
+    "max_pool3d": Frame(lambda x: torch.max_pool3d(x.sin(), 2) * 2, ((1, 1, 4, 4, 4),), fused=True),
+    "max_pool3d_overlapping_ceil": Frame(
+        lambda x: torch.max_pool3d(x.exp(), 3, 2, 1, ceil_mode=True), ((1, 2, 5, 4, 5),), fused=True
     ),
-    "avg_pool2d": Frame(lambda x: F.avg_pool2d(x.exp(), 2) - 1, ((1, 2, 6, 6),)),
+    "avg_pool2d": Frame(lambda x: F.avg_pool2d(x.exp(), 2) - 1, ((1, 2, 6, 6),), fused=True),
     "avg_pool2d_exclude_pad_ceil": Frame(
         lambda x: F.avg_pool2d(x.sin(), 3, 2, 1, ceil_mode=True, count_include_pad=False) * 2,
         ((1, 2, 6, 7),),
+        fused=True,
     ),
-    "avg_pool1d": Frame(lambda x: F.avg_pool1d(x.cos(), 4, 2) + 1, ((2, 3, 10),)),
-    "lp_pool2d": Frame(lambda x: F.lp_pool2d(x.abs() + 0.1, 2, (2, 2), (2, 2)), ((1, 2, 4, 4),)),
+    "avg_pool2d_divisor_override_float64": Frame(
+        lambda x: F.avg_pool2d(x, (2, 3), (3, 1), 1, divisor_override=4),
+        ((2, 3, 7, 6),),
+        fused=True,
+        dtype=torch.float64,
+    ),
+    "avg_pool2d_large_window": Frame(
+        lambda x: F.avg_pool2d(x.exp(), 6, 1, 2, count_include_pad=False),
+        ((1, 2, 9, 8),),
+        fused=True,
+    ),
+    "avg_pool1d": Frame(lambda x: F.avg_pool1d(x.cos(), 4, 2) + 1, ((2, 3, 10),), fused=True),
+    "avg_pool3d": Frame(
+        lambda x: F.avg_pool3d(x.sin(), 3, 2, 1, ceil_mode=True, count_include_pad=False),
+        ((1, 2, 5, 6, 5),),
+        fused=True,
+    ),
+    "lp_pool2d": Frame(
+        lambda x: F.lp_pool2d(x.abs() + 0.1, 2, (2, 2), (2, 2)), ((1, 2, 4, 4),), fused=True
+    ),
     "adaptive_avg_pool1d": Frame(
         lambda x: F.adaptive_avg_pool1d(x.sin(), 4) * 2, ((2, 3, 10),), **_ADAPTIVE_AVG
     ),
@@ -143,7 +164,7 @@ FRAMES = {
         lambda x: F.adaptive_avg_pool2d(x.sin(), (3, 2)), ((1, 2, 7, 5),), **_ADAPTIVE_AVG
     ),
     "adaptive_avg_pool2d_global": Frame(
-        lambda x: F.adaptive_avg_pool2d(x, 1).flatten(1) * 2, ((2, 3, 4, 4),), **_ADAPTIVE_AVG
+        lambda x: F.adaptive_avg_pool2d(x, 1).flatten(1) * 2, ((2, 3, 4, 4),), fused=True
     ),
     "adaptive_max_pool2d": Frame(
         lambda x: F.adaptive_max_pool2d(x.sin(), (2, 3)) * 2, ((1, 2, 5, 7),)

@@ -1,5 +1,6 @@
-"""The op-coverage corpus: special functions (erfinv, gamma functions, Bessel, the error
-function family), clamps in every form, and the rarer binary ops. See test_op_coverage.py."""
+"""The op-coverage corpus: special functions (erfinv, gamma functions, Bessel functions i0,
+i1 and their scaled forms, the error function family, erfcx, ndtri), clamps in every form,
+and the rarer binary ops. See test_op_coverage.py."""
 
 from __future__ import annotations
 
@@ -26,13 +27,24 @@ FRAMES = {
     ),
     "polygamma_1": Frame(lambda x: torch.polygamma(1, _positive(x)) + x, ((4, 6),)),
     "mvlgamma": Frame(lambda x: torch.mvlgamma(_positive(x) + 1, 2), ((4, 6),), fused=True),
-    "i0": Frame(lambda x: torch.i0(x * 2) - 1, ((4, 6),)),
-    "i0e_i1": Frame(lambda x: special.i0e(x) + special.i1(x.sin()), ((4, 6),)),
-    "erfcx": Frame(lambda x: special.erfcx(x * 2) + x, ((4, 6),)),
-    "ndtr_ndtri": Frame(
-        lambda x: special.ndtr(x) + special.ndtri(x.sigmoid() * 0.9 + 0.05), ((4, 6),)
+    "i0": Frame(lambda x: torch.i0(x * 2) - 1, ((4, 6),), fused=True),
+    "i0e_i1": Frame(lambda x: special.i0e(x) + special.i1(x.sin()), ((4, 6),), fused=True),
+    # past 8 (the second expansion), large and negative
+    "i0e_i1e_large": Frame(
+        lambda x: special.i0e(x * 30) * special.i1e(x * 30) + special.i1e(x), ((4, 6),), fused=True
     ),
-    "log_ndtr": Frame(lambda x: special.log_ndtr(x * 3), ((4, 6),)),  # erfcx: through ATen
+    "i0_i1_float64": Frame(
+        lambda x: torch.i0(x * 6) + special.i1(x * 6), ((4, 6),), fused=True, dtype=torch.float64
+    ),
+    "erfcx": Frame(lambda x: special.erfcx(x * 2) + x, ((4, 6),), fused=True),
+    "erfcx_wide_float64": Frame(
+        lambda x: special.erfcx(x * 10), ((4, 6),), fused=True, dtype=torch.float64
+    ),
+    "ndtr_ndtri": Frame(
+        lambda x: special.ndtr(x) + special.ndtri(x.sigmoid() * 0.9 + 0.05), ((4, 6),), fused=True
+    ),
+    "ndtri_tails": Frame(lambda x: special.ndtri(torch.sigmoid(x * 4)), ((4, 6),), fused=True),
+    "log_ndtr": Frame(lambda x: special.log_ndtr(x * 3), ((4, 6),), fused=True),
     "sinc": Frame(lambda x: torch.sinc(x * 2) * x, ((4, 6),), fused=True),
     "xlogy": Frame(lambda x, y: special.xlogy(x, _positive(y)), ((4, 6), (4, 6)), fused=True),
     "logit_eps": Frame(lambda x: torch.logit(x.sigmoid(), eps=1e-3), ((4, 6),), fused=True),

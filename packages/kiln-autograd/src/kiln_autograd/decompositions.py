@@ -46,6 +46,12 @@ EXTRA_OPS: dict[object, str] = {
     aten.exp2.default: "a pointwise op that kiln-loopir lowers",
     aten.lgamma.default: "a pointwise op that kiln-loopir lowers",
     aten.digamma.default: "a pointwise op that kiln-loopir lowers",
+    aten.i0.default: "a pointwise op that kiln-loopir lowers",
+    aten.special_i0e.default: "a pointwise op that kiln-loopir lowers",
+    aten.special_i1.default: "a pointwise op that kiln-loopir lowers",
+    aten.special_i1e.default: "a pointwise op that kiln-loopir lowers",
+    aten.special_erfcx.default: "a pointwise op that kiln-loopir lowers",
+    aten.special_ndtri.default: "a pointwise op that kiln-loopir lowers",
     aten.hypot.default: "a pointwise op that kiln-loopir lowers",
     aten.copysign.Tensor: "a pointwise op that kiln-loopir lowers",
     aten.copysign.Scalar: "a pointwise op that kiln-loopir lowers",
@@ -54,6 +60,8 @@ EXTRA_OPS: dict[object, str] = {
     aten.bitwise_left_shift.Tensor: "a pointwise op that kiln-loopir lowers",
     aten.bitwise_right_shift.Tensor: "a pointwise op that kiln-loopir lowers",
     aten.unfold.default: "sliding windows (Tensor.unfold), a view kiln-loopir lowers",
+    aten.avg_pool3d_backward.default: "the gradient of 3-d average pooling (a gather over "
+    "the windows that kiln-loopir lowers)",
     aten.cumprod.default: "a cumulative product (a scan)",
     aten.logcumsumexp.default: "a cumulative logsumexp (a scan)",
     aten.cummax.default: "running maximum and its position (two scans)",
@@ -235,4 +243,4 @@ def native_dropout_backward(
 
 
 # modules that register decompositions of their own (imported for the registrations)
-from kiln_autograd import adaptive_pooling, embedding_bag, indexing  # noqa: E402, F401
+from kiln_autograd import adaptive_pooling, embedding_bag, indexing, pooling  # noqa: E402, F401

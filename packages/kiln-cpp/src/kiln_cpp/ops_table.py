@@ -29,6 +29,7 @@ FLOAT_UNARY = {
     "isfinite": _std("isfinite"),
     "erfinv": lambda x: f"kiln::erfinv({x})",
     "digamma": lambda x: f"kiln::digamma({x})",
+    **{n: (lambda x, n=n: f"kiln::{n}({x})") for n in ("i0", "i0e", "i1", "i1e", "erfcx", "ndtri")},
     **{
         n: _std(n)
         for n in (

@@ -1,7 +1,9 @@
 """The C++ prelude every generated source starts with: integer division and modulo that
 floor, torch's float semantics for the ops C++ spells differently, bfloat16 conversions,
-Welford accumulators, and the vectorisable float functions of :mod:`kiln_cpp.vecmath`."""
+Welford accumulators, the special functions of :mod:`kiln_cpp.special` and the vectorisable
+float functions of :mod:`kiln_cpp.vecmath`."""
 
+from kiln_cpp.special import SOURCE as SPECIAL_SOURCE
 from kiln_cpp.vecmath import SOURCE as VECMATH_SOURCE
 
 PRELUDE = (
@@ -229,5 +231,6 @@ template <typename T> struct Welford {
 
 }  // namespace kiln
 """
+    + SPECIAL_SOURCE
     + VECMATH_SOURCE
 )

@@ -24,7 +24,7 @@ UNARY_OPS: tuple[str, ...] = (
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
     "atanh", "erf", "erfc", "erfinv", "sigmoid", "reciprocal", "floor", "ceil", "trunc",
     "round", "sign", "signbit", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite",
-    "lgamma", "digamma",
+    "lgamma", "digamma", "i0", "i0e", "i1", "i1e", "erfcx", "ndtri",
 )  # fmt: skip
 BINARY_OPS: tuple[str, ...] = (
     "add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow",

@@ -141,6 +141,31 @@ def digamma(x):
     return tl.where((x == tl.floor(x)) & (x <= 0), float("nan"), out)
 
 
+# exp(-|x|) I0(x) and exp(-|x|) I1(x): libdevice's Bessel functions scaled, then, past 50
+# (where I0 nears float32's range), the asymptotic series in r = 1 / (8|x|)
+@triton.jit
+def i0e(x):
+    a = tl.abs(x)
+    near = tl.minimum(a, 50.0)
+    scaled = libdevice.cyl_bessel_i0(near) * tl.exp(-near)
+    r = 1 / (8 * tl.maximum(a, 50.0))
+    series = 1 + r * (1 + r * (4.5 + r * (37.5 + r * (459.375 + r * 7441.875))))
+    far = series / libdevice.sqrt(6.283185307179586 * tl.maximum(a, 50.0))
+    return tl.where(a <= 50.0, scaled, tl.where(a == float("inf"), 0.0, far))
+
+
+@triton.jit
+def i1e(x):
+    a = tl.abs(x)
+    near = tl.minimum(a, 50.0)
+    scaled = libdevice.cyl_bessel_i1(near) * tl.exp(-near)
+    r = 1 / (8 * tl.maximum(a, 50.0))
+    series = 1 - r * (3 + r * (7.5 + r * (52.5 + r * (590.625 + r * 9095.625))))
+    far = series / libdevice.sqrt(6.283185307179586 * tl.maximum(a, 50.0))
+    out = tl.where(a <= 50.0, scaled, tl.where(a == float("inf"), 0.0, far))
+    return tl.where(x < 0, -out, out)
+
+
 # -- reductions -------------------------------------------------------------------------------
 @triton.jit
 def prod_combine(a, b):

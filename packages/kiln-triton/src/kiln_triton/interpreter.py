@@ -22,7 +22,9 @@ _UNARY = {
     "cosh": torch.cosh, "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh,
     "atanh": torch.atanh, "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv,
     "lgamma": torch.lgamma, "trunc": torch.trunc, "nearbyint": torch.round,
-    "floor": torch.floor, "ceil": torch.ceil,
+    "floor": torch.floor, "ceil": torch.ceil, "cyl_bessel_i0": torch.special.i0,
+    "cyl_bessel_i1": torch.special.i1, "erfcx": torch.special.erfcx,
+    "normcdfinv": torch.special.ndtri,
 }  # fmt: skip
 _BINARY = {
     "pow": torch.pow, "atan2": torch.atan2, "hypot": torch.hypot, "fmod": torch.fmod,

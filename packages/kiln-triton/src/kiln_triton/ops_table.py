@@ -47,6 +47,12 @@ FLOAT_UNARY = {
     "isinf": _kt("isinf"),
     "isfinite": _kt("isfinite"),
     "digamma": _kt("digamma"),
+    "i0": _lib("cyl_bessel_i0"),
+    "i1": _lib("cyl_bessel_i1"),
+    "i0e": _kt("i0e"),
+    "i1e": _kt("i1e"),
+    "erfcx": _lib("erfcx"),
+    "ndtri": _lib("normcdfinv"),
     **{
         n: _lib(n)
         for n in (

@@ -2,7 +2,7 @@
 
 Each FX node is lowered through the registry (``registry.py``), filled by the modules that
 own the ops: ``pointwise``, ``reductions``, ``matmul``, ``views``, ``indexing``,
-``random`` and ``extern``. An op with no lowering runs eagerly through ATen
+``pooling``, ``random`` and ``extern``. An op with no lowering runs eagerly through ATen
 (``extern.fallback``), which logs it once per op.
 """
 
@@ -22,6 +22,7 @@ from kiln_loopir.lowering import (
     indexing,
     matmul,
     pointwise,
+    pooling,
     random,
     reductions,
     scans,
@@ -44,6 +45,7 @@ _ = (
     indexing,
     matmul,
     pointwise,
+    pooling,
     random,
     reductions,
     scans,

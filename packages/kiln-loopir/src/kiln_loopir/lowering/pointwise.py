@@ -144,7 +144,9 @@ UNARY = {
     aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv",
     aten.sigmoid: "sigmoid", aten.reciprocal: "reciprocal", aten.floor: "floor",
     aten.ceil: "ceil", aten.trunc: "trunc", aten.sign: "sign", aten.lgamma: "lgamma",
-    aten.digamma: "digamma", aten.bitwise_not: "bitwise_not",
+    aten.digamma: "digamma", aten.bitwise_not: "bitwise_not", aten.i0: "i0",
+    aten.special_i0e: "i0e", aten.special_i1: "i1", aten.special_i1e: "i1e",
+    aten.special_erfcx: "erfcx", aten.special_ndtri: "ndtri",
 }  # fmt: skip
 BINARY = {
     aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.atan2: "atan2",

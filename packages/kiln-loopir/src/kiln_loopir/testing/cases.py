@@ -51,7 +51,20 @@ def _activations(x):
     )  # fmt: skip
 
 
+def _special(x):
+    special = torch.special
+    return (
+        torch.i0(x), special.i0e(x * 9), special.i1(x), special.i1e(x * 9),
+        special.erfcx(x * 4), special.ndtri(torch.sigmoid(x * 3)), special.log_ndtr(x * 5),
+    )  # fmt: skip
+
+
 CASES: dict[str, Case] = {
+    # Bessel functions on both sides of 8 (their two expansions), erfcx and ndtri (which
+    # eager has in no half-precision type)
+    "special_functions": Case(
+        _special, lambda d: [r(5, 7, dtype=d)], (torch.float32, torch.float64)
+    ),
     "pointwise_chain": Case(
         lambda x: (x.sin() + 1).relu() * 2 - x.exp(), lambda d: [r(4, 9, dtype=d)], ALL
     ),

@@ -1,0 +1,78 @@
+"""Average pooling and its gradient lower to kernels (no ATen call) that agree with eager:
+windows over padding, ceil mode, strides past the kernel, divisor overrides, large windows
+(summed by a reduction), 1-, 2- and 3-d, with and without a batch dimension."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln_loopir.ir import ExternNode
+from kiln_loopir.testing import check_against_eager
+
+aten = torch.ops.aten
+
+WINDOWS = {
+    "plain": dict(kernel_size=2),
+    "padding_ceil_exclude_pad": dict(
+        kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False
+    ),
+    "padding_ceil_include_pad": dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    "stride_past_kernel": dict(kernel_size=(2, 3), stride=(3, 4), padding=(1, 0)),
+    "divisor_override": dict(kernel_size=3, padding=1, ceil_mode=True, divisor_override=5),
+    "large_window": dict(kernel_size=6, stride=1, padding=2, count_include_pad=False),
+}
+
+
+def _externs(compiled) -> list[str]:
+    return [str(n.target) for n in compiled.graph.nodes if isinstance(n, ExternNode)]
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_avg_pool2d_and_its_gradient_match_eager(name):
+    kw = WINDOWS[name]
+    x = torch.randn(2, 3, 9, 8)
+    out = F.avg_pool2d(x, **kw)
+    grad = torch.randn_like(out)
+    args = [kw["kernel_size"], kw.get("stride", ()), kw.get("padding", 0)]
+    args += [kw.get("ceil_mode", False), kw.get("count_include_pad", True)]
+    args += [kw.get("divisor_override")]
+    forward = check_against_eager(lambda t: F.avg_pool2d(t.exp(), **kw) * 2, [x])
+    backward = check_against_eager(
+        lambda g, t: aten.avg_pool2d_backward(g * 2, t, *args), [grad, x]
+    )
+    assert _externs(forward) == _externs(backward) == []
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda t: F.avg_pool1d(t, 4, 3, 2, ceil_mode=True, count_include_pad=False), (2, 3, 11)),
+        (lambda t: F.avg_pool2d(t, 3, 2, 1), (3, 7, 6)),  # no batch dimension
+        (
+            lambda t: F.avg_pool3d(t, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+            (1, 2, 5, 6, 5),
+        ),
+        (lambda t: F.avg_pool3d(t, (2, 3, 2), 1), (1, 2, 4, 5, 4)),
+    ],
+    ids=["1d", "2d_unbatched", "3d_padding_ceil", "3d_large_window"],
+)
+def test_other_ranks_match_eager(fn, shape):
+    compiled = check_against_eager(fn, [torch.randn(shape, dtype=torch.float64)])
+    assert _externs(compiled) == []
+
+
+def test_avg_pool3d_gradient_matches_eager():
+    x = torch.randn(1, 2, 5, 6, 5)
+    grad = torch.randn_like(F.avg_pool3d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False))
+    compiled = check_against_eager(
+        lambda g, t: aten.avg_pool3d_backward(
+            g, t, [3, 3, 3], [2, 2, 2], [1, 1, 1], True, False, None
+        ),
+        [grad, x],
+    )
+    assert _externs(compiled) == []
+
+
+def test_channels_last_input_keeps_its_layout():
+    x = torch.randn(2, 3, 6, 7).to(memory_format=torch.channels_last)
+    check_against_eager(lambda t: F.avg_pool2d(t, 3, 2, 1), [x])
