@@ -23,23 +23,22 @@ def _double(x):
 
 def minimum(*args):
     """``Min``: of numbers, or elementwise of tensors."""
-    out = args[0]
-    for a in args[1:]:
-        if _is_tensor(out) or _is_tensor(a):
-            out = torch.minimum(torch.as_tensor(out), torch.as_tensor(a))
-        else:
-            out = min(out, a)
-    return out
+    return _fold(torch.minimum, min, args)
 
 
 def maximum(*args):
     """``Max``: of numbers, or elementwise of tensors."""
+    return _fold(torch.maximum, max, args)
+
+
+def _fold(tensor_op, number_op, args):
+    """``args`` combined left to right, by ``tensor_op`` where a tensor is involved."""
     out = args[0]
     for a in args[1:]:
         if _is_tensor(out) or _is_tensor(a):
-            out = torch.maximum(torch.as_tensor(out), torch.as_tensor(a))
+            out = tensor_op(torch.as_tensor(out), torch.as_tensor(a))
         else:
-            out = max(out, a)
+            out = number_op(out, a)
     return out
 
 
