@@ -20,6 +20,8 @@ def _i(low, high, *shape):
     return lambda device: torch.randint(low, high, shape, device=device)
 
 
+_POLYGAMMA_EDGES = torch.tensor([0.0, -1.0, -2.5, 0.5, 1e5, -12.3, float("inf"), float("nan")])
+
 CASES = {
     "pointwise_chain": (
         lambda a, b: torch.sigmoid((a * 2 + b).relu()) - a.exp(),
@@ -36,6 +38,16 @@ CASES = {
             torch.special.ndtri(torch.sigmoid(a / 10)),
         ),
         [lambda d: torch.randn(4, 8, device=d) * 40],
+    ),
+    # polygamma's poles, both sides of them (reflection, zeta's longer sum), inf and NaN
+    "polygamma": (
+        lambda a: (
+            torch.polygamma(1, a),
+            torch.polygamma(2, a),
+            torch.special.polygamma(3, a),
+            torch.special.zeta(a.abs() + 1.5, a.abs() * 2),
+        ),
+        [lambda d: torch.cat([torch.randn(3, 8) * 4, _POLYGAMMA_EDGES.reshape(1, 8)]).to(d)],
     ),
     "broadcast_4d": (lambda a, b: a * b + 1, [_f(2, 3, 4, 5), _f(3, 1, 5)]),
     "transpose_2d_tiles": (lambda a, b: a.t() * 2 + b, [_f(33, 20), _f(20, 33)]),

@@ -29,7 +29,10 @@ FLOAT_UNARY = {
     "isfinite": _std("isfinite"),
     "erfinv": lambda x: f"kiln::erfinv({x})",
     "digamma": lambda x: f"kiln::digamma({x})",
-    **{n: (lambda x, n=n: f"kiln::{n}({x})") for n in ("i0", "i0e", "i1", "i1e", "erfcx", "ndtri")},
+    **{
+        n: (lambda x, n=n: f"kiln::{n}({x})")
+        for n in ("trigamma", "i0", "i0e", "i1", "i1e", "erfcx", "ndtri")
+    },
     **{
         n: _std(n)
         for n in (
@@ -84,6 +87,7 @@ FLOAT_BINARY = {
     "hypot": _call("std::hypot"),
     "copysign": _call("std::copysign"),
     "nextafter": _call("std::nextafter"),
+    "zeta": _call("kiln::zeta"),
 }
 INT_BINARY = {
     **COMMON_BINARY,

@@ -6,7 +6,10 @@ float kernels take, the last terms of the double ones), the inverse of the norma
 (``ndtri``, Cephes' rational approximations) and the scaled complementary error function
 (``erfcx``: ``exp(x²)·erfc(x)`` in double with ``x²`` split exactly, its asymptotic series
 where ``erfc`` underflows, and ``2·exp(x²) − erfcx(−x)`` for negative ``x``, ``2·exp(x²)``
-in the value's type as ATen rounds it)."""
+in the value's type as ATen rounds it); trigamma (``polygamma(1, x)``: shifted up by six,
+then the asymptotic series, reflected below 1/2) and the Hurwitz zeta function (Cephes'
+``zeta``: the terms summed past ``q + 9``, then the Euler–Maclaurin tail, accumulated in
+double as ATen's CPU kernels do), which ``polygamma(n, x)`` for ``n >= 2`` is built from."""
 
 SOURCE = r"""
 namespace kiln {
@@ -170,6 +173,70 @@ template <typename T> inline T erfcx(T x) {
   // past -6.1
   const T twice = T(2) * std::exp(x * x);
   return d < -6.1 ? twice : twice - static_cast<T>(erfcx_nonnegative(-d));
+}
+
+// polygamma(1, x): six steps up, then the asymptotic series; below 1/2 the reflection
+// psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x), with sin(pi x) in the value's type
+template <typename T> inline T trigamma(T x) {
+  const T pi = static_cast<T>(M_PI);
+  T sign = 1, result = 0;
+  if (x < T(0.5)) {
+    sign = -1;
+    const T sin_pi_x = std::sin(pi * x);
+    result -= (pi * pi) / (sin_pi_x * sin_pi_x);
+    x = 1 - x;
+  }
+  for (int i = 0; i < 6; ++i) {
+    result += 1 / (x * x);
+    x += 1;
+  }
+  const T ixx = 1 / (x * x);
+  result += (1 + 1 / (2 * x) + ixx * (T(1) / 6 - ixx * (T(1) / 30 - ixx * (T(1) / 42)))) / x;
+  return sign * result;
+}
+
+// Euler-Maclaurin's coefficients: (2k)! / B_2k
+static const double ZETA_A[12] = {
+    12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+    -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+    1.8152105401943546773e17, -7.1661652561756670113e18};
+
+// the Hurwitz zeta function, sum over k >= 0 of (q + k)^-x; inf at x = 1 and at the
+// poles q = 0, -1, ...; NaN for x < 1 and for negative q with x not an integer
+template <typename T> inline T zeta(T x, T q) {
+  const double machep = 1.11022302462515654042E-16;
+  if (x == 1) return std::numeric_limits<T>::infinity();
+  if (x < 1) return std::numeric_limits<T>::quiet_NaN();
+  if (q <= 0) {
+    if (q == std::floor(q)) return std::numeric_limits<T>::infinity();
+    if (x != std::floor(x)) return std::numeric_limits<T>::quiet_NaN();
+  }
+  double s = std::pow(q, -x);  // the first term in the value's type, as ATen's
+  double a = q, b = 0;
+  int i = 0;
+  while (i < 9 || a <= 9) {
+    i += 1;
+    a += 1;
+    b = std::pow(a, static_cast<double>(-x));
+    s += b;
+    if (-machep * s < b && b < machep * s) return static_cast<T>(s);
+  }
+  const double w = a;
+  s += b * w / (x - 1.0);
+  s -= 0.5 * b;
+  double p = 1, k = 0;
+  for (int j = 0; j < 12; ++j) {
+    p *= x + k;
+    b /= w;
+    const double t = p * b / ZETA_A[j];
+    s = s + t;
+    if (std::fabs(t / s) < machep) return static_cast<T>(s);
+    k += 1;
+    p *= x + k;
+    b /= w;
+    k += 1;
+  }
+  return static_cast<T>(s);
 }
 
 }  // namespace kiln

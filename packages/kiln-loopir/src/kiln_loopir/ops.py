@@ -24,13 +24,13 @@ UNARY_OPS: tuple[str, ...] = (
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
     "atanh", "erf", "erfc", "erfinv", "sigmoid", "reciprocal", "floor", "ceil", "trunc",
     "round", "sign", "signbit", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite",
-    "lgamma", "digamma", "i0", "i0e", "i1", "i1e", "erfcx", "ndtri",
+    "lgamma", "digamma", "trigamma", "i0", "i0e", "i1", "i1e", "erfcx", "ndtri",
 )  # fmt: skip
 BINARY_OPS: tuple[str, ...] = (
     "add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow",
     "maximum", "minimum", "atan2", "hypot", "copysign", "nextafter", "bitwise_and",
     "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "logical_and",
-    "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "zeta",
 )  # fmt: skip
 # load(buffer, index, mask=None), constant(value, dtype), index_expr(expr, dtype),
 # to_dtype(x, dtype), where(cond, a, b), masked(mask, body, other),

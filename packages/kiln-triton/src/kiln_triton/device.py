@@ -141,6 +141,75 @@ def digamma(x):
     return tl.where((x == tl.floor(x)) & (x <= 0), float("nan"), out)
 
 
+@triton.jit
+def trigamma(x):
+    # as ATen: reflection below 1/2 (psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x)), six steps
+    # up, then the asymptotic series
+    reflect = x < 0.5
+    pi = 3.141592653589793
+    sin_pi_x = tl.sin(pi * x)
+    y = tl.where(reflect, 1 - x, x)
+    acc = tl.zeros_like(y)
+    for _ in range(6):
+        acc += 1 / (y * y)
+        y += 1
+    ixx = 1 / (y * y)
+    acc += (1 + 1 / (2 * y) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / y
+    return tl.where(reflect, pi * pi / (sin_pi_x * sin_pi_x) - acc, acc)
+
+
+@triton.jit
+def _zeta_tail_term(s, p, b, done, x, w, k, coefficient):
+    # one Euler-Maclaurin term, (x)_(2k+1) w^(-x-2k-1) B_(2k+2) / (2k+2)!; a lane stops
+    # adding once a term is below double's epsilon of its sum, as Cephes does
+    p = p * (x + k)
+    b = b / w
+    t = tl.where(b == 0, 0.0, p * b / coefficient)  # p may overflow in float32
+    s = tl.where(done, s, s + t)
+    done = done | (tl.abs(t / s) < 1.1102230246251565e-16)
+    return s, p * (x + k + 1), b / w, done
+
+
+@triton.jit
+def zeta(x, q):
+    # the Hurwitz zeta function as Cephes (and ATen) computes it: the terms (q + k)^-x summed
+    # until q + k passes 9 (nine at least; one loop bound for the block), then the
+    # Euler-Maclaurin tail; q below -1e7 is taken as far as nine terms reach
+    x, q = tl.broadcast(x, q)  # one of them may be a scalar (polygamma's order)
+    steps = tl.where(q > -1e7, tl.maximum(tl.floor(9 - q) + 1, 9.0), 9.0)
+    steps = tl.where(steps == steps, steps, 9.0)
+    s = libdevice.pow(q, -x)
+    a = q
+    b = s * 0
+    for k in range(tl.max(steps).to(tl.int32)):
+        go = k < steps
+        a = tl.where(go, a + 1, a)
+        b = tl.where(go, libdevice.pow(a, -x), b)
+        s = tl.where(go, s + b, s)
+    w = a
+    s += b * w / (x - 1) - 0.5 * b
+    p = s * 0 + 1
+    done = s != s
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 0.0, 12.0)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 2.0, -720.0)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 4.0, 30240.0)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 6.0, -1209600.0)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 8.0, 47900160.0)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 10.0, -1.8924375803183791606e9)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 12.0, 7.47242496e10)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 14.0, -2.950130727918164224e12)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 16.0, 1.1646782814350067249e14)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 18.0, -4.5979787224074726105e15)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 20.0, 1.8152105401943546773e17)
+    s, p, b, done = _zeta_tail_term(s, p, b, done, x, w, 22.0, -7.1661652561756670113e18)
+    # inf at x = 1 and at the poles q = 0, -1, ...; NaN for x < 1 and, at negative q, for
+    # an x that is not an integer
+    s = tl.where((q <= 0) & (x != tl.floor(x)), float("nan"), s)
+    s = tl.where((q <= 0) & (q == tl.floor(q)), float("inf"), s)
+    s = tl.where(x < 1, float("nan"), s)
+    return tl.where(x == 1, float("inf"), s)
+
+
 # exp(-|x|) I0(x) and exp(-|x|) I1(x): libdevice's Bessel functions scaled, then, past 50
 # (where I0 nears float32's range), the asymptotic series in r = 1 / (8|x|)
 @triton.jit

@@ -47,6 +47,7 @@ FLOAT_UNARY = {
     "isinf": _kt("isinf"),
     "isfinite": _kt("isfinite"),
     "digamma": _kt("digamma"),
+    "trigamma": _kt("trigamma"),
     "i0": _lib("cyl_bessel_i0"),
     "i1": _lib("cyl_bessel_i1"),
     "i0e": _kt("i0e"),
@@ -105,6 +106,7 @@ FLOAT_BINARY = {
     "hypot": _lib("hypot"),
     "copysign": _lib("copysign"),
     "nextafter": _lib("nextafter"),
+    "zeta": _kt("zeta"),
 }
 INT_BINARY = {
     **COMMON_BINARY,

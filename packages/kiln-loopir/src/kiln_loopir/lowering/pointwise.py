@@ -154,7 +154,7 @@ BINARY = {
     aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
     aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift: "bitwise_left_shift",
     aten.bitwise_right_shift: "bitwise_right_shift", aten.remainder: "remainder",
-    aten.fmod: "fmod", aten.pow: "pow", aten.floor_divide: "floordiv",
+    aten.fmod: "fmod", aten.pow: "pow", aten.floor_divide: "floordiv", aten.special_zeta: "zeta",
 }  # fmt: skip
 COMPARISON = {
     aten.eq: "eq",
@@ -200,6 +200,26 @@ _register_table()
 @register_lowering(aten.round.default)
 def round_(ctx, x):
     return make_pointwise(ctx, lambda ops, v: ops.round(v), (x,))
+
+
+@register_lowering(aten.polygamma.default)
+def polygamma(ctx, n, x):
+    """The ``n``-th derivative of digamma, ``n`` a constant of the node, as ATen's CPU
+    kernel takes it: digamma for 0, trigamma for 1, else ``(-1)^(n+1) n! zeta(n+1, x)``
+    with ``n!`` rounded as ATen's ``exp(lgamma(n+1))`` in the compute dtype."""
+    if not isinstance(n, int) or n < 0:  # a symbolic order: ATen's kernel decides
+        return ctx.extern(ctx.op, (n, x), ctx.kwargs, ctx.val)
+    if n <= 1:
+        name = "trigamma" if n else "digamma"
+        return make_pointwise(ctx, lambda ops, v: getattr(ops, name)(v), (x,))
+    dt = compute_dtype(ctx.val.dtype)
+    factorial = float(torch.tensor(float(n + 1), dtype=dt).lgamma().exp())
+    factor = factorial if n % 2 else -factorial
+
+    def fn(ops, v):
+        return ops.mul(ops.constant(factor, dt), ops.zeta(ops.constant(float(n + 1), dt), v))
+
+    return make_pointwise(ctx, fn, (x,))
 
 
 @register_lowering(aten.logical_not)

@@ -191,7 +191,8 @@ ELEMENTWISE = {
     "trunc": torch.trunc, "round": torch.round, "sign": torch.sign, "signbit": torch.signbit,
     "logical_not": torch.logical_not, "bitwise_not": torch.bitwise_not, "isnan": torch.isnan,
     "isinf": torch.isinf, "isfinite": torch.isfinite, "lgamma": torch.lgamma,
-    "digamma": torch.digamma, "i0": torch.i0, "i0e": torch.special.i0e,
+    "digamma": torch.digamma, "trigamma": lambda x: torch.polygamma(1, x), "i0": torch.i0,
+    "i0e": torch.special.i0e,
     "i1": torch.special.i1, "i1e": torch.special.i1e, "erfcx": torch.special.erfcx,
     "ndtri": torch.special.ndtri, "add": torch.add, "sub": torch.sub, "mul": torch.mul,
     "truediv": torch.true_divide,
@@ -205,6 +206,7 @@ ELEMENTWISE = {
     "bitwise_right_shift": torch.bitwise_right_shift, "logical_and": torch.logical_and,
     "logical_or": torch.logical_or, "logical_xor": torch.logical_xor, "eq": torch.eq,
     "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
+    "zeta": torch.special.zeta,
 }  # fmt: skip
 
 

@@ -59,7 +59,19 @@ def _special(x):
     )  # fmt: skip
 
 
+def _polygamma(x):
+    special = torch.special
+    return (
+        torch.polygamma(0, x * 3), torch.polygamma(1, x * 3), torch.polygamma(2, x * 3),
+        special.polygamma(3, x.abs() * 20), torch.polygamma(6, x * 3),
+        special.zeta(x.abs() * 3 + 1.5, x.abs() * 4),
+    )  # fmt: skip
+
+
 CASES: dict[str, Case] = {
+    # polygamma of orders 0 (digamma), 1 (trigamma) and past (Hurwitz zeta), for negative
+    # x (reflection, and zeta's direct sum) and past the shift (the asymptotic series)
+    "polygamma": Case(_polygamma, lambda d: [r(5, 7, dtype=d)], (torch.float32, torch.float64)),
     # Bessel functions on both sides of 8 (their two expansions), erfcx and ndtri (which
     # eager has in no half-precision type)
     "special_functions": Case(
