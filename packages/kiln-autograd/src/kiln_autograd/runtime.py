@@ -69,11 +69,18 @@ class TrainingRunner:
     ) -> None:
         self.meta = joint.meta
         self.function = _make_function(compiled_fw, parts, joint, bw_compiler)
+        # autograd.Function.apply less its Python prologue, which binds default arguments
+        # (the function has none) and unwraps dead functorch wrappers one argument at a
+        # time (there are none unless a functorch transform is active): torch's C++ apply
+        self._apply_directly = super(torch.autograd.Function, self.function).apply
 
     def __call__(self, *args: object) -> object:
         _refuse_aliased_mutated_inputs(args, self.meta)
         side = _SideChannel()
-        returned = self.function.apply(side, *args)
+        if torch._C._are_functorch_transforms_active():
+            returned = self.function.apply(side, *args)
+        else:
+            returned = self._apply_directly(side, *args)
         meta = self.meta
         n_mut = len(meta.mutated_inputs)
         plain = dict(zip(meta.plain_outputs(), returned, strict=False))
