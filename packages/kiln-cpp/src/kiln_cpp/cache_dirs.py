@@ -19,6 +19,7 @@ temporary folder removed at exit (compiled, just not cached).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import shutil
@@ -89,10 +90,8 @@ def make_private(folder: Path) -> None:
         missing.append(folder)
         folder = folder.parent
     for path in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):  # made by another process meanwhile
             path.mkdir(mode=0o700)
-        except FileExistsError:
-            pass  # made by another process meanwhile: checked like any other
 
 
 def refuse(folder: Path, reason: str, package: str) -> None:

@@ -3,8 +3,9 @@ on disk per (kernel source, sizes, device) so later processes skip the timing.
 
 The cache lives in ``$KILN_TRITON_CACHE_DIR``, else ``<root>/triton`` (the root kiln sets
 for a compile, else ``$KILN_CACHE_DIR``, else ``~/.cache/kiln``: see
-:mod:`kiln_cpp.cache_dirs`, which also keeps it private to the user) under ``autotune/``; ``KILN_TRITON_AUTOTUNE=0`` turns timing off (the heuristic's first pick is
-used). Kernels with little work are not timed: launch cost dominates them.
+:mod:`kiln_cpp.cache_dirs`, which also keeps it private to the user) under ``autotune/``;
+``KILN_TRITON_AUTOTUNE=0`` turns timing off (the heuristic's first pick is used).
+Kernels with little work are not timed: launch cost dominates them.
 """
 
 from __future__ import annotations
