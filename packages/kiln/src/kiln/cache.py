@@ -9,7 +9,9 @@ versions of Python, torch and every Kiln package. A second process that compiles
 graph loads the entry and hands the sources to the code generator, whose own cache holds
 the built kernels: nothing is lowered, scheduled or compiled again.
 
-Entries are written under a temporary name and renamed into place; each starts with the
+Entries lie under ``<root>/graphs/`` (see :mod:`kiln.cache_folders` for the root and the
+code generators' folders beside it) in folders private to the user. Entries are written
+under a temporary name and renamed into place; each starts with the
 SHA-256 of the rest. An entry that does not load (corrupt, truncated, from another format)
 is ignored with a log line, compiled again and rewritten.
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
+from kiln.cache_folders import make_private
 from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
@@ -192,7 +195,7 @@ class GraphCache:
         payload = buffer.getvalue()
         data = hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private(path.parent)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
