@@ -14,6 +14,7 @@ def test_public_api_is_pinned():
         "CppCompileError",
         "CppError",
         "__version__",
+        "cache_root",
         "cpp_codegen",
     ]
 

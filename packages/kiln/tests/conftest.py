@@ -13,8 +13,11 @@ if str(_HERE) not in sys.path:
 
 @pytest.fixture(scope="session", autouse=True)
 def fresh_caches(tmp_path_factory):
-    """Fresh on-disk caches (Kiln's graphs, kiln-cpp's libraries) for the test session."""
+    """Fresh on-disk caches (Kiln's graphs, kiln-cpp's libraries) for the test session;
+    kiln-cpp's host runtime (a slow build, the same for every session) where it was."""
     mp = pytest.MonkeyPatch()
+    runtime = kiln.cache_folders.part_folder(kiln.cache_folders.default_root(), "runtime")
+    mp.setenv("KILN_CPP_RUNTIME_DIR", str(runtime))
     mp.setenv("KILN_CACHE_DIR", str(tmp_path_factory.mktemp("kiln-cache")))
     mp.setenv("KILN_CPP_CACHE_DIR", str(tmp_path_factory.mktemp("kiln-cpp-cache")))
     yield

@@ -106,3 +106,36 @@ def test_graphs_with_zero_dim_constants_are_cached(tmp_path):
     x = torch.randn(2, 4)
     torch.testing.assert_close(kiln.compile(f, options={"cache_dir": str(tmp_path)})(x), f(x))
     assert len(entries(tmp_path)) == 1
+
+
+def _small_entry(text: str):
+    from kiln.cache import Entry
+
+    return Entry([], [], text, {}, 0, "", "")
+
+
+def test_the_least_recently_used_entries_are_evicted(tmp_path, monkeypatch):
+    from kiln.cache import GraphCache
+
+    monkeypatch.setenv("KILN_CACHE_MAX_MB", "0")  # no bound while they are written
+    cache = GraphCache(tmp_path)
+    keys = [f"{i:02x}" * 32 for i in range(4)]
+    for i, key in enumerate(keys):
+        cache.store(key, _small_entry(f"program {i}"))
+        os.utime(cache.path(key), (1000 + i, 1000 + i))  # stored in this order, long ago
+    assert cache.load(keys[0]) is not None  # used again: now the most recent
+    size = cache.path(keys[0]).stat().st_size
+    monkeypatch.setenv("KILN_CACHE_MAX_MB", str(2.5 * size / 2**20))
+    cache.store("ff" * 32, _small_entry("program 4"))  # five entries, room for two
+    assert sorted(p.stem for p in entries(tmp_path)) == sorted([keys[0], "ff" * 32])
+
+
+def test_the_size_bound_reads_its_variable(monkeypatch):
+    from kiln.cache import DEFAULT_MAX_MB, max_bytes
+
+    monkeypatch.delenv("KILN_CACHE_MAX_MB", raising=False)
+    assert max_bytes() == DEFAULT_MAX_MB * 2**20
+    monkeypatch.setenv("KILN_CACHE_MAX_MB", "0")
+    assert max_bytes() is None
+    monkeypatch.setenv("KILN_CACHE_MAX_MB", "1.5")
+    assert max_bytes() == int(1.5 * 2**20)

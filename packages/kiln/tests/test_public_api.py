@@ -9,11 +9,15 @@ def test_version_is_pep440():
 
 def test_public_api_is_pinned():
     assert sorted(kiln.__all__) == [
+        "CacheInfo",
+        "CachePart",
         "CompiledFunction",
         "CompiledModule",
         "Options",
         "Plugin",
         "__version__",
+        "cache_info",
+        "clear_cache",
         "compile",
         "compile_times",
         "disable",

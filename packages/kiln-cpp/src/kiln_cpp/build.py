@@ -10,11 +10,17 @@ Builds of different keys run concurrently (the compiler is a subprocess, so thre
 overlap; :func:`build_async` runs one on a shared thread pool); builds of one key are
 serialised by a lock per key, within the process and across processes (``flock`` on
 ``<cache>/<key>/build.lock``), so a library is compiled once and the others load it.
+
+``<cache>`` is ``$KILN_CPP_CACHE_DIR``, else ``<root>/cpp`` (see :mod:`kiln_cpp.cache_dirs`:
+the root kiln sets, ``$KILN_CACHE_DIR``, ``~/.cache/kiln``), made private to the user; a
+folder other users can write to is refused with a warning and the library is built in a
+temporary folder instead.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import ctypes
 import functools
 import hashlib
@@ -33,6 +39,7 @@ try:
 except ImportError:  # not POSIX: the per-process lock alone
     fcntl = None
 
+from kiln_cpp import cache_dirs
 from kiln_cpp.errors import CppCompileError
 
 # -fno-math-errno and -fno-trapping-math change no result: they let the compiler vectorise
@@ -52,17 +59,10 @@ BUILD_THREADS = max(1, min(8, os.cpu_count() or 1))
 LIBRARY = "kernels.so"
 
 
-def user_cache(variable: str, folder: str) -> Path:
-    """``$variable``, else ``$XDG_CACHE_HOME/kiln/<folder>`` (``~/.cache/kiln/<folder>``)."""
-    if os.environ.get(variable):
-        return Path(os.environ[variable])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kiln" / folder
-
-
 def cache_dir() -> Path:
-    """``$KILN_CPP_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln/cpp`` (``~/.cache/kiln/cpp``)."""
-    return user_cache("KILN_CPP_CACHE_DIR", "cpp")
+    """The library cache, created private to the user (see :mod:`kiln_cpp.cache_dirs`):
+    ``$KILN_CPP_CACHE_DIR``, else ``<root>/cpp``; a temporary folder where it is refused."""
+    return cache_dirs.usable_folder("KILN_CPP_CACHE_DIR", "cpp")
 
 
 def compiler() -> str:
@@ -146,7 +146,7 @@ _key_locks_guard = threading.Lock()
 
 
 @contextmanager
-def _locked(key: str) -> Iterator[None]:
+def _locked(folder: Path, key: str) -> Iterator[None]:
     """Hold the build lock of ``key``: a thread lock, then a file lock for other processes."""
     with _key_locks_guard:
         lock = _key_locks.setdefault(key, threading.Lock())
@@ -154,8 +154,8 @@ def _locked(key: str) -> Iterator[None]:
         if fcntl is None:
             yield
             return
-        entry = cache_dir() / key
-        entry.mkdir(parents=True, exist_ok=True)
+        entry = folder / key
+        entry.mkdir(mode=0o700, exist_ok=True)
         with open(entry / "build.lock", "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
@@ -169,11 +169,12 @@ def build(source: str) -> tuple[Path, bool]:
     cache hit. Raises :class:`CppCompileError` when the compiler is missing or fails."""
     cxx = compiler()
     key = cache_key(source, cxx)
-    entry = cache_dir() / key
+    folder = cache_dir()
+    entry = folder / key
     lib = cached_library(entry)
     if lib is not None:
         return lib, False
-    with _locked(key):
+    with _locked(folder, key):
         lib = cached_library(entry)  # built while this waited for the lock
         if lib is not None:
             return lib, False
@@ -182,7 +183,7 @@ def build(source: str) -> tuple[Path, bool]:
 
 
 def _compile(cxx: str, source: str, entry: Path) -> None:
-    entry.mkdir(parents=True, exist_ok=True)
+    entry.mkdir(mode=0o700, exist_ok=True)
     (entry / "kernels.cpp").write_text(source)
     fd, tmp = tempfile.mkstemp(dir=entry, prefix=LIBRARY + ".tmp", suffix=".so")
     os.close(fd)
@@ -206,8 +207,9 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def build_async(source: str) -> concurrent.futures.Future:
-    """:func:`build` on a shared pool of threads: a future of ``(path, built)``."""
-    return _pool().submit(build, source)
+    """:func:`build` on a shared pool of threads: a future of ``(path, built)`` (built
+    under the caller's cache root, see :func:`kiln_cpp.cache_dirs.cache_root`)."""
+    return _pool().submit(contextvars.copy_context().run, build, source)
 
 
 def load(path: Path) -> ctypes.CDLL:

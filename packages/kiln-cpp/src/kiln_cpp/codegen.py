@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from kiln_cpp import build
+from kiln_cpp import build, cache_dirs
 from kiln_cpp.host import NativeHost, load_runtime, render_host
 from kiln_cpp.prelude import PRELUDE
 from kiln_cpp.render import render_group, render_kernel
@@ -107,6 +107,8 @@ class CppCodegen:
     name = "cpp"
     device_types = ("cpu",)
     renders_scans = True  # cumulative ops: a loop walked in order (render.py)
+    # the caller's cache root for a compile (kiln's cache_dir): see kiln_cpp.cache_root
+    cache_root = staticmethod(cache_dirs.cache_root)
 
     def __init__(self) -> None:
         self.builds = 0

@@ -1,9 +1,11 @@
 """Choosing a launch configuration by timing the candidates, and remembering the winner
 on disk per (kernel source, sizes, device) so later processes skip the timing.
 
-The cache lives in ``$KILN_TRITON_CACHE_DIR`` (default ``~/.cache/kiln/triton``) under
-``autotune/``; ``KILN_TRITON_AUTOTUNE=0`` turns timing off (the heuristic's first pick is
-used). Kernels with little work are not timed: launch cost dominates them.
+The cache lives in ``$KILN_TRITON_CACHE_DIR``, else ``<root>/triton`` (the root kiln sets
+for a compile, else ``$KILN_CACHE_DIR``, else ``~/.cache/kiln``: see
+:mod:`kiln_cpp.cache_dirs`, which also keeps it private to the user) under ``autotune/``;
+``KILN_TRITON_AUTOTUNE=0`` turns timing off (the heuristic's first pick is used).
+Kernels with little work are not timed: launch cost dominates them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from kiln_cpp import cache_dirs
 from kiln_triton.configs import Config
 
 # kernels touching fewer points than this run the heuristic's pick untimed
@@ -23,8 +26,8 @@ MIN_POINTS = 1 << 18
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KILN_TRITON_CACHE_DIR") or Path.home() / ".cache" / "kiln" / "triton"
-    return Path(root)
+    """The cache folder, created private; a temporary one where it is refused."""
+    return cache_dirs.usable_folder("KILN_TRITON_CACHE_DIR", "triton", "kiln-triton")
 
 
 def enabled() -> bool:
@@ -40,17 +43,20 @@ def cache_key(source_hash: str, numels: dict, sizes: tuple, device: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def load_winner(key: str) -> Config | None:
-    path = cache_dir() / "autotune" / f"{key}.json"
+def load_winner(key: str, folder: Path | None = None) -> Config | None:
+    """The winner stored under ``key`` in ``folder`` (default: :func:`cache_dir`)."""
+    path = (folder or cache_dir()) / "autotune" / f"{key}.json"
     try:
         return Config.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError):
         return None
 
 
-def save_winner(key: str, config: Config, timings: dict[str, float]) -> None:
-    folder = cache_dir() / "autotune"
-    folder.mkdir(parents=True, exist_ok=True)
+def save_winner(
+    key: str, config: Config, timings: dict[str, float], folder: Path | None = None
+) -> None:
+    folder = (folder or cache_dir()) / "autotune"
+    folder.mkdir(mode=0o700, exist_ok=True)
     tmp = folder / f"{key}.json.{os.getpid()}"
     tmp.write_text(json.dumps({**config.as_dict(), "timings_us": timings}, indent=1))
     tmp.replace(folder / f"{key}.json")

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from kiln_cpp import cache_dirs
 from kiln_loopir.kernel import Kernel
 from kiln_triton import autotune
 from kiln_triton.configs import candidates
@@ -28,7 +29,7 @@ def load_module(source: str):
     if digest in _MODULES:
         return _MODULES[digest], digest
     folder = autotune.cache_dir() / "kernels"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"k{digest}.py"
     if not path.exists():
         tmp = path.with_suffix(f".py.{os.getpid()}")
@@ -99,6 +100,9 @@ class TritonCodegen:
     name = "triton"
     device_types = ("cuda",)
     renders_scans = True  # cumulative ops: tl.associative_scan over rows (render.py)
+    # the caller's cache root for a compile (kiln's cache_dir): kernels and autotuning
+    # winners go to <root>/triton, the native host program's libraries to <root>/cpp
+    cache_root = staticmethod(cache_dirs.cache_root)
 
     def __init__(self, parallel_compile: bool = True) -> None:
         self.parallel_compile = parallel_compile

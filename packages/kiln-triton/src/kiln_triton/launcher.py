@@ -113,6 +113,7 @@ class TritonKernel:
         self._numels = eval(f"lambda {params}: ({exprs},)", scope)  # noqa: S307 - generated
         self._numel_names = names
         self._launches: dict[tuple, Launch | None] = {}
+        self._tuning_dir = autotune.cache_dir()  # the compile's, kept for the first launches
         self.configs_timed = 0
 
     def __repr__(self) -> str:
@@ -235,7 +236,7 @@ class TritonKernel:
     def _tune(self, configs, tensors, sizes, numels, index64) -> Config:
         device = torch.cuda.get_device_name(tensors[0].device) if tensors else "cuda"
         key = autotune.cache_key(self.source_hash, numels, sizes, device)
-        cached = autotune.load_winner(key)
+        cached = autotune.load_winner(key, self._tuning_dir)
         if cached is not None and cached in configs:
             return cached
         # time on scratch copies of what the kernel writes: inputs stay as they are, even
@@ -251,5 +252,5 @@ class TritonKernel:
 
         best, timings = autotune.pick(configs, launch_with)
         self.configs_timed += len(timings)
-        autotune.save_winner(key, best, timings)
+        autotune.save_winner(key, best, timings, self._tuning_dir)
         return best

@@ -11,6 +11,7 @@ through a runtime plug-in (kiln-cudagraphs: ``kiln.runtime``).
     >>> kiln.mark_dynamic(x, 0, min=2, max=64)  # x's dim 0 symbolic from the first call
     >>> kiln.list_backends()                    # installed plug-ins, and why any failed
     >>> kiln.set_logs("graph,perf")             # or KILN_LOGS=graph,perf; KILN_DEBUG=<dir>
+    >>> kiln.cache_info(); kiln.clear_cache()   # or python -m kiln cache info|clear
 
 Kiln is also a ``torch.compile`` backend: ``torch.compile(model, backend="kiln")``.
 """
@@ -19,6 +20,7 @@ from kiln import tensor_guards  # noqa: F401 - registers the native tensor match
 from kiln.__about__ import __version__
 from kiln._plugins import Plugin, list_backends
 from kiln.api import compile, disable, explain, reset
+from kiln.cache_folders import CacheInfo, CachePart, cache_info, clear_cache
 from kiln.config import Options
 from kiln.frames import compile_times
 from kiln.logs import configure_from_environment, set_logs
@@ -28,11 +30,15 @@ from kiln_capture import mark_dynamic, mark_static
 configure_from_environment()
 
 __all__ = [
+    "CacheInfo",
+    "CachePart",
     "CompiledFunction",
     "CompiledModule",
     "Options",
     "Plugin",
     "__version__",
+    "cache_info",
+    "clear_cache",
     "compile",
     "compile_times",
     "disable",

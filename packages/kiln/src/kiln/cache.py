@@ -9,9 +9,15 @@ versions of Python, torch and every Kiln package. A second process that compiles
 graph loads the entry and hands the sources to the code generator, whose own cache holds
 the built kernels: nothing is lowered, scheduled or compiled again.
 
-Entries are written under a temporary name and renamed into place; each starts with the
+Entries lie under ``<root>/graphs/`` (see :mod:`kiln.cache_folders` for the root and the
+code generators' folders beside it) in folders private to the user. Entries are written
+under a temporary name and renamed into place; each starts with the
 SHA-256 of the rest. An entry that does not load (corrupt, truncated, from another format)
 is ignored with a log line, compiled again and rewritten.
+
+The entries are bounded in size: ``$KILN_CACHE_MAX_MB`` (default 4096 MB; 0 for no bound).
+A load sets an entry's access time; after each write, while the entries take more than the
+bound, the least recently used ones are removed (never the one just written).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
+from kiln.cache_folders import make_private
 from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
@@ -37,6 +44,19 @@ log = logging.getLogger("kiln.cache")
 FORMAT = 6  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products);
 # 6: float32 attention in full float32
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
+DEFAULT_MAX_MB = 4096
+
+
+def max_bytes() -> int | None:
+    """The bound on the graph entries' size: ``$KILN_CACHE_MAX_MB`` megabytes (default
+    4096), None for no bound (0)."""
+    text = os.environ.get("KILN_CACHE_MAX_MB", "").strip()
+    try:
+        megabytes = float(text) if text else DEFAULT_MAX_MB
+    except ValueError:
+        log.warning("KILN_CACHE_MAX_MB=%r is not a number; using %d", text, DEFAULT_MAX_MB)
+        megabytes = DEFAULT_MAX_MB
+    return int(megabytes * 2**20) if megabytes > 0 else None
 
 
 @dataclass
@@ -168,6 +188,7 @@ class GraphCache:
         path = self.path(key)
         try:
             data = path.read_bytes()
+            os.utime(path)  # its last use, for eviction (mounts may not update atime)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -192,13 +213,48 @@ class GraphCache:
         payload = buffer.getvalue()
         data = hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private(path.parent)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         except OSError as exc:  # a read-only or full disk costs speed, not correctness
             log.warning("cannot write cache entry %s (%s)", path, exc)
+            return
+        limit = max_bytes()
+        if limit is not None:
+            self.evict(limit, keep=path)
+
+    def evict(self, limit: int, keep: Path | None = None) -> int:
+        """Remove the least recently used entries (by access time) until the entries take
+        ``limit`` bytes or less, never ``keep``; returns how many were removed."""
+        found = []
+        for path in self.root.glob("*/*.pt"):
+            try:
+                info = path.stat()
+            except OSError:  # removed meanwhile
+                continue
+            found.append((info.st_atime, info.st_size, path))
+        total = sum(size for _, size, _ in found)
+        removed = 0
+        for _, size, path in sorted(found, key=lambda f: f[0]):
+            if total <= limit:
+                break
+            if path == keep:
+                continue
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            total -= size
+            removed += 1
+        if removed:
+            log.info(
+                "evicted %d least recently used cache entries (bound %d MB)",
+                removed,
+                limit // 2**20,
+            )
+        return removed
 
 
 def load_entry(entry: Entry, kernel_fns: Sequence[Callable], native=None) -> HostProgram:

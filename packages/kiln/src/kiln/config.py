@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from kiln.cache_folders import default_root
+
 NAMED_BACKENDS = ("auto", "kiln", "aot_eager", "eager")
 MODES = (None, "default", "reduce-overhead", "max-autotune")
 PARTITIONERS = ("min_cut", "default")
@@ -25,7 +27,9 @@ class Options:
     debug_dir: str | None = None
     # the on-disk cache of compiled graphs (default: on, unless $KILN_CACHE=0)
     cache: bool = True
-    # its folder (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)
+    # the root of every cache (graphs; the code generators' libraries and kernels under
+    # it unless their own variable is set): default $KILN_CACHE_DIR, else
+    # $XDG_CACHE_HOME/kiln, else ~/.cache/kiln. A root others can write to is refused
     cache_dir: str | None = None
     # a code generator by name ("cpp", "triton", "reference"), or None for the device's
     codegen: str | None = None
@@ -155,9 +159,8 @@ def make_config(
 
 
 def cache_root(options: Options) -> Path:
+    """The cache root: the ``cache_dir`` option, else ``$KILN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln`` (see :mod:`kiln.cache_folders`)."""
     if options.cache_dir:
         return Path(options.cache_dir)
-    if os.environ.get("KILN_CACHE_DIR"):
-        return Path(os.environ["KILN_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kiln"
+    return default_root()

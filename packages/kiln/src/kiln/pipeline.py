@@ -21,6 +21,7 @@ traceback goes to the ``fallbacks`` log. With ``options={"fallback": False}`` it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ import kiln_autograd
 import kiln_loopir
 from kiln import logs, runtime
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
+from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
 from kiln.constants import WithConstants, lift_constants
 from kiln.frames import Frame
@@ -234,7 +236,14 @@ class AtenCompiler:
             "max_autotune": self.options.max_autotune,
         }
         observed = ObservedCodegen(codegen, self.frame, self.kind)
-        cache = GraphCache(cache_root(self.options)) if self.options.cache else None
+        root = usable_root(cache_root(self.options))  # None: refused, with a warning
+        cache = GraphCache(root) if self.options.cache and root is not None else None
+        # the code generator's libraries and kernels under the same root (None: not cached)
+        codegen_root = getattr(codegen, "cache_root", None)
+        with codegen_root(root) if codegen_root else contextlib.nullcontext():
+            return self.load_or_lower(gm, example_inputs, observed, settings, cache, codegen)
+
+    def load_or_lower(self, gm, example_inputs, observed, settings, cache, codegen):
         key = _cache_key(gm, example_inputs, codegen, settings) if cache else None
         if key is None:
             cache = None

@@ -3,7 +3,8 @@
 It is the one part of kiln-cpp compiled against libtorch's headers (a slow build, about
 15 s); the host programs of graphs include only ``kiln_host.h`` and get the runtime's
 functions as a table when they load, so each graph's build stays as cheap as its kernels'.
-The module lives in ``$KILN_CPP_RUNTIME_DIR``, else ``<user cache>/kiln/runtime/<key>/``,
+The module lives in ``$KILN_CPP_RUNTIME_DIR``, else ``<root>/runtime/<key>/`` (the cache
+root, see :mod:`kiln_cpp.cache_dirs`; made private, refused where others can write),
 keyed by the source, torch's version and ABI, Python's version and the compiler; a build is
 written under a temporary name and renamed into place, under a file lock.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from kiln_cpp import build
+from kiln_cpp import build, cache_dirs
 from kiln_cpp.errors import CppCompileError
 
 HERE = Path(__file__).parent
@@ -35,8 +36,8 @@ MODULE = "kiln_host_runtime"
 
 
 def runtime_dir() -> Path:
-    """``$KILN_CPP_RUNTIME_DIR``, else ``~/.cache/kiln/runtime`` (see ``build.user_cache``)."""
-    return build.user_cache("KILN_CPP_RUNTIME_DIR", "runtime")
+    """``$KILN_CPP_RUNTIME_DIR``, else ``<root>/runtime`` (see :mod:`kiln_cpp.cache_dirs`)."""
+    return cache_dirs.usable_folder("KILN_CPP_RUNTIME_DIR", "runtime")
 
 
 def _torch_paths() -> tuple[list[str], str]:
@@ -84,7 +85,6 @@ def _key(cxx: str) -> str:
 
 
 def _build(cxx: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".tmp", suffix=".so")
     os.close(fd)
     cmd = [cxx, str(SOURCE), "-o", tmp, *_flags(cxx)]
@@ -122,7 +122,7 @@ def _load_runtime() -> types.ModuleType:
     entry = runtime_dir() / _key(cxx)
     target = entry / f"{MODULE}.so"
     if not target.is_file():
-        entry.mkdir(parents=True, exist_ok=True)
+        entry.mkdir(mode=0o700, exist_ok=True)
         with open(entry / "build.lock", "w") as lock:
             if build.fcntl is not None:
                 build.fcntl.flock(lock, build.fcntl.LOCK_EX)

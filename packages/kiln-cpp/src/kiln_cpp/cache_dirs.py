@@ -1,0 +1,143 @@
+"""Where kiln-cpp keeps what it builds, and the check that keeps it private.
+
+A cache folder (``cpp`` for the libraries, ``runtime`` for the host runtime; kiln-triton
+asks for ``triton`` the same way) is, the first that applies:
+
+1. its own variable (``$KILN_CPP_CACHE_DIR``, ``$KILN_CPP_RUNTIME_DIR``);
+2. ``<root>/<name>`` for the root set by :func:`cache_root` (kiln sets its ``cache_dir``
+   option there for the duration of a compile);
+3. ``$KILN_CACHE_DIR/<name>``;
+4. ``$XDG_CACHE_HOME/kiln/<name>``, else ``~/.cache/kiln/<name>``.
+
+The cache holds code that runs (shared libraries), so every folder made here is made
+private to the user (mode 0o700), and a folder that another user can write to (group- or
+world-writable, or owned by someone else) is refused, as is the root it lies under: one
+``RuntimeWarning`` per folder names it and says what to do, and the builds go to a private
+temporary folder removed at exit (compiled, just not cached).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import shutil
+import stat
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+_UNSET = object()
+# the root of the current compile: a Path, None (no on-disk cache), or _UNSET (the default)
+_ROOT: ContextVar[object] = ContextVar("kiln_cache_root", default=_UNSET)
+_warned: set[Path] = set()
+
+
+@contextmanager
+def cache_root(root: str | os.PathLike | None) -> Iterator[None]:
+    """Within it, cache folders lie under ``root`` (``<root>/cpp``, ``<root>/runtime``,
+    ``<root>/triton``) unless their own variable is set; ``root=None`` turns the on-disk
+    cache off (builds go to a private temporary folder). Per thread and per task; a build
+    handed to kiln-cpp's thread pool carries the root with it."""
+    token = _ROOT.set(None if root is None else Path(root).expanduser())
+    try:
+        yield
+    finally:
+        _ROOT.reset(token)
+
+
+def default_root() -> Path:
+    """``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``."""
+    if os.environ.get("KILN_CACHE_DIR"):
+        return Path(os.environ["KILN_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kiln"
+
+
+def locate(variable: str, name: str) -> tuple[Path | None, Path | None]:
+    """``(folder, root)``: where the cache ``name`` lies and the root it lies under (None
+    for a folder given by ``variable``); ``(None, None)`` where the cache is turned off."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable]).expanduser(), None
+    root = _ROOT.get()
+    if root is None:
+        return None, None
+    if root is _UNSET:
+        root = default_root()
+    return root / name, root
+
+
+def unsafe_reason(folder: Path) -> str | None:
+    """Why another user could write into ``folder`` (an existing one), or None."""
+    if not hasattr(os, "getuid"):
+        return None  # not POSIX: no owner and mode bits to check
+    info = folder.stat()
+    if info.st_uid != os.getuid():
+        return f"is owned by another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by its group or by others (mode {oct(stat.S_IMODE(info.st_mode))})"
+    return None
+
+
+def make_private(folder: Path) -> None:
+    """Create ``folder`` and each missing parent with mode 0o700."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made by another process meanwhile
+            path.mkdir(mode=0o700)
+
+
+def refuse(folder: Path, reason: str, package: str) -> None:
+    """Warn, once per folder, that ``folder`` is not used as a cache."""
+    if folder in _warned:
+        return
+    _warned.add(folder)
+    warnings.warn(
+        f"{package}: not using the cache folder {folder}: it {reason}, so another user could "
+        "put code there that Kiln would run. Make it yours and private (chmod 700), or point "
+        "KILN_CACHE_DIR at a private folder; compiling without the on-disk cache meanwhile",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def private_folder(variable: str, name: str, package: str = "kiln-cpp") -> Path | None:
+    """The cache folder ``name`` (see :func:`locate`), created private; None where it is
+    turned off or refused (with a warning: see :func:`refuse`)."""
+    folder, root = locate(variable, name)
+    if folder is None:
+        return None
+    try:
+        for path in (root, folder) if root is not None else (folder,):
+            make_private(path)  # the root is checked before anything is made in it
+            reason = unsafe_reason(path)
+            if reason is not None:
+                refuse(path, reason, package)
+                return None
+    except OSError as exc:
+        refuse(folder, f"cannot be used ({exc})", package)
+        return None
+    return folder
+
+
+def usable_folder(variable: str, name: str, package: str = "kiln-cpp") -> Path:
+    """:func:`private_folder`, else ``name`` in a private temporary folder removed at exit."""
+    folder = private_folder(variable, name, package)
+    if folder is None:
+        folder = _scratch() / name
+        folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+@functools.cache
+def _scratch() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="kiln-nocache-"))  # mode 0o700
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
