@@ -19,17 +19,17 @@ temporary folder removed at exit (compiled, just not cached).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import os
 import shutil
-import stat
 import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+
+from kiln_loopir.cache_folders import default_root, make_private, unsafe_reason
 
 _UNSET = object()
 # the root of the current compile: a Path, None (no on-disk cache), or _UNSET (the default)
@@ -50,14 +50,6 @@ def cache_root(root: str | os.PathLike | None) -> Iterator[None]:
         _ROOT.reset(token)
 
 
-def default_root() -> Path:
-    """``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``."""
-    if os.environ.get("KILN_CACHE_DIR"):
-        return Path(os.environ["KILN_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kiln"
-
-
 def locate(variable: str, name: str) -> tuple[Path | None, Path | None]:
     """``(folder, root)``: where the cache ``name`` lies and the root it lies under (None
     for a folder given by ``variable``); ``(None, None)`` where the cache is turned off."""
@@ -69,29 +61,6 @@ def locate(variable: str, name: str) -> tuple[Path | None, Path | None]:
     if root is _UNSET:
         root = default_root()
     return root / name, root
-
-
-def unsafe_reason(folder: Path) -> str | None:
-    """Why another user could write into ``folder`` (an existing one), or None."""
-    if not hasattr(os, "getuid"):
-        return None  # not POSIX: no owner and mode bits to check
-    info = folder.stat()
-    if info.st_uid != os.getuid():
-        return f"is owned by another user (uid {info.st_uid})"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by its group or by others (mode {oct(stat.S_IMODE(info.st_mode))})"
-    return None
-
-
-def make_private(folder: Path) -> None:
-    """Create ``folder`` and each missing parent with mode 0o700."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # made by another process meanwhile
-            path.mkdir(mode=0o700)
 
 
 def refuse(folder: Path, reason: str, package: str) -> None:

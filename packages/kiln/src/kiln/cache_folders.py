@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from kiln_loopir.cache_folders import default_root, make_private, unsafe_reason
 
 # each part: its folder under the root, and the variable that moves it elsewhere
 PARTS = {
@@ -36,43 +37,12 @@ PARTS = {
 _warned: set[Path] = set()
 
 
-def default_root() -> Path:
-    """``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``."""
-    if os.environ.get("KILN_CACHE_DIR"):
-        return Path(os.environ["KILN_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kiln"
-
-
 def part_folder(root: Path, name: str) -> Path:
     """Where the part ``name`` of the cache under ``root`` lies (its variable, if set)."""
     variable = PARTS[name]
     if variable and os.environ.get(variable):
         return Path(os.environ[variable]).expanduser()
     return root / name
-
-
-def unsafe_reason(folder: Path) -> str | None:
-    """Why another user could write into ``folder`` (an existing one), or None."""
-    if not hasattr(os, "getuid"):
-        return None  # not POSIX: no owner and mode bits to check
-    info = folder.stat()
-    if info.st_uid != os.getuid():
-        return f"is owned by another user (uid {info.st_uid})"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by its group or by others (mode {oct(stat.S_IMODE(info.st_mode))})"
-    return None
-
-
-def make_private(folder: Path) -> None:
-    """Create ``folder`` and each missing parent with mode 0o700."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # made by another process meanwhile
-            path.mkdir(mode=0o700)
 
 
 def usable_root(root: Path) -> Path | None:
