@@ -220,7 +220,7 @@ def _window(
     """``(base, nbytes, offsets)``: one address range holding the spans of the outputs in
     graph memory among ``placements``, and each output's offset in it, in elements of its
     dtype (None: not in graph memory)."""
-    used = [spans[g] for g in sorted({p.group for p in placements if isinstance(p, GraphMemory)})]
+    used = [spans[g] for g in _groups(placements)]
     if not used:
         return None
     base = min(span.data_ptr() for span in used)  # spans start on 16-byte boundaries
@@ -243,7 +243,7 @@ def _block_layout(
     memory; ``starts``: span index -> its start), and each output's offset in the block, in
     elements of its dtype (None: not in graph memory)."""
     starts, nbytes = {}, 0
-    for group in sorted({p.group for p in placements if isinstance(p, GraphMemory)}):
+    for group in _groups(placements):
         starts[group] = nbytes
         nbytes += -(-spans[group].numel() // _ALIGN) * _ALIGN
     offsets = [
@@ -251,6 +251,11 @@ def _block_layout(
         for p in placements
     ]
     return nbytes, starts, offsets
+
+
+def _groups(placements: Sequence[Placement]) -> list[int]:
+    """The spans that the outputs in graph memory among ``placements`` lie in, in order."""
+    return sorted({p.group for p in placements if isinstance(p, GraphMemory)})
 
 
 def _kept_groups(n_spans: int, where: dict[int, tuple[int, int]], kept: set[int]) -> set[int]:

@@ -13,6 +13,7 @@ handed out raise when read (see ``outputs.py``).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from typing import Protocol
 
 import torch
@@ -71,25 +72,24 @@ class GraphPool:
     def overwrites_live_outputs(self, graph: PoolMember) -> bool:
         """Whether a replay of ``graph`` would overwrite kept outputs still alive: its
         own, or those of a graph recorded after it."""
-        later = False
-        for ref in self._graphs:
-            member = ref()
-            later = later or member is graph
-            if later and member is not None and member.outputs_in_use():
-                return True
-        return False
+        return any(member.outputs_in_use() for member in self._this_and_later(graph))
 
     def replaying(self, graph: PoolMember) -> None:
         """``graph`` replays next, on the caller's current stream: invalidate what it and
         every later graph handed out, and order the stream after the last replay's."""
         self._order_streams()
+        for member in self._this_and_later(graph):
+            member.invalidate_outputs()
+
+    def _this_and_later(self, graph: PoolMember) -> Iterator[PoolMember]:
+        """``graph`` and the graphs recorded after it that are still alive: what a replay
+        of ``graph`` may overwrite."""
         later = False
         for ref in self._graphs:
             member = ref()
-            if member is graph:
-                later = True
+            later = later or member is graph
             if later and member is not None:
-                member.invalidate_outputs()
+                yield member
 
     def _order_streams(self) -> None:
         """A replay on another stream than the last replay's (another thread's, or a
