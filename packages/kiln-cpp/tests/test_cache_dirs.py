@@ -9,6 +9,7 @@ import torch
 
 import kiln_cpp
 from kiln_cpp import CppCodegen, cache_dirs
+from kiln_loopir.cache_folders import forget_refusals
 from kiln_loopir.testing import check_against_eager
 
 
@@ -27,7 +28,7 @@ def _mode(path):
 @pytest.fixture
 def no_own_variable(monkeypatch):
     monkeypatch.delenv("KILN_CPP_CACHE_DIR", raising=False)
-    cache_dirs._warned.clear()
+    forget_refusals()
 
 
 def test_libraries_lie_under_kiln_cache_dir_made_private(tmp_path, monkeypatch, no_own_variable):
@@ -65,7 +66,7 @@ def test_a_folder_others_can_write_is_refused_once(tmp_path, monkeypatch, variab
     shared.chmod(0o777)
     monkeypatch.delenv("KILN_CPP_CACHE_DIR", raising=False)
     monkeypatch.setenv(variable, str(shared))
-    cache_dirs._warned.clear()
+    forget_refusals()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):

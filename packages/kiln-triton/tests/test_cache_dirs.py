@@ -5,7 +5,7 @@ import stat
 import warnings
 
 import kiln_cpp
-from kiln_cpp import cache_dirs
+from kiln_loopir.cache_folders import forget_refusals
 from kiln_triton import autotune
 from kiln_triton.configs import Config
 
@@ -29,7 +29,7 @@ def test_a_shared_folder_is_refused_with_a_warning(tmp_path, monkeypatch):
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
     monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(shared))
-    cache_dirs._warned.clear()
+    forget_refusals()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         folder = autotune.cache_dir()

@@ -14,6 +14,7 @@ from helpers import Block
 
 import kiln
 import kiln_cpp
+from kiln_loopir.cache_folders import forget_refusals
 
 
 def _mode(path):
@@ -25,8 +26,7 @@ def root(tmp_path, monkeypatch):
     """A root of the test's own, with kiln-cpp's libraries under it (no variable of its own)."""
     monkeypatch.delenv("KILN_CPP_CACHE_DIR")
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "root"))
-    kiln.cache_folders._warned.clear()
-    kiln_cpp.cache_dirs._warned.clear()
+    forget_refusals()
     return tmp_path / "root"
 
 

@@ -23,18 +23,16 @@ import functools
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
-from kiln_loopir.cache_folders import default_root, make_private, unsafe_reason
+from kiln_loopir.cache_folders import default_root, make_private, refuse, unsafe_reason
 
 _UNSET = object()
 # the root of the current compile: a Path, None (no on-disk cache), or _UNSET (the default)
 _ROOT: ContextVar[object] = ContextVar("kiln_cache_root", default=_UNSET)
-_warned: set[Path] = set()
 
 
 @contextmanager
@@ -61,20 +59,6 @@ def locate(variable: str, name: str) -> tuple[Path | None, Path | None]:
     if root is _UNSET:
         root = default_root()
     return root / name, root
-
-
-def refuse(folder: Path, reason: str, package: str) -> None:
-    """Warn, once per folder, that ``folder`` is not used as a cache."""
-    if folder in _warned:
-        return
-    _warned.add(folder)
-    warnings.warn(
-        f"{package}: not using the cache folder {folder}: it {reason}, so another user could "
-        "put code there that Kiln would run. Make it yours and private (chmod 700), or point "
-        "KILN_CACHE_DIR at a private folder; compiling without the on-disk cache meanwhile",
-        RuntimeWarning,
-        stacklevel=3,
-    )
 
 
 def private_folder(variable: str, name: str, package: str = "kiln-cpp") -> Path | None:

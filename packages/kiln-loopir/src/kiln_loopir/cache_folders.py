@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import warnings
 from pathlib import Path
 
 
@@ -43,3 +44,27 @@ def make_private(folder: Path) -> None:
     for path in reversed(missing):
         with contextlib.suppress(FileExistsError):  # made by another process meanwhile
             path.mkdir(mode=0o700)
+
+
+_refused: set[Path] = set()  # folders warned about in this process
+
+
+def refuse(folder: Path, reason: str, package: str) -> None:
+    """Warn, once per folder and process, that ``folder`` is not used as a cache (it
+    ``reason``) and what to do; the caller compiles without it."""
+    if folder in _refused:
+        return
+    _refused.add(folder)
+    warnings.warn(
+        f"{package}: not using the cache folder {folder}: it {reason}, so another user could "
+        "put code there that Kiln would run. Make it yours and private (chmod 700), or set "
+        "KILN_CACHE_DIR (or kiln's cache_dir option) to a private folder; compiling without "
+        "the on-disk cache meanwhile",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def forget_refusals() -> None:
+    """Warn again about folders refused before (tests)."""
+    _refused.clear()

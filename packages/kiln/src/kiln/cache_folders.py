@@ -21,11 +21,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln_loopir.cache_folders import default_root, make_private, unsafe_reason
+from kiln_loopir.cache_folders import default_root, make_private, refuse, unsafe_reason
 
 # each part: its folder under the root, and the variable that moves it elsewhere
 PARTS = {
@@ -34,7 +33,6 @@ PARTS = {
     "runtime": "KILN_CPP_RUNTIME_DIR",
     "triton": "KILN_TRITON_CACHE_DIR",
 }
-_warned: set[Path] = set()
 
 
 def part_folder(root: Path, name: str) -> Path:
@@ -55,16 +53,7 @@ def usable_root(root: Path) -> Path | None:
         reason = f"cannot be used ({exc})"
     if reason is None:
         return root
-    if root not in _warned:
-        _warned.add(root)
-        warnings.warn(
-            f"kiln: not using the cache folder {root}: it {reason}, so another user could "
-            "put code there that Kiln would run. Make it yours and private (chmod 700), or "
-            "set KILN_CACHE_DIR (or options={'cache_dir': ...}) to a private folder; "
-            "compiling without the on-disk cache meanwhile",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    refuse(root, reason, "kiln")
     return None
 
 
