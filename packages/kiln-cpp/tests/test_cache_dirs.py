@@ -96,3 +96,22 @@ def test_unsafe_reason_names_the_mode(tmp_path):
     assert cache_dirs.unsafe_reason(tmp_path) is None
     tmp_path.chmod(0o770)
     assert "0o770" in cache_dirs.unsafe_reason(tmp_path)
+
+
+def test_the_host_runtime_is_built_in_the_installation_whatever_the_cache(monkeypatch, tmp_path):
+    """The runtime belongs to the installation: a compile with an empty cache root finds
+    it there instead of building it again under the root."""
+    from kiln_cpp.host import runtime
+
+    monkeypatch.delenv("KILN_CPP_RUNTIME_DIR", raising=False)
+    installed = runtime.installed_folder()
+    if installed is None:
+        pytest.skip("the installation is not this user's to write (read-only site-packages)")
+    assert installed == runtime.INSTALLED
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o700
+    with kiln_cpp.cache_root(tmp_path / "empty"):
+        assert runtime.runtime_dir() == installed
+    assert not (tmp_path / "empty" / "runtime").exists()
+    # the variable still wins
+    monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path / "mine"))
+    assert runtime.runtime_dir() == tmp_path / "mine"

@@ -16,7 +16,7 @@ catching ``CppError`` can run the graph eagerly instead.
 
 from kiln_cpp.__about__ import __version__
 from kiln_cpp.cache_dirs import cache_root
-from kiln_cpp.codegen import CppCodegen
+from kiln_cpp.codegen import CppCodegen, kernel_counts
 from kiln_cpp.errors import CppCodegenError, CppCompileError, CppError
 
 # the object the ``kiln.codegen`` entry point ``cpp`` resolves to
@@ -30,4 +30,5 @@ __all__ = [
     "__version__",
     "cache_root",
     "cpp_codegen",
+    "kernel_counts",
 ]

@@ -17,6 +17,15 @@ from kiln_loopir.kernel import Kernel
 from kiln_loopir.launch import LaunchGroup
 
 _SIGNATURE = re.compile(r'extern "C" int (\w+)\(([^)]*)\)')
+# kernels compiled into a new library, and kernels whose library was found built, in this
+# process (see kernel_counts)
+_KERNEL_COUNTS = {"built": 0, "reused": 0}
+
+
+def kernel_counts() -> dict[str, int]:
+    """``{"built": n, "reused": m}``: kernels this process compiled, and kernels it found
+    in libraries already built (the on-disk cache, or an earlier graph)."""
+    return dict(_KERNEL_COUNTS)
 
 
 class CppKernel:
@@ -143,6 +152,7 @@ class CppCodegen:
         path, built = build.build(source)
         self.builds += built
         self.cache_hits += not built
+        _KERNEL_COUNTS["built" if built else "reused"] += len(sources)
         self.last_library = path
         lib = build.load(path)
         kernels = []

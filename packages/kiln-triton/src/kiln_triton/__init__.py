@@ -11,10 +11,17 @@ Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's int
 """
 
 from kiln_triton.__about__ import __version__
-from kiln_triton.codegen import TritonCodegen
+from kiln_triton.codegen import TritonCodegen, kernel_counts
 from kiln_triton.errors import TritonCodegenError, TritonError
 
 # the object the ``kiln.codegen`` entry point ``triton`` resolves to
 triton_codegen = TritonCodegen()
 
-__all__ = ["TritonCodegen", "TritonCodegenError", "TritonError", "__version__", "triton_codegen"]
+__all__ = [
+    "TritonCodegen",
+    "TritonCodegenError",
+    "TritonError",
+    "__version__",
+    "kernel_counts",
+    "triton_codegen",
+]

@@ -20,6 +20,14 @@ from kiln_triton.render import kernel_label, render_kernel, source_hash
 
 log = logging.getLogger("kiln.triton")
 _MODULES: dict[str, object] = {}  # source hash -> imported kernel module
+# kernels new to the cache, and kernels found in it or in this process (see kernel_counts)
+_KERNEL_COUNTS = {"built": 0, "reused": 0}
+
+
+def kernel_counts() -> dict[str, int]:
+    """``{"built": n, "reused": m}``: kernels this process wrote and compiled, and kernels
+    whose source it found (in this process, or in the on-disk cache)."""
+    return dict(_KERNEL_COUNTS)
 
 
 def load_module(source: str):
@@ -27,10 +35,12 @@ def load_module(source: str):
     file): written once to the cache under its hash, imported once per process."""
     digest = source_hash(source)
     if digest in _MODULES:
+        _KERNEL_COUNTS["reused"] += 1
         return _MODULES[digest], digest
     folder = autotune.cache_dir() / "kernels"
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"k{digest}.py"
+    _KERNEL_COUNTS["reused" if path.exists() else "built"] += 1
     if not path.exists():
         tmp = path.with_suffix(f".py.{os.getpid()}")
         tmp.write_text(source)

@@ -6,7 +6,8 @@ option, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``)::
 
     <root>/graphs/   compiled graphs (kiln.cache)
     <root>/cpp/      kiln-cpp's shared libraries ($KILN_CPP_CACHE_DIR moves them)
-    <root>/runtime/  kiln-cpp's host runtime ($KILN_CPP_RUNTIME_DIR moves it)
+    <root>/runtime/  kiln-cpp's host runtime, where its installation cannot hold it
+                     ($KILN_CPP_RUNTIME_DIR moves it)
     <root>/triton/   kiln-triton's kernels and autotuning winners ($KILN_TRITON_CACHE_DIR)
 
 The cache holds code Kiln runs, so folders are made private to the user (mode 0o700), and a

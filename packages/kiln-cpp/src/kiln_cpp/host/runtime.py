@@ -3,10 +3,19 @@
 It is the one part of kiln-cpp compiled against libtorch's headers (a slow build, about
 15 s); the host programs of graphs include only ``kiln_host.h`` and get the runtime's
 functions as a table when they load, so each graph's build stays as cheap as its kernels'.
-The module lives in ``$KILN_CPP_RUNTIME_DIR``, else ``<root>/runtime/<key>/`` (the cache
-root, see :mod:`kiln_cpp.cache_dirs`; made private, refused where others can write),
-keyed by the source, torch's version and ABI, Python's version and the compiler; a build is
-written under a temporary name and renamed into place, under a file lock.
+
+The module lives in ``<folder>/<key>/``, keyed by the source, torch's version and ABI,
+Python's version and the compiler, where ``<folder>`` is the first that applies:
+
+1. ``$KILN_CPP_RUNTIME_DIR``;
+2. the installation's own folder, ``kiln_cpp/host/build/`` beside this file, where this
+   user owns the installation and nobody else can write to it: the runtime is part of the
+   installation, built once, whatever cache folder the compiles use (an empty cache does
+   not build it again);
+3. ``<root>/runtime`` (the cache root, see :mod:`kiln_cpp.cache_dirs`; made private,
+   refused where others can write).
+
+A build is written under a temporary name and renamed into place, under a file lock.
 """
 
 from __future__ import annotations
@@ -27,17 +36,39 @@ import torch
 
 from kiln_cpp import build, cache_dirs
 from kiln_cpp.errors import CppCompileError
+from kiln_loopir.cache_folders import make_private, unsafe_reason
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "runtime.cpp"
 HEADER = HERE / "kiln_host.h"
 PARTS = [HERE / "cuda_gemm.h"]  # included by the source
 MODULE = "kiln_host_runtime"
+INSTALLED = HERE / "build"  # the installation's own folder for the runtime
 
 
 def runtime_dir() -> Path:
-    """``$KILN_CPP_RUNTIME_DIR``, else ``<root>/runtime`` (see :mod:`kiln_cpp.cache_dirs`)."""
+    """``$KILN_CPP_RUNTIME_DIR``, else the installation's folder where it can be used,
+    else ``<root>/runtime`` (see the module's docstring)."""
+    if not os.environ.get("KILN_CPP_RUNTIME_DIR"):
+        installed = installed_folder()
+        if installed is not None:
+            return installed
     return cache_dirs.usable_folder("KILN_CPP_RUNTIME_DIR", "runtime")
+
+
+@functools.cache
+def installed_folder() -> Path | None:
+    """``kiln_cpp/host/build/``, made private, where this user owns the installation and
+    nobody else can write to it; else None."""
+    try:
+        if unsafe_reason(HERE) is not None or not os.access(HERE, os.W_OK):
+            return None
+        make_private(INSTALLED)
+        if unsafe_reason(INSTALLED) is not None:
+            return None
+    except OSError:
+        return None
+    return INSTALLED
 
 
 def _torch_paths() -> tuple[list[str], str]:
