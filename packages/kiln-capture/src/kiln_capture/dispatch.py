@@ -86,6 +86,10 @@ class SharedReads:
         self.shared: set[str] | None = None  # the reads bound to names; None: every read
         # longest first: at each position the longest guarded expression is the one meant
         self.ordered = sorted(sources, key=len, reverse=True)
+        # one alternation, tried in that order: an expression counts where no name or
+        # attribute goes on before it or after it (``x`` is not read in ``x_1`` or ``a.x``)
+        alternatives = "|".join(map(re.escape, self.ordered))
+        self.pattern = re.compile(rf"(?<![\w.])(?:{alternatives})(?!\w)") if sources else None
 
     def plan(self, codes: list[str]) -> None:
         """Count the reads of ``codes`` (what will be rewritten, in order): a read is used
@@ -116,37 +120,14 @@ class SharedReads:
 
     def matches(self, code: str):
         """The guarded expressions ``code`` reads, left to right (the longest at each place)."""
-        i = 0
-        while i < len(code):
-            found = self.match_at(code, i)
-            if found is None:
-                i += 1
-            else:
-                yield found
-                i += len(found)
+        if self.pattern is not None:
+            for found in self.pattern.finditer(code):
+                yield found.group(0)
 
     def rewrite(self, code: str) -> str:
-        out, i = [], 0
-        while i < len(code):
-            found = self.match_at(code, i)
-            if found is None:
-                out.append(code[i])
-                i += 1
-            else:
-                out.append(self.reference(found))
-                i += len(found)
-        return "".join(out)
-
-    def match_at(self, code: str, i: int) -> str | None:
-        if i > 0 and (code[i - 1].isalnum() or code[i - 1] in "_."):
-            return None
-        for expr in self.ordered:
-            if code.startswith(expr, i):
-                end = i + len(expr)
-                if end < len(code) and (code[end].isalnum() or code[end] == "_"):
-                    continue
-                return expr
-        return None
+        if self.pattern is None:
+            return code
+        return self.pattern.sub(lambda found: self.reference(found.group(0)), code)
 
 
 def _renamer(n: int, names):
