@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import types
@@ -213,6 +214,7 @@ def compile_fx(
     fusion: bool = True,
     reuse_memory: bool = True,
     host_program: str | None = None,
+    stage: Callable[[str], contextlib.AbstractContextManager] | None = None,
 ) -> CompiledGraph:
     """Compile a functional aten graph (fake-tensor ``meta["val"]`` on its nodes).
 
@@ -221,20 +223,26 @@ def compile_fx(
     ``host_program``: ``"auto"`` (default, or ``$KILN_HOST_PROGRAM``) runs the native host
     program where the codegen builds one and the Python one elsewhere, ``"python"`` always
     the Python one, ``"native"`` raises where no native one can be built.
+    ``stage(name)``, a context manager, times the stages for the caller: ``lowering``
+    (1-3), ``fusion`` (4), ``memory`` (5-6); rendering and building are the codegen's.
     """
+    stage = stage or (lambda name: contextlib.nullcontext())
     device = graph_device(gm, example_inputs)
     backend = resolve_codegen(codegen, device.type)
-    with symbols.keeps_sizes_symbolic(example_inputs):  # symbolic sizes stay symbols
-        gm = decompose(gm)  # 1. the norms through torch._decomp
-        graph = lower(gm, example_inputs, scans=getattr(backend, "renders_scans", False))  # 2.
-    graph.verify()
-    fold_constants(graph)  # 3. one-element constants written into the nodes reading them,
-    eliminate_dead_nodes(graph)  # then what nothing reads dropped
-    graph.verify()
-    schedule = schedule_graph(graph, fusion=fusion)  # 4. kernels, fusion, order
-    schedule.verify()
-    plan = plan_memory(schedule, reuse=reuse_memory)  # 5. allocation, reuse, in place
-    kernel_launch_args(schedule)  # 6. what each kernel is passed
+    with stage("lowering"):
+        with symbols.keeps_sizes_symbolic(example_inputs):  # symbolic sizes stay symbols
+            gm = decompose(gm)  # 1. the norms through torch._decomp
+            graph = lower(gm, example_inputs, scans=getattr(backend, "renders_scans", False))
+        graph.verify()  # 2. the loop IR
+        fold_constants(graph)  # 3. one-element constants written into the nodes reading them,
+        eliminate_dead_nodes(graph)  # then what nothing reads dropped
+        graph.verify()
+    with stage("fusion"):
+        schedule = schedule_graph(graph, fusion=fusion)  # 4. kernels, fusion, order
+        schedule.verify()
+    with stage("memory"):
+        plan = plan_memory(schedule, reuse=reuse_memory)  # 5. allocation, reuse, in place
+        kernel_launch_args(schedule)  # 6. what each kernel is passed
     groups = launch_groups(schedule) if hasattr(backend, "render_group") else []
     sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels, launch groups
     group_sources = [backend.render_group(g) for g in groups]

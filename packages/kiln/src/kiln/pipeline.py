@@ -69,11 +69,17 @@ class ObservedCodegen:
             self.render_host = inner.render_host
             self.load_host = inner.load_host
         if hasattr(inner, "build_host"):  # natively, once its kernels are built
-            self.build_host = inner.build_host
-            self.rebuild_host = inner.rebuild_host
+            self.build_host = lambda *args: self._host(inner.build_host, *args)
+            self.rebuild_host = lambda *args: self._host(inner.rebuild_host, *args)
 
     def render(self, kernel) -> str:
         return self._rendered(self.inner.render, kernel)
+
+    def _host(self, build: Callable, *args):
+        """A native host program built after the kernels (planning each launch, timing
+        the launch configurations of big kernels): the ``host`` stage."""
+        with self.frame.stage("host", f"{self.kind}: planning launches, native host program"):
+            return build(*args)
 
     def _rendered(self, render: Callable, item) -> str:
         with self.frame.stage("render"):
@@ -274,6 +280,7 @@ class AtenCompiler:
                 fusion=self.options.fusion,
                 reuse_memory=self.options.reuse_memory,
                 host_program=self.options.host_program,
+                stage=self.frame.stage,
             )
         launchers = [*compiled.kernels, *compiled.launch_groups]
         entry = Entry(
