@@ -334,3 +334,10 @@ def randn(seed, offset):
     u1 = tl.maximum(uniform(seed, o * 2), 1e-7)
     u2 = uniform(seed, o * 2 + 1)
     return tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(6.283185307179586 * u2)
+
+
+# libdevice's normcdfinv in float32 is off by about 1e-5 (relative) near p = 1, where ATen's
+# float32 ndtri is within an ulp or two: computed in float64 and rounded, it is too
+@triton.jit
+def ndtri(x):
+    return libdevice.normcdfinv(x.to(tl.float64)).to(x.dtype)

@@ -53,7 +53,7 @@ FLOAT_UNARY = {
     "i0e": _kt("i0e"),
     "i1e": _kt("i1e"),
     "erfcx": _lib("erfcx"),
-    "ndtri": _lib("normcdfinv"),
+    "ndtri": _kt("ndtri"),
     **{
         n: _lib(n)
         for n in (
