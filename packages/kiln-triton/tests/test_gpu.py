@@ -223,3 +223,16 @@ def test_native_host_program_hands_misaligned_inputs_to_python():
     got, want = compiled.program.call(x, w, b), _block(x, w, b)
     for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+def test_a_graph_compiles_its_launch_configurations_before_the_first_launch():
+    """Every configuration a big static kernel may be timed with is compiled in parallel
+    when the graph compiles (``precompile``), not one after the other at its first launch."""
+
+    def fn(x, w):
+        return torch.nn.functional.layer_norm(torch.relu(x @ w) + x, (1024,)).softmax(-1)
+
+    codegen = TritonCodegen()
+    x, w = torch.randn(1024, 1024, device="cuda"), torch.randn(1024, 1024, device="cuda")
+    check_against_eager(fn, [x, w], codegen=codegen)
+    assert codegen.precompiled > 1, "no configuration was compiled ahead of the first launch"

@@ -78,27 +78,39 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
     if not jobs:
         return 0
 
+    failures: list[str] = []
+
     def build(job) -> bool:
         kernel, config, numels = job
         try:
             kernel.warmup(config, numels)
             return True
         except Exception as exc:  # noqa: BLE001 - reported when the kernel launches
-            log.debug("precompiling %s %s failed: %s", kernel.name, config, exc)
+            failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
+            log.debug("precompiling %s", failures[-1])
             return False
 
     workers = int(os.environ.get("KILN_TRITON_COMPILE_THREADS", os.cpu_count() or 4))
     if workers <= 1:
-        return sum(build(job) for job in jobs.values())
-    # Triton's asynchronous compile mode: each warmup hands its compilation to the pool,
-    # leaving the mode waits for all of them
-    from triton.runtime._async_compile import AsyncCompileMode
+        compiled = sum(build(job) for job in jobs.values())
+    else:
+        # Triton's asynchronous compile mode: each warmup hands its compilation to the
+        # pool, leaving the mode waits for all of them
+        from triton.runtime._async_compile import AsyncCompileMode
 
-    with (
-        ThreadPoolExecutor(max_workers=workers) as pool,
-        AsyncCompileMode(pool, ignore_errors=True),
-    ):
-        return sum(build(job) for job in jobs.values())
+        with (
+            ThreadPoolExecutor(max_workers=workers) as pool,
+            AsyncCompileMode(pool, ignore_errors=True),
+        ):
+            compiled = sum(build(job) for job in jobs.values())
+    if failures and not compiled:  # not a config too big to compile: every one failed
+        log.warning(
+            "compiling %d launch configurations ahead of their first launch failed; they "
+            "compile one by one when they launch (first failure: %s)",
+            len(failures),
+            failures[0],
+        )
+    return compiled
 
 
 class TritonCodegen:

@@ -507,6 +507,10 @@ class KernelRenderer(ReductionRendering, ScanRendering):
             "kind": t.kind,
             "split_parts": split_count,
             "args": list(self.kernel.args),
+            # what a compile ahead of the first launch passes for each argument
+            "dtypes": [
+                str(self.rec.buffer_dtype(a)).removeprefix("torch.") for a in self.kernel.args
+            ],
             "sizes": [str(s) for s in self.kernel.size_args],
             "stored": [a for a in self.kernel.args if a in stored],
             "numels": numels,
