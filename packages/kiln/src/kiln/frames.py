@@ -35,7 +35,9 @@ def compile_times() -> dict[str, float]:
     """Seconds spent in each compile stage in this process (since ``kiln.reset()``).
 
     Stages: ``capture`` (bytecode capture, guards and the first run of a call that
-    compiled), ``autograd`` (tracing the aten graphs and partitioning), ``loopir`` (lowering,
+    compiled), ``autograd`` (tracing the aten graphs and partitioning; on a warm start,
+    rebuilding them from kiln-autograd's record), ``autograd_cache`` (reading and writing
+    those records on disk), ``loopir`` (lowering,
     fusion, memory planning, host program), ``render`` and ``build`` (the code generator),
     ``cache_load`` (a graph found in the on-disk cache), ``runtime`` (mode plug-ins).
     """
