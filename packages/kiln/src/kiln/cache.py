@@ -198,7 +198,9 @@ class GraphCache:
                 raise ValueError("it was written in another format")
             return Entry(**fields)
         except Exception as exc:  # a damaged entry is never used: compile and rewrite it
-            log.warning("ignoring corrupt cache entry %s (%s); compiling again", self.path(key), exc)
+            log.warning(
+                "ignoring corrupt cache entry %s (%s); compiling again", self.path(key), exc
+            )
             return None
 
     def store(self, key: str, entry: Entry) -> None:

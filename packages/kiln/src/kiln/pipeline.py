@@ -217,6 +217,8 @@ class AtenCompiler:
     # --- the steps ------------------------------------------------------------------
 
     def show_aten_graph(self, gm: torch.fx.GraphModule) -> None:
+        if self.frame.folder is None and not logs.enabled("graph"):
+            return  # printing a graph costs as much as restoring it from a record
         code = gm.print_readable(print_output=False)
         logs.logger("graph").info("%s %s aten graph:\n%s", self.frame.describe(), self.kind, code)
         self.frame.dump(self.frame.file_name(f"{self.kind}_aten.py"), code)
