@@ -79,6 +79,10 @@ def graph_module() -> tuple[torch.nn.Module, torch.fx.GraphModule]:
     return model, torch.fx.symbolic_trace(model)
 
 
+# decomposed layer_norm and gelu round differently from eager's kernels
+CLOSE = {"rtol": 1e-4, "atol": 1e-4}
+
+
 def check_training(gm, model, cache, compiler, **kwargs):
     x = torch.randn(4, 8, requires_grad=True)
     compiled = kiln_autograd.aot(gm, [x], compiler, cache=cache, **kwargs)
@@ -87,12 +91,12 @@ def check_training(gm, model, cache, compiler, **kwargs):
     x_eager = x2.detach().clone().requires_grad_(True)
     out = compiled(x2)
     expected = eager_model(x_eager)
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, expected, **CLOSE)
     sum(o.square().sum() for o in out).backward()
     sum(o.square().sum() for o in expected).backward()
-    torch.testing.assert_close(x2.grad, x_eager.grad)
+    torch.testing.assert_close(x2.grad, x_eager.grad, **CLOSE)
     for name, p in eager_model.named_parameters():
-        torch.testing.assert_close(getattr(gm, name).grad, p.grad)
+        torch.testing.assert_close(getattr(gm, name).grad, p.grad, **CLOSE)
         getattr(gm, name).grad = None
 
 
@@ -120,8 +124,8 @@ def test_an_inference_record_is_restored_without_tracing(traces):
         first = kiln_autograd.aot(gm, [x], compiler, cache=cache)
         second = kiln_autograd.aot(gm, [x], compiler, cache=cache)
         y = torch.randn(4, 8)
-        torch.testing.assert_close(second(y), model(y))
-        torch.testing.assert_close(first(y), model(y))
+        torch.testing.assert_close(second(y), model(y), **CLOSE)
+        torch.testing.assert_close(first(y), model(y), **CLOSE)
     assert traces["make_fx"] == 1
     (traced, code), (restored, code2) = compiler.seen
     assert (traced, restored) == (False, True) and code == code2
