@@ -10,6 +10,8 @@ rematerialization partitioner, and runs the compiled halves inside an
 - The stages are usable alone: :func:`trace_joint_graph`, :func:`trace_inference_graph`,
   :func:`partition`; :func:`decomposition_table`, :func:`op_set_table` and
   :func:`verify_op_set` describe and check the op set the graphs hold.
+- ``aot(..., cache=...)`` keeps each signature's traced graphs as a record and rebuilds
+  them from it on a warm start (:func:`is_restored`, :class:`NeedsTrace`).
 """
 
 from kiln_autograd.__about__ import __version__
@@ -26,8 +28,10 @@ from kiln_autograd.decompositions import (
     register_decomposition,
     verify_op_set,
 )
-from kiln_autograd.errors import UnsupportedError
+from kiln_autograd.errors import NeedsTrace, UnsupportedError
 from kiln_autograd.partition import PartitionedGraphs
+from kiln_autograd.records import is_restored
+from kiln_autograd.signature_cache import SignatureCache
 from kiln_autograd.static_inputs import (
     STATIC_INPUTS,
     rng_state_outputs,
@@ -40,13 +44,16 @@ from kiln_autograd.trace import JointGraph, TracedGraph
 __all__ = [
     "AOTCompiled",
     "JointGraph",
+    "NeedsTrace",
     "PartitionedGraphs",
+    "SignatureCache",
     "STATIC_INPUTS",
     "TracedGraph",
     "UnsupportedError",
     "__version__",
     "aot",
     "decomposition_table",
+    "is_restored",
     "op_set_table",
     "partition",
     "register_decomposition",

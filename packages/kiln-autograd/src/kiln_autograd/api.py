@@ -19,7 +19,14 @@ from kiln_autograd.decompositions import decomposition_table, verify_op_set
 from kiln_autograd.fake import captured_examples, fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
 from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
+from kiln_autograd.records import encode_inference, encode_training
 from kiln_autograd.runtime import Compiler, InferenceRunner, TrainingRunner, example_values
+from kiln_autograd.signature_cache import (
+    SignatureCache,
+    restore_runner,
+    signature_key,
+    store_record,
+)
 from kiln_autograd.static_inputs import (
     captured_state_inputs,
     note_saved_outputs,
@@ -46,6 +53,7 @@ class Options:
     decompositions: Mapping | None
     partitioner: str
     dynamic: bool
+    cache: SignatureCache | None = None
 
 
 def aot(
@@ -57,6 +65,7 @@ def aot(
     decompositions: Mapping | None = None,
     partitioner: str = "min_cut",
     dynamic: bool = False,
+    cache: SignatureCache | None = None,
 ) -> AOTCompiled:
     """Compile ``gm`` for ``example_inputs``; the result takes the graph's inputs.
 
@@ -72,6 +81,12 @@ def aot(
     mode and the inputs' ``requires_grad`` say), and again on a call whose inputs differ in
     grad mode, ``requires_grad``, dtype, device, a constant's value or (for static shapes)
     size, stride and int value.
+
+    ``cache`` (an object with ``load(key) -> bytes | None`` and ``store(key, data)``) keeps
+    each traced signature's graphs as a record; a later compile of the same signature (in
+    this process or another) rebuilds them from it without tracing
+    (:mod:`kiln_autograd.signature_cache`). A compiler given such a graph
+    (:func:`is_restored`) may raise :class:`NeedsTrace` to have the signature traced.
     """
     if partitioner not in PARTITIONERS:
         raise ValueError(
@@ -85,6 +100,7 @@ def aot(
         decompositions=decompositions,
         partitioner=partitioner,
         dynamic=dynamic or is_dynamic(example_inputs),
+        cache=cache,
     )
     lifted = lift(gm)
     state = captured_state_inputs(gm, list(example_inputs))
@@ -192,7 +208,14 @@ def compile_signature(
     static_inputs: frozenset[int] = frozenset(),
 ) -> InferenceRunner | TrainingRunner:
     """The pipeline for one input signature, top to bottom. ``static_inputs`` (module
-    state) are noted on each graph for the compilers (``kiln_autograd.static_inputs``)."""
+    state) are noted on each graph for the compilers (``kiln_autograd.static_inputs``).
+    With ``options.cache``, a signature's record is restored instead where one is stored,
+    and stored after tracing (:mod:`kiln_autograd.signature_cache`)."""
+    key = signature_key(lifted, args, requires_grad, grad_enabled, options, static_inputs)
+    restored = restore_runner(options, key)
+    if restored is not None:
+        return restored
+
     fake_args, fake_mode = fake_inputs(args, requires_grad, dynamic=options.dynamic)
     with fake_mode:
         meta = analyze(lifted.call_raw, fake_args, grad_enabled=grad_enabled)
@@ -203,6 +226,7 @@ def compile_signature(
         verify_op_set(graph.gm, "inference graph")
         log.debug("inference graph:\n%s", graph)
         note_static_inputs(graph.gm, set(static_inputs))
+        store_record(options, key, encode_inference, graph.gm, meta)
         compiled = options.fw_compiler(graph.gm, example_values(graph.gm))
         return InferenceRunner(compiled, meta)
 
@@ -215,6 +239,7 @@ def compile_signature(
     note_saved_outputs(parts.fw, range(n_fw, n_fw + parts.num_saved_tensors))
     primals = [n.name for n in joint.gm.graph.nodes if n.op == "placeholder"]
     note_static_inputs(parts.bw, {primals[i] for i in static_inputs})
+    store_record(options, key, encode_training, parts, joint)
     compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
     return TrainingRunner(compiled_fw, parts, joint, options.bw_compiler)
 

@@ -54,3 +54,9 @@ def explain_unsupported() -> Iterator[None]:
             "graph cannot order (torch.linalg's error checks are one); run that part "
             "eagerly, outside the graph"
         ) from error
+
+
+class NeedsTrace(RuntimeError):
+    """Raised by a compiler given a graph rebuilt from a cached record
+    (:func:`~kiln_autograd.is_restored`) that it cannot serve from its own cache: the
+    signature is then traced, and the compiler is given the traced graphs."""

@@ -58,7 +58,8 @@ class InferenceRunner:
 
 
 class TrainingRunner:
-    """Runs a compiled forward in an ``autograd.Function`` whose backward is compiled lazily."""
+    """Runs a compiled forward in an ``autograd.Function`` whose backward is compiled lazily
+    (at the first backward), unless ``compiled_bw`` is given."""
 
     def __init__(
         self,
@@ -66,9 +67,10 @@ class TrainingRunner:
         parts: PartitionedGraphs,
         joint: JointGraph,
         bw_compiler: Compiler,
+        compiled_bw: Callable | None = None,
     ) -> None:
         self.meta = joint.meta
-        self.function = _make_function(compiled_fw, parts, joint, bw_compiler)
+        self.function = _make_function(compiled_fw, parts, joint, bw_compiler, compiled_bw)
         # autograd.Function.apply less its Python prologue, which binds default arguments
         # (the function has none) and unwraps dead functorch wrappers one argument at a
         # time (there are none unless a functorch transform is active): torch's C++ apply
@@ -104,6 +106,7 @@ def _make_function(
     parts: PartitionedGraphs,
     joint: JointGraph,
     bw_compiler: Compiler,
+    compiled_bw: Callable | None,
 ) -> type[torch.autograd.Function]:
     meta = joint.meta
     n_fw = parts.num_fw_outputs
@@ -117,7 +120,7 @@ def _make_function(
     num_inputs = joint.num_inputs
     grad_inputs = joint.grad_inputs
     deps = parts.grad_tangent_deps
-    compiled_bw: list[Callable] = []
+    compiled_bws: list[Callable] = [compiled_bw] if compiled_bw is not None else []
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -150,10 +153,10 @@ def _make_function(
                 for g, (s, d, dev) in zip(given, ctx.tangent_meta, strict=True)
             ]
             saved = [*ctx.saved_tensors, *ctx.symints]
-            if not compiled_bw:
-                compiled_bw.append(bw_compiler(parts.bw, example_values(parts.bw)))
+            if not compiled_bws:
+                compiled_bws.append(bw_compiler(parts.bw, example_values(parts.bw)))
             with torch.no_grad():
-                grads = list(compiled_bw[0](*saved, *tangents))
+                grads = list(compiled_bws[0](*saved, *tangents))
             result: list[object] = [None] * num_inputs
             for j, i in enumerate(grad_inputs):
                 if not deps[j] or any(given[t] is not None for t in deps[j]):

@@ -7,7 +7,9 @@ stride; a symbolic size by its symbol, with the symbol's range and guards, never
 size it was traced at), the options that change the code, the code generator, and the
 versions of Python, torch and every Kiln package. A second process that compiles the same
 graph loads the entry and hands the sources to the code generator, whose own cache holds
-the built kernels: nothing is lowered, scheduled or compiled again.
+the built kernels: nothing is lowered, scheduled or compiled again. Beside the entries,
+kiln-autograd's signature records (:mod:`kiln.signature_records`, ``<key>.record``) spare
+the second process tracing the aten graphs too.
 
 Entries lie under ``<root>/graphs/`` (see :mod:`kiln.cache_folders` for the root and the
 code generators' folders beside it) in folders private to the user. Entries are written
@@ -45,6 +47,8 @@ FORMAT = 6  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt 
 # 6: float32 attention in full float32
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 DEFAULT_MAX_MB = 4096
+# kiln-autograd's signature records (kiln.signature_records) lie beside the entries
+RECORD_SUFFIX = ".record"
 
 
 def max_bytes() -> int | None:
@@ -185,7 +189,28 @@ class GraphCache:
         return self.root / key[:2] / f"{key}.pt"
 
     def load(self, key: str) -> Entry | None:
-        path = self.path(key)
+        payload = self.read(self.path(key))
+        if payload is None:
+            return None
+        try:
+            fields = torch.load(io.BytesIO(payload), weights_only=True)
+            if fields.pop("format", None) != FORMAT:
+                raise ValueError("it was written in another format")
+            return Entry(**fields)
+        except Exception as exc:  # a damaged entry is never used: compile and rewrite it
+            log.warning(
+                "ignoring corrupt cache entry %s (%s); compiling again", self.path(key), exc
+            )
+            return None
+
+    def store(self, key: str, entry: Entry) -> None:
+        buffer = io.BytesIO()
+        torch.save(entry.to_dict(), buffer)
+        self.write(self.path(key), buffer.getvalue())
+
+    def read(self, path: Path) -> bytes | None:
+        """The payload of the file at ``path`` (its access time set, for eviction); None
+        where there is none or its checksum does not match (logged)."""
         try:
             data = path.read_bytes()
             os.utime(path)  # its last use, for eviction (mounts may not update atime)
@@ -194,23 +219,19 @@ class GraphCache:
         except OSError as exc:
             log.warning("cannot read cache entry %s (%s); compiling again", path, exc)
             return None
-        try:
-            digest, _, payload = data.partition(b"\n")
-            if hashlib.sha256(payload).hexdigest().encode() != digest:
-                raise ValueError("its checksum does not match its contents")
-            fields = torch.load(io.BytesIO(payload), weights_only=True)
-            if fields.pop("format", None) != FORMAT:
-                raise ValueError("it was written in another format")
-            return Entry(**fields)
-        except Exception as exc:  # a damaged entry is never used: compile and rewrite it
-            log.warning("ignoring corrupt cache entry %s (%s); compiling again", path, exc)
+        digest, _, payload = data.partition(b"\n")
+        if hashlib.sha256(payload).hexdigest().encode() != digest:
+            log.warning(
+                "ignoring corrupt cache entry %s (its checksum does not match its contents); "
+                "compiling again",
+                path,
+            )
             return None
+        return payload
 
-    def store(self, key: str, entry: Entry) -> None:
-        path = self.path(key)
-        buffer = io.BytesIO()
-        torch.save(entry.to_dict(), buffer)
-        payload = buffer.getvalue()
+    def write(self, path: Path, payload: bytes) -> None:
+        """Write ``payload`` with its checksum under a temporary name, rename it to
+        ``path``, then evict down to the size bound."""
         data = hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         try:
             make_private(path.parent)
@@ -229,7 +250,7 @@ class GraphCache:
         """Remove the least recently used entries (by access time) until the entries take
         ``limit`` bytes or less, never ``keep``; returns how many were removed."""
         found = []
-        for path in self.root.glob("*/*.pt"):
+        for path in [*self.root.glob("*/*.pt"), *self.root.glob(f"*/*{RECORD_SUFFIX}")]:
             try:
                 info = path.stat()
             except OSError:  # removed meanwhile

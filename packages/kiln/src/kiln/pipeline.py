@@ -8,7 +8,9 @@ pipeline for one aten graph, top to bottom:
 1. write the aten graph to the log and the debug folder;
 2. pick the code generator for the graph's device;
 3. load the graph from the on-disk cache, or lower, schedule and generate it
-   (kiln-loopir's ``compile_fx`` with the code generator) and store it there;
+   (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
+   kiln-autograd rebuilt from its record (a warm start, :mod:`kiln.signature_records`) is
+   only loaded: one not in the cache raises ``kiln_autograd.NeedsTrace``, and is traced;
 4. write the loop IR, the kernels and the host program to the log and the debug folder;
 5. wrap it for the mode (``reduce-overhead``: the ``kiln.runtime`` plug-in).
 
@@ -37,6 +39,7 @@ from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
 from kiln.constants import WithConstants, lift_constants
 from kiln.frames import Frame
+from kiln.signature_records import SignatureRecords
 from kiln_loopir import HostProgram
 from kiln_loopir.compile import graph_device
 
@@ -187,6 +190,8 @@ class AtenCompiler:
             return gm.forward
         try:
             program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 3
+        except kiln_autograd.NeedsTrace:
+            raise
         except CodegenFailed as exc:
             if not self.options.fallback:
                 raise
@@ -218,6 +223,8 @@ class AtenCompiler:
     # --- the steps ------------------------------------------------------------------
 
     def show_aten_graph(self, gm: torch.fx.GraphModule) -> None:
+        if self.frame.folder is None and not logs.enabled("graph"):
+            return  # printing a graph costs as much as restoring it from a record
         code = gm.print_readable(print_output=False)
         logs.logger("graph").info("%s %s aten graph:\n%s", self.frame.describe(), self.kind, code)
         self.frame.dump(self.frame.file_name(f"{self.kind}_aten.py"), code)
@@ -253,6 +260,9 @@ class AtenCompiler:
         key = _cache_key(gm, example_inputs, codegen, settings) if cache else None
         if key is None:
             cache = None
+        restored = kiln_autograd.is_restored(gm)
+        if restored and cache is None:
+            raise kiln_autograd.NeedsTrace("the graph cache is off")
         lifted, lifted_inputs, constants = lift_constants(gm, example_inputs)
         if cache is not None:
             with self.frame.stage("cache_load", f"{self.kind}: loading from the cache"):
@@ -272,6 +282,8 @@ class AtenCompiler:
                             entry, lambda data: rebuild(data, kernels), "is stale", logging.INFO
                         )
                     return load_entry(entry, fns, native), constants, entry
+        if restored:  # rebuilt from kiln-autograd's record: lowering needs the traced graph
+            raise kiln_autograd.NeedsTrace(f"{self.kind} graph not in the graph cache")
         with self.frame.stage("loopir", f"{self.kind}: lowering and scheduling"):
             compiled = kiln_loopir.compile_fx(
                 lifted,
@@ -345,6 +357,14 @@ class AtenCompiler:
             frame.dump(frame.file_name(f"{kind}_host.cpp"), entry.native_host["source"])
 
 
+def signature_records(config: Config, frame: Frame) -> SignatureRecords | None:
+    """kiln-autograd's record cache under the cache root, where the on-disk cache is on."""
+    if not config.options.cache:
+        return None
+    root = usable_root(cache_root(config.options))  # None: refused, with a warning
+    return SignatureRecords(root, config, frame) if root is not None else None
+
+
 def aot_backend(config: Config, frame: Frame, generate: bool):
     """The backend for one captured graph: kiln-autograd with Kiln's aten compilers.
 
@@ -361,6 +381,7 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                     fw_compiler=AtenCompiler(config, frame, "forward", generate),
                     bw_compiler=AtenCompiler(config, frame, "backward", generate),
                     partitioner=config.options.partitioner,
+                    cache=signature_records(config, frame),
                 )
         except NoCodegen:
             raise

@@ -1,0 +1,64 @@
+"""kiln-autograd's signature records in Kiln's on-disk cache: a warm start does not trace.
+
+``kiln_autograd.aot(..., cache=...)`` stores each traced signature's aten graphs as a
+record (data only: ``torch.save`` of plain containers, read with ``weights_only=True``)
+and rebuilds them from it in a later process. :class:`SignatureRecords` keeps those
+records as ``<root>/graphs/<key[:2]>/<key>.record``, written and bounded like the graph
+entries (:class:`kiln.cache.GraphCache`: checksummed, private, atomic, least recently used
+evicted). Kiln's key adds to kiln-autograd's its own settings that change the graphs
+kiln-autograd is asked for (the partitioner), the record format and Kiln's versions.
+
+The graphs of a restored record are compiled from the graph cache only
+(:class:`kiln.pipeline.AtenCompiler` raises ``kiln_autograd.NeedsTrace`` for one it does not
+find there, and kiln-autograd traces that signature as before). Reading a record is charged
+to the ``autograd_cache`` stage of :func:`kiln.compile_times`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from pathlib import Path
+
+import torch
+
+from kiln.cache import _DISTRIBUTIONS, FORMAT, RECORD_SUFFIX, GraphCache, _version
+from kiln.config import Config
+from kiln.frames import Frame
+
+RECORD_FORMAT = 1  # how a record's file is named and keyed (kiln-autograd versions its data)
+
+
+class SignatureRecords:
+    """kiln-autograd's ``cache=`` for one frame: records by key, beside the graph entries."""
+
+    def __init__(self, root: Path, config: Config, frame: Frame) -> None:
+        self.files = GraphCache(root)
+        self.frame = frame
+        self.settings = f"partitioner {config.options.partitioner}"
+
+    def path(self, key: str) -> Path:
+        """The file of kiln-autograd's ``key``."""
+        parts = [
+            f"record format {RECORD_FORMAT} graphs format {FORMAT}",
+            key,
+            self.settings,
+            _versions(),
+        ]
+        digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+        return self.files.root / digest[:2] / f"{digest}{RECORD_SUFFIX}"
+
+    def load(self, key: str) -> bytes | None:
+        with self.frame.stage("autograd_cache"):
+            return self.files.read(self.path(key))
+
+    def store(self, key: str, data: bytes) -> None:
+        with self.frame.stage("autograd_cache"):
+            self.files.write(self.path(key), data)
+
+
+@functools.cache
+def _versions() -> str:
+    kiln = " ".join(f"{d} {_version(d)}" for d in _DISTRIBUTIONS)
+    return f"python {platform.python_version()} torch {torch.__version__} {kiln}"
