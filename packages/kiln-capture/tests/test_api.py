@@ -349,3 +349,32 @@ def test_observer_hears_of_a_module_method_and_partial():
     capture(functools.partial(add_mul, torch.randn(3)), Recorder(), observer=heard)(torch.randn(3))
     capture(module.forward, Recorder(), observer=heard)(torch.randn(4, 3))
     assert [e[1] for e in heard.events] == ["forward", "add_mul", "forward"]
+
+
+def test_capture_leaves_garbage_collection_as_it_found_it():
+    import gc
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        return gm.forward
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    capture(add_mul, backend)(torch.randn(3), torch.randn(3))
+    assert seen == [(True, True)]  # the old heap frozen, new objects still collected
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.freeze()  # the program's own freeze (before a fork) is kept: collection pauses
+    try:
+        frozen = gc.get_freeze_count()
+        capture(add_mul, backend)(torch.randn(3), torch.randn(3))
+        assert seen[-1] == (False, True)
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    gc.disable()  # a program that turned collection off keeps it off
+    try:
+        capture(add_mul, backend)(torch.randn(3), torch.randn(3))
+        assert seen[-1][0] is False and not gc.isenabled()
+    finally:
+        gc.enable()

@@ -86,6 +86,13 @@ class SharedReads:
         self.shared: set[str] | None = None  # the reads bound to names; None: every read
         self.ordered = sorted(sources, key=len, reverse=True)  # a read after its bases
         self.tree = _ChunkTree(sources)
+        self.found: dict[str, list] = {}  # code -> its reads: planned, then rewritten
+
+    def occurrences(self, code: str) -> list:
+        found = self.found.get(code)
+        if found is None:
+            found = self.found[code] = list(self.tree.occurrences(code))
+        return found
 
     def plan(self, codes: list[str]) -> None:
         """Count the reads of ``codes`` (what will be rewritten, in order): a read is used
@@ -116,12 +123,12 @@ class SharedReads:
 
     def matches(self, code: str):
         """The guarded expressions ``code`` reads, left to right (the longest at each place)."""
-        for _, _, expr in self.tree.occurrences(code):
+        for _, _, expr in self.occurrences(code):
             yield expr
 
     def rewrite(self, code: str) -> str:
         parts, done = [], 0
-        for start, end, expr in self.tree.occurrences(code):
+        for start, end, expr in self.occurrences(code):
             parts += [code[done:start], self.reference(expr)]
             done = end
         return "".join(parts) + code[done:] if parts else code
