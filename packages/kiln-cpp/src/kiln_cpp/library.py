@@ -51,6 +51,7 @@ HOST_UNIT_MIN_CHARS = 16000
 # distinct kernels per kernel unit (``$KILN_CPP_KERNELS_PER_UNIT``); 0: one kernel unit
 # (measured below: splitting the kernels gained nothing on a 2-core machine)
 KERNELS_PER_UNIT = 0
+CORES = os.cpu_count() or 1  # compilers run at once, at most
 
 
 @dataclass
@@ -156,7 +157,7 @@ def library_source(
         callers = []
     if units is None:
         per_unit = kernels_per_unit()
-        cores = (os.cpu_count() or 1) - (host_unit is not None)
+        cores = CORES - (host_unit is not None)
         units = min(cores, len(pieces) // per_unit) if per_unit > 0 else 1
     if units <= 1:
         text = "\n".join([prelude, *(p for i in sorted(pieces) for p in pieces[i]), *callers])
