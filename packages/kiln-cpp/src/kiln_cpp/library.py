@@ -26,7 +26,7 @@ s slower while another process used a core: hence the threshold), BERT 2 layers 
 44 k) 1.40 -> 0.70 s and 1.55 -> 1.11 s, 3 layers (61 k) 2.55 -> 1.62 s, 6 layers (111 k)
 6.99 -> 3.84 s.
 
-The kernels can be split too, into up to ``os.cpu_count()`` units (less the host's), one
+The kernels can be split too, into up to :data:`CORES` units (less the host's), one
 per :data:`KERNELS_PER_UNIT` distinct kernels, balanced by source size; a kernel's
 duplicates stay in its unit, and each unit has the prelude and a declaration of every
 function. That is off by default: on the 2-core machine 2 units against one built 114
@@ -46,10 +46,10 @@ _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*")
 _PARAM_NAME = re.compile(r"(\w+)\s*$")
 
 # the host program's own unit (compiled at -O1, beside the kernels) from this many
-# characters of its source; a smaller one is compiled with the kernels (measured below)
+# characters of its source; a smaller one is compiled with the kernels (measured: above)
 HOST_UNIT_MIN_CHARS = 16000
 # distinct kernels per kernel unit (``$KILN_CPP_KERNELS_PER_UNIT``); 0: one kernel unit
-# (measured below: splitting the kernels gained nothing on a 2-core machine)
+# (measured above: splitting the kernels gained nothing on a 2-core machine)
 KERNELS_PER_UNIT = 0
 CORES = os.cpu_count() or 1  # compilers run at once, at most
 
