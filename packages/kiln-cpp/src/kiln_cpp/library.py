@@ -20,11 +20,15 @@ whose every early return releases the tensors it holds, which g++ -O3 takes seco
 From :data:`HOST_UNIT_MIN_CHARS` of source it is a translation unit of its own, compiled at
 ``-O1`` (1.8 s there; it makes calls, the kernels do the work) while the kernels compile
 at ``-O3``, at once, then linked into one library (:func:`kiln_cpp.build.build`); the
-launch groups go with it. Measured on a 2-core machine, each library's build (one unit
-at -O3 -> the two units at once): 5.7 k characters of host program 0.32 s -> 0.31 s (0.08
-s slower while another process used a core: hence the threshold), BERT 2 layers (31 k,
-44 k) 1.40 -> 0.70 s and 1.55 -> 1.11 s, 3 layers (61 k) 2.55 -> 1.62 s, 6 layers (111 k)
-6.99 -> 3.84 s.
+launch groups go with it. At -O1 a big host program takes a third of the time, a small
+one about as long, so below the threshold the two units gain only where a second core is
+free. Measured on a 2-core machine shared with another session's work, each library's
+build (one unit at -O3 -> two units at once): BERT 2 layers training (host programs of
+31 k and 44 k characters) 1.40 -> 0.70 s and 1.55 -> 1.11 s while that work held one
+core, 1.31 -> 1.31 s and 1.6-1.7 -> 1.8-2.1 s while it compiled on both; BERT inference
+(20.6 k) 0.56 -> 0.70 s (both busy); 5.7 k: 0.32 -> 0.31 s (one free); 3 layers (42 k,
+61 k) 2.19 -> 1.01 s and 2.55 -> 1.62 s; 6 layers (74 k, 111 k) 6.43 -> 3.05 s and 6.99
+-> 3.84 s. Hence the threshold, between the inference and the training host programs.
 
 The kernels can be split too, into up to :data:`CORES` units (less the host's), one
 per :data:`KERNELS_PER_UNIT` distinct kernels, balanced by source size; a kernel's
@@ -47,7 +51,7 @@ _PARAM_NAME = re.compile(r"(\w+)\s*$")
 
 # the host program's own unit (compiled at -O1, beside the kernels) from this many
 # characters of its source; a smaller one is compiled with the kernels (measured: above)
-HOST_UNIT_MIN_CHARS = 16000
+HOST_UNIT_MIN_CHARS = 24000
 # distinct kernels per kernel unit (``$KILN_CPP_KERNELS_PER_UNIT``); 0: one kernel unit
 # (measured above: splitting the kernels gained nothing on a 2-core machine)
 KERNELS_PER_UNIT = 0
