@@ -16,6 +16,7 @@ def test_public_api_is_pinned():
         "__version__",
         "cache_root",
         "cpp_codegen",
+        "kernel_counts",
     ]
 
 

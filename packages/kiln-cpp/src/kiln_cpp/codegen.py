@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -11,20 +10,22 @@ import torch
 
 from kiln_cpp import build, cache_dirs
 from kiln_cpp.host import NativeHost, load_runtime, render_host
+from kiln_cpp.library import library_source
 from kiln_cpp.prelude import PRELUDE
 from kiln_cpp.render import render_group, render_kernel
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.launch import LaunchGroup
 
-_SIGNATURE = re.compile(r'extern "C" int (\w+)\(([^)]*)\)')
 # kernels compiled into a new library, and kernels whose library was found built, in this
 # process (see kernel_counts)
 _KERNEL_COUNTS = {"built": 0, "reused": 0}
 
 
 def kernel_counts() -> dict[str, int]:
-    """``{"built": n, "reused": m}``: kernels this process compiled, and kernels it found
-    in libraries already built (the on-disk cache, or an earlier graph)."""
+    """``{"built": n, "reused": m}``: kernel bodies this process compiled, and kernels it
+    did not compile: found in libraries already built (the on-disk cache, or an earlier
+    graph), or the same as another kernel of their library (compiled once for all their
+    names, see :mod:`kiln_cpp.library`)."""
     return dict(_KERNEL_COUNTS)
 
 
@@ -143,26 +144,23 @@ class CppCodegen:
 
     def compile(self, sources: Sequence[str], host: NativeHost | None = None) -> list[Callable]:
         """One callable per source; with ``host``, the loaded host program after them,
-        built into the same library."""
+        built into the same library (each distinct kernel compiled once, a big library
+        in parallel: see :mod:`kiln_cpp.library`)."""
         if not sources and host is None:
             return []
-        source = PRELUDE + "\n" + "\n".join(sources)
-        if host is not None:
-            source += "\n" + HOST_HEADER + host.source
-        path, built = build.build(source)
+        host_source = None if host is None else "\n" + HOST_HEADER + host.source
+        library = library_source(PRELUDE, sources, host_source)
+        path, built = build.build(library.units, library.host)
         self.builds += built
         self.cache_hits += not built
-        _KERNEL_COUNTS["built" if built else "reused"] += len(sources)
+        _KERNEL_COUNTS["built"] += library.distinct if built else 0
+        _KERNEL_COUNTS["reused"] += len(sources) - library.distinct if built else len(sources)
         self.last_library = path
         lib = build.load(path)
         kernels = []
-        for src in sources:
-            m = _SIGNATURE.search(src)
-            if m is None:
-                raise ValueError('not a kiln-cpp kernel source: no extern "C" function')
-            name, params = m.group(1), [p for p in m.group(2).split(",") if p.strip()]
-            pointers = ["*" in p for p in params]
-            kernels.append(CppKernel(name, getattr(lib, name), pointers))
+        for fn in library.functions:
+            pointers = ["*" in t for t, _ in fn.params]
+            kernels.append(CppKernel(fn.name, getattr(lib, fn.name), pointers))
         if host is not None:
             kernels.append(load_program(lib, host))
         return kernels
