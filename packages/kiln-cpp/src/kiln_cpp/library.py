@@ -18,7 +18,8 @@ fresh render or kiln's on-disk cache alike); renaming whole identifiers is exact
 whose every early return releases the tensors it holds, which g++ -O3 takes seconds over
 (BERT, 6 layers, training: 5.2 s for the backward's host program, 0.8 s for its kernels).
 From :data:`HOST_UNIT_MIN_CHARS` of source it is a translation unit of its own, compiled at
-``-O1`` (1.8 s there; it makes calls, the kernels do the work) while the kernels compile
+``-Og`` (:data:`kiln_cpp.build.HOST_FLAGS`; it makes calls, the kernels do the work;
+the figures below were taken at ``-O1``, 1.8 s there) while the kernels compile
 at ``-O3``, at once, then linked into one library (:func:`kiln_cpp.build.build`); the
 launch groups go with it. At -O1 a big host program takes a third of the time, a small
 one about as long, so below the threshold the two units gain only where a second core is
@@ -49,7 +50,7 @@ _SIGNATURE = re.compile(r'extern "C" int (\w+)\(([^)]*)\)')
 _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*")
 _PARAM_NAME = re.compile(r"(\w+)\s*$")
 
-# the host program's own unit (compiled at -O1, beside the kernels) from this many
+# the host program's own unit (compiled at -Og, beside the kernels) from this many
 # characters of its source; a smaller one is compiled with the kernels (measured: above)
 HOST_UNIT_MIN_CHARS = 24000
 # distinct kernels per kernel unit (``$KILN_CPP_KERNELS_PER_UNIT``); 0: one kernel unit
