@@ -39,8 +39,13 @@ from kiln_loopir.ops import TraceHandler
 from kiln_loopir.symbols import index_vars, reduction_vars
 
 
+def _equal(x, y) -> bool:
+    """Whether two size expressions are equal (structurally equal ones without sympy)."""
+    return x == y or sympy.expand(x - y) == 0
+
+
 def _same(a, b) -> bool:
-    return len(a) == len(b) and all(sympy.expand(x - y) == 0 for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def node_level(node: ComputedNode, ranges, reduction_ranges) -> str | None:
@@ -68,7 +73,7 @@ def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int
         return []
     found = []
     for order in itertools.permutations(range(len(full))):
-        if all(sympy.expand(p[i] - full[order[i]]) == 0 for i in range(len(p))):
+        if all(_equal(p[i], full[order[i]]) for i in range(len(p))):
             found.append(order)
             if len(found) >= MAX_ORDERS:
                 break
