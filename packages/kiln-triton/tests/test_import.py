@@ -13,6 +13,7 @@ def test_public_api_is_pinned():
         "TritonCodegenError",
         "TritonError",
         "__version__",
+        "kernel_counts",
         "triton_codegen",
     ]
 

@@ -62,7 +62,7 @@ def save_winner(
     tmp.replace(folder / f"{key}.json")
 
 
-def time_config(launch: Callable[[], None], reps: int = 20) -> float:
+def time_config(launch: Callable[[], None], reps: int = 10) -> float:
     """Microseconds per launch, median of three batches (after a warm-up launch)."""
     launch()
     torch.cuda.synchronize()

@@ -233,6 +233,12 @@ class TritonKernel:
         dtypes = [getattr(torch, d) for d in self.meta["dtypes"]]
         launch.fn.warmup(*dtypes, *launch.numels, grid=launch.grid, **launch.kwargs)
 
+    def tuned_winner(self, numels: dict[str, int], sizes: tuple = ()) -> Config | None:
+        """The configuration timed fastest before at these sizes on the current device
+        (the on-disk autotuning cache), or None."""
+        key = autotune.cache_key(self.source_hash, numels, sizes, torch.cuda.get_device_name())
+        return autotune.load_winner(key, self._tuning_dir)
+
     def _tune(self, configs, tensors, sizes, numels, index64) -> Config:
         device = torch.cuda.get_device_name(tensors[0].device) if tensors else "cuda"
         key = autotune.cache_key(self.source_hash, numels, sizes, device)
