@@ -134,13 +134,25 @@ def test_an_inference_record_is_restored_without_tracing(traces):
 def test_the_key_follows_the_signature():
     _, gm = graph_module()
     cache = DictCache()
-    kiln_autograd.aot(gm, [torch.randn(4, 8)], Recorder(), cache=cache)
-    kiln_autograd.aot(gm, [torch.randn(5, 8)], Recorder(), cache=cache)
-    kiln_autograd.aot(gm, [torch.randn(4, 8, dtype=torch.float64)], Recorder(), cache=cache)
-    kiln_autograd.aot(gm, [torch.randn(4, 8)], Recorder(), cache=cache, partitioner="default")
+
+    def step(x, **options):  # a training record is stored once its backward compiled
+        compiled = kiln_autograd.aot(gm, [x], Recorder(), cache=cache, **options)
+        before = len(cache.data)
+        _sum(compiled(x)).backward()
+        assert len(cache.data) == before + 1, "stored before its backward compiled"
+
+    step(torch.randn(4, 8))
+    step(torch.randn(5, 8))
+    step(torch.randn(4, 8, requires_grad=True))
+    step(torch.randn(4, 8), partitioner="default")
     with torch.no_grad():
         kiln_autograd.aot(gm, [torch.randn(4, 8)], Recorder(), cache=cache)
     assert len(cache.data) == 5
+
+
+def _sum(out) -> torch.Tensor:
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor))
 
 
 def test_a_compiler_that_needs_the_trace_gets_it(traces):

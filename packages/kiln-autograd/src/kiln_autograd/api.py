@@ -23,9 +23,10 @@ from kiln_autograd.records import encode_inference, encode_training
 from kiln_autograd.runtime import Compiler, InferenceRunner, TrainingRunner, example_values
 from kiln_autograd.signature_cache import (
     SignatureCache,
+    encode_record,
     restore_runner,
     signature_key,
-    store_record,
+    store_after,
 )
 from kiln_autograd.static_inputs import (
     captured_state_inputs,
@@ -226,9 +227,9 @@ def compile_signature(
         verify_op_set(graph.gm, "inference graph")
         log.debug("inference graph:\n%s", graph)
         note_static_inputs(graph.gm, set(static_inputs))
-        store_record(options, key, encode_inference, graph.gm, meta)
-        compiled = options.fw_compiler(graph.gm, example_values(graph.gm))
-        return InferenceRunner(compiled, meta)
+        data = encode_record(key, encode_inference, graph.gm, meta)
+        compile_fw = store_after(options.fw_compiler, options, key, data)
+        return InferenceRunner(compile_fw(graph.gm, example_values(graph.gm)), meta)
 
     joint = trace_joint(lifted.call_raw, fake_args, meta, fake_mode, table)
     verify_op_set(joint.gm, "joint graph")
@@ -239,9 +240,10 @@ def compile_signature(
     note_saved_outputs(parts.fw, range(n_fw, n_fw + parts.num_saved_tensors))
     primals = [n.name for n in joint.gm.graph.nodes if n.op == "placeholder"]
     note_static_inputs(parts.bw, {primals[i] for i in static_inputs})
-    store_record(options, key, encode_training, parts, joint)
+    data = encode_record(key, encode_training, parts, joint)
     compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
-    return TrainingRunner(compiled_fw, parts, joint, options.bw_compiler)
+    compile_bw = store_after(options.bw_compiler, options, key, data)
+    return TrainingRunner(compiled_fw, parts, joint, compile_bw)
 
 
 def trace_joint_graph(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -154,17 +154,32 @@ def _global_state() -> str:
     return f"default dtype {torch.get_default_dtype()} autocast {autocast}"
 
 
-def store_record(options: Options, key: str | None, encode, *what: object) -> None:
-    """Store ``encode(*what)`` under ``key``; a graph the record cannot describe is not
-    stored (logged at DEBUG)."""
+def encode_record(key: str | None, encode, *what: object) -> bytes | None:
+    """``encode(*what)``, the record to store under ``key`` once its graphs compiled; None
+    without a cache, or for a graph the record cannot describe (logged at DEBUG). Encoded
+    before the compilers run, which may rewrite a graph in place."""
     if key is None:
-        return
+        return None
     try:
-        data = encode(*what)
+        return encode(*what)
     except records.Unserializable as why:
         log.debug("signature record not stored: %s", why)
-        return
-    options.cache.store(key, data)
+        return None
+
+
+def store_after(compiler: Callable, options: Options, key: str | None, data: bytes | None):
+    """``compiler``, storing ``data`` under ``key`` once it compiled its graph: a record
+    stands for graphs the compilers have (a training signature's once its backward,
+    compiled at the first backward, is), so a later process restores all of them."""
+    if key is None or data is None:
+        return compiler
+
+    def compile_then_store(gm: torch.fx.GraphModule, example_inputs: list[object]):
+        compiled = compiler(gm, example_inputs)
+        options.cache.store(key, data)
+        return compiled
+
+    return compile_then_store
 
 
 def restore_runner(options: Options, key: str | None) -> InferenceRunner | TrainingRunner | None:
