@@ -6,7 +6,8 @@ and rebuilds them from it in a later process. :class:`SignatureRecords` keeps th
 records as ``<root>/graphs/<key[:2]>/<key>.record``, written and bounded like the graph
 entries (:class:`kiln.cache.GraphCache`: checksummed, private, atomic, least recently used
 evicted). Kiln's key adds to kiln-autograd's its own settings that change the graphs
-kiln-autograd is asked for (the partitioner), the record format and Kiln's versions.
+kiln-autograd is asked for (the partitioner) or where their compiled entries lie (fusion,
+memory reuse, autotuning, code generator), the record format and Kiln's versions.
 
 The graphs of a restored record are compiled from the graph cache only
 (:class:`kiln.pipeline.AtenCompiler` raises ``kiln_autograd.NeedsTrace`` for one it does not
@@ -36,7 +37,13 @@ class SignatureRecords:
     def __init__(self, root: Path, config: Config, frame: Frame) -> None:
         self.files = GraphCache(root)
         self.frame = frame
-        self.settings = f"partitioner {config.options.partitioner}"
+        options = config.options
+        # the partitioner changes the graphs; the rest, where their compiled entries are (a
+        # record whose graphs were compiled under other settings would be traced again)
+        self.settings = " ".join(
+            f"{name}={getattr(options, name)!r}"
+            for name in ("partitioner", "fusion", "reuse_memory", "max_autotune", "codegen")
+        )
 
     def path(self, key: str) -> Path:
         """The file of kiln-autograd's ``key``."""
