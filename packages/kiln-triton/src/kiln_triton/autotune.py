@@ -5,7 +5,7 @@ The cache lives in ``$KILN_TRITON_CACHE_DIR``, else ``<root>/triton`` (the root 
 for a compile, else ``$KILN_CACHE_DIR``, else ``~/.cache/kiln``: see
 :mod:`kiln_cpp.cache_dirs`, which also keeps it private to the user) under ``autotune/``;
 ``KILN_TRITON_AUTOTUNE=0`` turns timing off (the heuristic's first pick is used).
-Kernels with little work are not timed: launch cost dominates them.
+Kernels with little work are not timed: launch cost dominates them (:func:`worth_timing`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ import torch
 from kiln_cpp import cache_dirs
 from kiln_triton.configs import Config
 
-# kernels touching fewer points than this run the heuristic's pick untimed
+# kernels touching fewer points than this run the heuristic's pick untimed; pointwise
+# kernels below MIN_POINTWISE_POINTS too (their block size matters little until they are
+# big, and each timed candidate is compiled, loaded and launched 31 times at compile time)
 MIN_POINTS = 1 << 18
+MIN_POINTWISE_POINTS = 1 << 22
 
 
 def cache_dir() -> Path:
@@ -32,6 +35,12 @@ def cache_dir() -> Path:
 
 def enabled() -> bool:
     return os.environ.get("KILN_TRITON_AUTOTUNE", "1") != "0"
+
+
+def worth_timing(kind: str, points: int) -> bool:
+    """Whether a kernel of ``kind`` over ``points`` is timed (else the heuristic's pick)."""
+    least = MIN_POINTWISE_POINTS if kind == "pointwise" else MIN_POINTS
+    return enabled() and points >= least
 
 
 def cache_key(source_hash: str, numels: dict, sizes: tuple, device: str) -> str:

@@ -69,7 +69,7 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
         points = 1
         for n in numels.values():
             points *= n
-        if not autotune.enabled() or points < autotune.MIN_POINTS:
+        if not autotune.worth_timing(k.meta["kind"], points):
             configs = configs[:1]
         else:  # a winner timed before (this process or the cache) is all that will launch
             winner = k.tuned_winner(numels)

@@ -181,12 +181,7 @@ class TritonKernel:
         index64 = biggest > INT32_LIMIT
         configs = candidates(self.meta, numels)
         config = configs[0]
-        if (
-            len(configs) > 1
-            and not INTERPRET
-            and autotune.enabled()
-            and points >= autotune.MIN_POINTS
-        ):
+        if len(configs) > 1 and not INTERPRET and autotune.worth_timing(self.meta["kind"], points):
             config = self._tune(configs, tensors, sizes, numels, index64)
         return self._launch(config, numels, index64)
 
