@@ -80,9 +80,11 @@ def test_graph_breaks_are_logged(records, capsys):
 
 def test_debug_dump_writes_every_stage_with_fixed_names(tmp_path):
     model = Block()
-    compiled = kiln.compile(model, options={"debug_dir": str(tmp_path)})
+    # a cache of its own: a graph found in the session's cache is dumped as loaded
+    options = {"debug_dir": str(tmp_path / "dump"), "cache_dir": str(tmp_path / "cache")}
+    compiled = kiln.compile(model, options=options)
     compiled(torch.randn(4, 16)).sum().backward()
-    frame = tmp_path / "frame000"
+    frame = tmp_path / "dump" / "frame000"
     expected = {
         "function.txt",
         "captured_graph.py",

@@ -108,6 +108,7 @@ class Frame:
                 _clean_debug_dir(root)
         self.name = f"frame{self.index:03d}"
         self.function = "?"  # the captured function's qualified name, once capture says
+        self.ran_eagerly = False  # whether one of its graphs fell back to running eagerly
         self.folder: Path | None = None
         if root is not None:
             self.folder = root / self.name

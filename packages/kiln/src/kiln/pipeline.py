@@ -109,6 +109,7 @@ class ObservedCodegen:
 
 
 def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
+    frame.ran_eagerly = True  # no signature record then: its graphs have no cache entries
     warnings.warn(
         f"kiln: {frame.describe()} {kind} graph runs eagerly (ATen kernels, no generated "
         f"code): {reason}",

@@ -61,6 +61,8 @@ class SignatureRecords:
             return self.files.read(self.path(key))
 
     def store(self, key: str, data: bytes) -> None:
+        if self.frame.ran_eagerly:  # a graph without a cache entry: a later start would trace
+            return
         with self.frame.stage("autograd_cache"):
             self.files.write(self.path(key), data)
 
