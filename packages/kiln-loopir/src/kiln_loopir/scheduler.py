@@ -134,11 +134,6 @@ def fuse(schedule: Schedule) -> Schedule:
     each round, which the tests compare it with.
     """
     fuser = _Fuser(schedule)
-    if fuser.rewritten or not fuser.by_data:
-        # buffers written twice (scatters) or data-dependent sizes: the dependencies follow
-        # the order, which the incremental bookkeeping got wrong (a kernel fused ahead of a
-        # scatter into a buffer it reads); the greedy loop recomputed each round is right
-        return fuse_reference(schedule)
     fuser.run()
     fused_schedule = Schedule(schedule.graph, _renamed(fuser.steps))
     assign_locals(fused_schedule)
@@ -336,10 +331,14 @@ class _Fuser:
         i, j = steps.index(a), steps.index(b)
         old_readers = {n: self.readers[n] for n in self.reads[id(a)] | self.reads[id(b)]}
         labels = [self.label[s] for s in steps[i:j]]
+        # a buffer written twice (a scatter) that the pair touches: the fused kernel's
+        # dependencies through it follow the order, found again from scratch this round
+        scattered = self.reads[id(a)] | self.reads[id(b)] | self.writes[a] | self.writes[b]
+        scattered &= self.rewritten
         self._remove(a)
         self._remove(b)
         self._add(fused)
-        if not self.by_data:
+        if not self.by_data or scattered:
             steps[i] = fused
             del steps[j]
             self.steps = stable_topological_sort(steps)
