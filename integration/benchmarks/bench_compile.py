@@ -35,6 +35,7 @@ import tempfile
 import time
 
 import torch
+from bench_gpu_calls import pick
 from timing import markdown_table
 
 PHASES = ("inference", "training")
@@ -48,17 +49,6 @@ HEADER = ["model", "phase", "compiler", "cold s", "warm s", "kiln ÷ tc cold", "
 def device() -> str:
     wanted = os.environ.get("KILN_BENCH_DEVICE", "")
     return wanted or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def pick(variable: str, default: str, known) -> list[str]:
-    given = os.environ.get(variable, default).strip()
-    if given == "all":
-        return list(known)
-    wanted = [w.strip() for w in given.split(",") if w.strip()]
-    unknown = [w for w in wanted if not any(k.startswith(w) for k in known)]
-    if unknown:
-        raise SystemExit(f"{variable}={given!r}: {unknown} match none of {list(known)}")
-    return [k for k in known if any(k.startswith(w) for w in wanted)]
 
 
 def model_names(on: str) -> list[str]:

@@ -375,27 +375,11 @@ class _Fuser:
         """:func:`stable_topological_sort` of ``window``, whose steps depend on no step
         after them."""
         index = {s: k for k, s in enumerate(window)}
-        followers: list[list[int]] = [[] for _ in window]
-        waiting = [0] * len(window)
-        for k, s in enumerate(window):
-            for d in self.deps[s] | self.data_deps.get(s, set()):
-                m = index.get(d)
-                if m is not None:
-                    followers[m].append(k)
-                    waiting[k] += 1
-        ready = [k for k, n in enumerate(waiting) if n == 0]
-        heapq.heapify(ready)
-        result: list[Step] = []
-        while ready:
-            k = heapq.heappop(ready)
-            result.append(window[k])
-            for m in followers[k]:
-                waiting[m] -= 1
-                if waiting[m] == 0:
-                    heapq.heappush(ready, m)
-        if len(result) != len(window):
-            raise RuntimeError("the steps' dependencies form a cycle")
-        return result
+        deps = {
+            k: {index[d] for d in self.deps[s] | self.data_deps.get(s, set()) if d in index}
+            for k, s in enumerate(window)
+        }
+        return [window[k] for k in stable_order(deps)]
 
 
 def fuse_reference(schedule: Schedule) -> Schedule:
@@ -463,7 +447,12 @@ def sharing_pairs(steps: list[Step], reads: dict[int, set[str]]) -> set[tuple[in
 
 def stable_topological_sort(steps: list[Step]) -> list[Step]:
     """``steps`` in dependency order, each as early in the given order as it can be."""
-    deps = dependencies_by_data(steps)
+    return [steps[i] for i in stable_order(dependencies_by_data(steps))]
+
+
+def stable_order(deps: dict[int, set[int]]) -> list[int]:
+    """The indices of ``deps`` (index -> the indices it depends on) in an order that puts
+    each after its dependencies, the smallest index that is ready first."""
     waiting = {i: len(d) for i, d in deps.items()}
     followers: dict[int, list[int]] = {i: [] for i in deps}
     for i, d in deps.items():
@@ -471,15 +460,15 @@ def stable_topological_sort(steps: list[Step]) -> list[Step]:
             followers[j].append(i)
     ready = [i for i, n in waiting.items() if n == 0]
     heapq.heapify(ready)
-    result: list[Step] = []
+    result: list[int] = []
     while ready:
         best = heapq.heappop(ready)
-        result.append(steps[best])
+        result.append(best)
         for f in followers[best]:
             waiting[f] -= 1
             if waiting[f] == 0:
                 heapq.heappush(ready, f)
-    if len(result) != len(steps):
+    if len(result) != len(deps):
         raise RuntimeError("the steps' dependencies form a cycle")
     return result
 

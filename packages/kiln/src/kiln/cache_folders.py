@@ -61,7 +61,8 @@ def usable_root(root: Path) -> Path | None:
 @dataclass(frozen=True)
 class CachePart:
     """One part of the cache: its folder, its size in bytes and how many entries it holds
-    (graphs; libraries; runtime builds; kernel files and autotuning winners)."""
+    (graphs and signature records; libraries; runtime builds; kernel files and autotuning
+    winners)."""
 
     name: str
     path: Path
@@ -97,7 +98,8 @@ def _megabytes(size: int) -> str:
 
 def _entries(name: str, folder: Path) -> int:
     if name == "graphs":
-        return sum(1 for _ in folder.rglob("*.pt"))
+        # compiled graphs and kiln-autograd's signature records (see kiln.signature_records)
+        return sum(1 for p in folder.rglob("*") if p.suffix in (".pt", ".record"))
     if name == "triton":
         return sum(1 for p in folder.rglob("*") if p.suffix in (".py", ".json"))
     return sum(1 for p in folder.iterdir() if p.is_dir())  # one folder per library / build
