@@ -22,6 +22,7 @@ from kiln_loopir.compile import (
 )
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
+from kiln_loopir.greedy_fusion import fuse
 from kiln_loopir.host import generate_host, kernel_launch_args
 from kiln_loopir.ir import (
     Buffer,
@@ -39,7 +40,7 @@ from kiln_loopir.lowering import lower, lowered_ops, register_lowering
 from kiln_loopir.memory import MemoryPlan, plan_memory
 from kiln_loopir.ops import TraceHandler
 from kiln_loopir.reference import ReferenceCodegen
-from kiln_loopir.scheduler import fuse, order, unfused_schedule
+from kiln_loopir.scheduler import order, unfused_schedule
 
 __all__ = [
     "Buffer",

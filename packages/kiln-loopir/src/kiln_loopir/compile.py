@@ -17,13 +17,14 @@ from kiln_loopir.codegen import Codegen, resolve_codegen
 from kiln_loopir.constants import fold_constants
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
+from kiln_loopir.greedy_fusion import fuse
 from kiln_loopir.host import HostNotRendered, generate_host, kernel_launch_args
 from kiln_loopir.ir import LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.launch import LaunchGroup, launch_groups
 from kiln_loopir.lowering import lower
 from kiln_loopir.memory import MemoryPlan, plan_memory
-from kiln_loopir.scheduler import fuse, order, unfused_schedule
+from kiln_loopir.scheduler import order, unfused_schedule
 
 log = logging.getLogger("kiln.loopir")
 HOST_PROGRAMS = ("auto", "python", "native")
