@@ -89,7 +89,9 @@ def check_sizes(
 
 def tolerances(dtype: torch.dtype) -> dict[str, float]:
     """Comparison tolerances for a result dtype (loose for low-precision floats)."""
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype == torch.bfloat16:  # torch.testing's own rtol: two roundings apart (eager
+        return {"atol": 1e-2, "rtol": 1.6e-2}  # rounds between ops, a fused kernel once)
+    if dtype == torch.float16:
         return {"atol": 1e-2, "rtol": 1e-2}
     if dtype in (torch.float32, torch.complex64):
         return {"atol": 1e-5, "rtol": 1.3e-5}
