@@ -228,16 +228,20 @@ class TritonKernel:
         dtypes = [getattr(torch, d) for d in self.meta["dtypes"]]
         launch.fn.warmup(*dtypes, *launch.numels, grid=launch.grid, **launch.kwargs)
 
-    def tuned_winner(self, numels: dict[str, int], sizes: tuple = ()) -> Config | None:
-        """The configuration timed fastest before at these sizes on the current device
-        (the on-disk autotuning cache), or None."""
-        key = autotune.cache_key(self.source_hash, numels, sizes, torch.cuda.get_device_name())
-        return autotune.load_winner(key, self._tuning_dir)
+    def tuned_winner(
+        self, numels: dict[str, int], sizes: tuple = (), device: str | None = None
+    ) -> Config | None:
+        """The configuration timed fastest before at these sizes on ``device`` (a device
+        name; default: the current device's), from the on-disk autotuning cache, or None."""
+        return autotune.load_winner(self._tuning_key(numels, sizes, device), self._tuning_dir)
+
+    def _tuning_key(self, numels: dict[str, int], sizes: tuple, device: str | None) -> str:
+        device = device or torch.cuda.get_device_name()
+        return autotune.cache_key(self.source_hash, numels, sizes, device)
 
     def _tune(self, configs, tensors, sizes, numels, index64) -> Config:
         device = torch.cuda.get_device_name(tensors[0].device) if tensors else "cuda"
-        key = autotune.cache_key(self.source_hash, numels, sizes, device)
-        cached = autotune.load_winner(key, self._tuning_dir)
+        cached = self.tuned_winner(numels, sizes, device)
         if cached is not None and cached in configs:
             return cached
         # time on scratch copies of what the kernel writes: inputs stay as they are, even
@@ -253,5 +257,7 @@ class TritonKernel:
 
         best, timings = autotune.pick(configs, launch_with)
         self.configs_timed += len(timings)
-        autotune.save_winner(key, best, timings, self._tuning_dir)
+        autotune.save_winner(
+            self._tuning_key(numels, sizes, device), best, timings, self._tuning_dir
+        )
         return best
