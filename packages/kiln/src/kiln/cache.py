@@ -24,6 +24,7 @@ bound, the least recently used ones are removed (never the one just written).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -85,6 +86,14 @@ def _version(dist: str) -> str:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+@functools.cache
+def versions() -> str:
+    """Python's, torch's and every Kiln package's version: what a cached artifact was made
+    with."""
+    kiln = " ".join(f"{d} {_version(d)}" for d in _DISTRIBUTIONS)
+    return f"python {platform.python_version()} torch {torch.__version__} {kiln}"
 
 
 def _codegen_version(codegen: object) -> str:
@@ -169,8 +178,7 @@ def graph_key(
         _symbol_facts(example_inputs),
         f"codegen {getattr(codegen, 'name', type(codegen).__name__)} {_codegen_version(codegen)}",
         *(f"{k}={v!r}" for k, v in sorted(settings.items())),
-        f"python {platform.python_version()} torch {torch.__version__}",
-        *(f"{d} {_version(d)}" for d in _DISTRIBUTIONS),
+        versions(),
     ]
     h = hashlib.sha256()
     for part in parts:

@@ -56,6 +56,14 @@ class Options:
     # default: $KILN_HOST_PROGRAM, else "auto"
     host_program: str = "auto"
 
+    def code_settings(self) -> dict[str, object]:
+        """The options that change a graph's generated code: part of its cache key."""
+        return {
+            "fusion": self.fusion,
+            "reuse_memory": self.reuse_memory,
+            "max_autotune": self.max_autotune,
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:

@@ -244,11 +244,7 @@ class AtenCompiler:
     def compile_or_load(
         self, gm, example_inputs, codegen
     ) -> tuple[HostProgram, list[torch.Tensor], Entry]:
-        settings = {
-            "fusion": self.options.fusion,
-            "reuse_memory": self.options.reuse_memory,
-            "max_autotune": self.options.max_autotune,
-        }
+        settings = self.options.code_settings()
         observed = ObservedCodegen(codegen, self.frame, self.kind)
         root = usable_root(cache_root(self.options))  # None: refused, with a warning
         cache = GraphCache(root) if self.options.cache and root is not None else None

@@ -17,14 +17,10 @@ to the ``autograd_cache`` stage of :func:`kiln.compile_times`.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import platform
 from pathlib import Path
 
-import torch
-
-from kiln.cache import _DISTRIBUTIONS, FORMAT, RECORD_SUFFIX, GraphCache, _version
+from kiln.cache import FORMAT, RECORD_SUFFIX, GraphCache, versions
 from kiln.config import Config
 from kiln.frames import Frame
 
@@ -40,10 +36,9 @@ class SignatureRecords:
         options = config.options
         # the partitioner changes the graphs; the rest, where their compiled entries are (a
         # record whose graphs were compiled under other settings would be traced again)
-        self.settings = " ".join(
-            f"{name}={getattr(options, name)!r}"
-            for name in ("partitioner", "fusion", "reuse_memory", "max_autotune", "codegen")
-        )
+        settings = {"partitioner": options.partitioner, **options.code_settings(),
+                    "codegen": options.codegen}  # fmt: skip
+        self.settings = " ".join(f"{k}={v!r}" for k, v in settings.items())
 
     def path(self, key: str) -> Path:
         """The file of kiln-autograd's ``key``."""
@@ -51,7 +46,7 @@ class SignatureRecords:
             f"record format {RECORD_FORMAT} graphs format {FORMAT}",
             key,
             self.settings,
-            _versions(),
+            versions(),
         ]
         digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
         return self.files.root / digest[:2] / f"{digest}{RECORD_SUFFIX}"
@@ -65,9 +60,3 @@ class SignatureRecords:
             return
         with self.frame.stage("autograd_cache"):
             self.files.write(self.path(key), data)
-
-
-@functools.cache
-def _versions() -> str:
-    kiln = " ".join(f"{d} {_version(d)}" for d in _DISTRIBUTIONS)
-    return f"python {platform.python_version()} torch {torch.__version__} {kiln}"
