@@ -169,10 +169,11 @@ class RecordedGraph:
         ]
 
     def __call__(self, inputs: Sequence[object]) -> tuple | list:
-        self.pool.replaying(self)  # first: the input copies wait for the last replay too
+        self.pool.order_streams()  # first: the input copies wait for the last replay too
         buffers, indices = self._copies
-        if buffers:
+        if buffers:  # before invalidating: an input may be an output of the last replay
             torch._foreach_copy_(buffers, [inputs[i] for i in indices])
+        self.pool.replaying(self)
         self.replay()
         return self._hand_out(inputs)
 

@@ -75,9 +75,9 @@ class GraphPool:
         return any(member.outputs_in_use() for member in self._this_and_later(graph))
 
     def replaying(self, graph: PoolMember) -> None:
-        """``graph`` replays next, on the caller's current stream: invalidate what it and
-        every later graph handed out, and order the stream after the last replay's."""
-        self._order_streams()
+        """``graph`` replays next: invalidate what it and every later graph handed out.
+        Call :meth:`order_streams` first, and read the inputs before this (an input may be
+        an output of the last replay, which raises once invalidated)."""
         for member in self._this_and_later(graph):
             member.invalidate_outputs()
 
@@ -91,7 +91,7 @@ class GraphPool:
             if later and member is not None:
                 yield member
 
-    def _order_streams(self) -> None:
+    def order_streams(self) -> None:
         """A replay on another stream than the last replay's (another thread's, or a
         ``torch.cuda.stream`` block) waits for all the work queued on that stream so far:
         the two replays never run at once over the same memory."""

@@ -122,10 +122,17 @@ def sigmoid(x):
 
 
 @triton.jit
+def literal(value: tl.constexpr, like):
+    # ``value`` in ``like``'s type: Triton makes a Python float a float32 constant, which
+    # would round float64 arithmetic to float32's precision
+    return tl.full([], value, like.dtype)
+
+
+@triton.jit
 def digamma(x):
     # reflection for x < 0.5, the recurrence up to 6, then the asymptotic series
     reflect = x < 0.5
-    pi = 3.141592653589793
+    pi = literal(3.141592653589793, x)
     y = tl.where(reflect, 1 - x, x)
     acc = y * 0
     for _ in range(6):
@@ -135,9 +142,12 @@ def digamma(x):
     inv = 1 / y
     inv2 = inv * inv
     series = tl.log(y) - 0.5 * inv
-    series -= inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 * (1.0 / 252 - inv2 * (1.0 / 240))))
+    c12, c120, c252, c240 = (literal(1 / 12, x), literal(1 / 120, x), literal(1 / 252, x),
+                             literal(1 / 240, x))  # fmt: skip
+    series -= inv2 * (c12 - inv2 * (c120 - inv2 * (c252 - inv2 * c240)))
     out = acc + series
-    out = tl.where(reflect, out - pi / libdevice.tan(pi * x), out)
+    # tan(pi x) of the fractional part, as ATen: exact, and tan is periodic in pi
+    out = tl.where(reflect, out - pi / libdevice.tan(pi * (x - libdevice.trunc(x))), out)
     return tl.where((x == tl.floor(x)) & (x <= 0), float("nan"), out)
 
 
@@ -146,25 +156,26 @@ def trigamma(x):
     # as ATen: reflection below 1/2 (psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x)), six steps
     # up, then the asymptotic series
     reflect = x < 0.5
-    pi = 3.141592653589793
-    sin_pi_x = tl.sin(pi * x)
+    pi = literal(3.141592653589793, x)
+    sin_pi_x = tl.sin(pi * x)  # as ATen (not of the fractional part, as digamma)
     y = tl.where(reflect, 1 - x, x)
     acc = tl.zeros_like(y)
     for _ in range(6):
         acc += 1 / (y * y)
         y += 1
     ixx = 1 / (y * y)
-    acc += (1 + 1 / (2 * y) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / y
+    c6, c30, c42 = literal(1 / 6, x), literal(1 / 30, x), literal(1 / 42, x)
+    acc += (1 + 1 / (2 * y) + ixx * (c6 - ixx * (c30 - ixx * c42))) / y
     return tl.where(reflect, pi * pi / (sin_pi_x * sin_pi_x) - acc, acc)
 
 
 @triton.jit
-def _zeta_tail_term(s, p, b, done, x, w, k, coefficient):
+def _zeta_tail_term(s, p, b, done, x, w, k, coefficient: tl.constexpr):
     # one Euler-Maclaurin term, (x)_(2k+1) w^(-x-2k-1) B_(2k+2) / (2k+2)!; a lane stops
     # adding once a term is below double's epsilon of its sum, as Cephes does
     p = p * (x + k)
     b = b / w
-    t = tl.where(b == 0, 0.0, p * b / coefficient)  # p may overflow in float32
+    t = tl.where(b == 0, 0.0, p * b / literal(coefficient, b))  # p may overflow in float32
     s = tl.where(done, s, s + t)
     done = done | (tl.abs(t / s) < 1.1102230246251565e-16)
     return s, p * (x + k + 1), b / w, done
