@@ -69,10 +69,10 @@ class IndexPrinter(StrPrinter):
 
     # -- the hooks a language overrides ---------------------------------------------------
     def floordiv(self, a: sympy.Expr, b: sympy.Expr) -> str:
-        return f"({self._print(a)} // {self._print(b)})"
+        return f"({self.operand(a)} // {self.operand(b)})"
 
     def mod(self, a: sympy.Expr, b: sympy.Expr) -> str:
-        return f"({self._print(a)} % {self._print(b)})"
+        return f"({self.operand(a)} % {self.operand(b)})"
 
     def to_float(self, x: sympy.Expr) -> str:
         return f"to_float({self._print(x)})"
@@ -85,7 +85,7 @@ class IndexPrinter(StrPrinter):
 
     def int_pow(self, base: sympy.Expr, exp: sympy.Expr) -> str:
         """``base ** exp`` of integers, ``exp`` a natural number that is not a literal."""
-        return f"({self._print(base)} ** {self._print(exp)})"
+        return f"({self.operand(base)} ** {self.operand(exp)})"
 
     def to_int(self, rounding: str, x: sympy.Expr) -> str:
         """``x`` rounded to an integer: ``rounding`` is floor, ceil, trunc or round (half to
@@ -120,6 +120,14 @@ class IndexPrinter(StrPrinter):
         return repr(value)  # the shortest text that reads back as the same double
 
     # -- what every language shares ---------------------------------------------------------
+    def operand(self, x: sympy.Expr) -> str:
+        """``x`` printed as an operand of a binary operator: in parentheses unless it is a
+        symbol or a number that is not negative (``(a + 1) % 8``, not ``a + 1 % 8``)."""
+        text = self._print(x)
+        if isinstance(x, sympy.Symbol) or (x.is_Number and x >= 0):
+            return text
+        return f"({text})"
+
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         return expr.name
 
@@ -245,7 +253,7 @@ class IndexPrinter(StrPrinter):
         if name.startswith(OPAQUE_PREFIX):
             return self.math_function(name.removeprefix(OPAQUE_PREFIX), expr.args[0])
         if name in BITWISE_OPERATORS:
-            a, b = (self._print(a) for a in expr.args)
+            a, b = (self.operand(a) for a in expr.args)
             return f"({a} {BITWISE_OPERATORS[name]} {b})"
         raise NotImplementedError(
             f"cannot print the size expression {expr} as {self.language}: {name} is not a "

@@ -82,6 +82,13 @@ SIZE_EXPRESSIONS: dict[str, SizeExpression] = {
     ),
     # a shift as some torch versions evaluate LShift: a sympy power of a natural exponent
     "power_of_two": SizeExpression(A * sympy.Pow(2, Max(B, 0)), SIGNED[:-1]),
+    # operands that are sums, products and negative numbers: a padding to a multiple of 8
+    # (``a - (a + 1) % 8 + 9``) printed without parentheses read as ``a - a + 1 + 9``
+    "mod_of_a_sum": SizeExpression(A - PythonMod(A + 1, 8) + 9),
+    "floordiv_of_sums": SizeExpression(FloorDiv(A + B + 20, 2 * B + 1), POSITIVE),
+    "modular_indexing_of_a_sum": SizeExpression(ModularIndexing(A + 3, 2, B + 1), POSITIVE),
+    "power_of_a_sum": SizeExpression(PowByNatural(A - 1, B), NATURAL),
+    "power_of_minus_one": SizeExpression(PowByNatural(-1, B), NATURAL[:1] + NATURAL[2:]),
 }
 
 
