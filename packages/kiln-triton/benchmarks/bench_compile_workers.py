@@ -167,7 +167,7 @@ def main() -> None:
     print(f"threads   {seconds:7.2f} s  ({ok} compiled, {args.workers} threads)")
     fresh_triton_cache("workers")
     seconds, ok = in_workers(jobs, args.workers)
-    print(f"workers   {seconds:7.2f} s  ({ok} compiled, {args.workers} processes, start-up included)")
+    print(f"workers   {seconds:7.2f} s  ({ok} compiled, {args.workers} processes, with start-up)")
     load, _ = in_process(jobs, 1)  # the workers' cache: what this process does per binary
     print(f"          loading the {ok} binaries back (cache hits): {load:.2f} s of it")
 

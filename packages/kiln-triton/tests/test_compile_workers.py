@@ -135,6 +135,24 @@ def test_a_worker_that_dies_fails_its_job_and_starts_again(workers, tmp_path):
         workers.submit(missing).result(timeout=60)
 
 
+def test_workers_that_cannot_start_leave_the_compiles_to_this_process(tmp_path, monkeypatch):
+    import types
+
+    from kiln_triton import compile_pool
+
+    script = tmp_path / "exits.py"
+    script.write_text("raise SystemExit(5)\n")
+    monkeypatch.setattr(compile_pool, "compile_worker", types.SimpleNamespace(__file__=script))
+    pool = CompileWorkers(1)
+    for _ in range(compile_pool.START_ATTEMPTS):
+        with pytest.raises(CompileWorkerError, match=r"exited \(5\)"):
+            pool.submit({}).result(timeout=60)
+    assert pool.broken  # compile_workers() is None for it: threads compile
+    with pytest.raises(CompileWorkerError, match="exits as it starts"):
+        pool.submit({}).result(timeout=60)
+    pool.shutdown()
+
+
 def test_shutdown_stops_the_workers_and_fails_what_is_queued(tmp_path):
     pool = CompileWorkers(2)
     processes = [w.process for w in pool._workers]

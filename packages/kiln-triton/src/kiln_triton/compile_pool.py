@@ -20,6 +20,7 @@ on, at most 32); ``0`` compiles in threads instead.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import pickle
 import queue
@@ -30,7 +31,9 @@ from concurrent.futures import Future
 
 from kiln_triton import compile_worker
 
+log = logging.getLogger("kiln.triton")
 MAX_DEFAULT_WORKERS = 32  # each worker holds Triton and its compiler (~150 MB)
+START_ATTEMPTS = 2  # a worker that exits before it is ready this often is not started again
 
 
 class CompileWorkerError(RuntimeError):
@@ -49,6 +52,7 @@ def worker_count() -> int:
 
 def _worker_environment() -> dict[str, str]:
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the Triton this one uses
     env.pop("TRITON_INTERPRET", None)  # workers compile; the interpreter compiles nothing
     env["CUDA_VISIBLE_DEVICES"] = ""  # and never open a CUDA context
     return env
@@ -60,6 +64,7 @@ class _Worker:
     def __init__(self, jobs: queue.Queue) -> None:
         self.jobs = jobs
         self.process: subprocess.Popen | None = None
+        self.failed_starts = 0
         self.thread = threading.Thread(target=self._serve, name="kiln-triton-compile", daemon=True)
         self._start_process()
         self.thread.start()
@@ -87,12 +92,18 @@ class _Worker:
 
     def _exchange(self, job: dict) -> dict:
         """Send ``job`` to the process (started again if it exited), wait for its reply."""
+        if self.failed_starts >= START_ATTEMPTS:
+            raise CompileWorkerError("the compile worker exits as it starts (see its stderr)")
         if self.process is None or self.process.poll() is not None:
             self._start_process()
         process = self.process
         try:
             if not self.ready:
-                pickle.load(process.stdout)  # type: ignore[arg-type]
+                try:
+                    pickle.load(process.stdout)  # type: ignore[arg-type]
+                except EOFError:
+                    self.failed_starts += 1
+                    raise
                 self.ready = True
             pickle.dump(job, process.stdin)  # type: ignore[arg-type]
             process.stdin.flush()  # type: ignore[union-attr]
@@ -132,6 +143,12 @@ class CompileWorkers:
     def __repr__(self) -> str:
         return f"CompileWorkers({len(self)})"
 
+    @property
+    def broken(self) -> bool:
+        """Whether no worker can start (this process then compiles in threads)."""
+        # all() of no workers is True: a pool that could start none is broken too
+        return all(w.failed_starts >= START_ATTEMPTS for w in self._workers)
+
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w.process is not None]
 
@@ -170,16 +187,21 @@ _POOL_LOCK = threading.Lock()
 
 def compile_workers() -> CompileWorkers | None:
     """The process's compile workers, started on the first call (None where
-    ``$KILN_TRITON_COMPILE_WORKERS`` is 0)."""
+    ``$KILN_TRITON_COMPILE_WORKERS`` is 0, or where workers cannot start: this process
+    then compiles in threads)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL.pid != os.getpid():
             count = worker_count()
             if count == 0:
                 return None
-            _POOL = CompileWorkers(count)
+            try:
+                _POOL = CompileWorkers(count)
+            except OSError as exc:  # no interpreter to start (an embedded Python)
+                log.warning("compile workers not started (%s); compiling in threads", exc)
+                _POOL = CompileWorkers(0)  # broken: none to start
             atexit.register(_POOL.shutdown)
-        return _POOL
+        return None if _POOL.broken else _POOL
 
 
 def start_compile_workers() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -56,7 +57,7 @@ def compile_job(job: dict, modules: dict) -> dict:
         source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
         kernel = triton.compile(source, target=GPUTarget(*job["target"]), options=job["options"])
         reply = {"hash": kernel.hash, "error": None}
-    except BaseException as exc:  # noqa: BLE001 - the parent reports it and compiles itself
+    except Exception as exc:  # noqa: BLE001 - the parent reports it and compiles itself
         last = traceback.extract_tb(exc.__traceback__)[-1:]
         where = f" ({last[0].filename}:{last[0].lineno})" if last else ""
         reply = {"hash": None, "error": f"{type(exc).__name__}: {exc}{where}"}
@@ -65,6 +66,7 @@ def compile_job(job: dict, modules: dict) -> dict:
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; stdin's EOF ends it
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints of the compiler (and of kernels' modules) go to stderr
     os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, never the interpreter's
