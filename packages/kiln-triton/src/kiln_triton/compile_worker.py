@@ -18,11 +18,22 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import time
 import traceback
 import types
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+WARM_UP_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def warm_up(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+"""
 
 
 def _register_package() -> None:
@@ -65,6 +76,24 @@ def compile_job(job: dict, modules: dict) -> dict:
     return reply
 
 
+def warm_up() -> None:
+    """Compile a tiny kernel into a throw-away cache, so that Triton's one-time costs (its
+    backend, LLVM, ptxas's version: ~0.4 s) are paid before the first job, not in it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    with tempfile.TemporaryDirectory(prefix="kiln-triton-warm-up-") as folder:
+        path = os.path.join(folder, "warm_up.py")
+        with open(path, "w") as f:
+            f.write(WARM_UP_KERNEL)
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "cache")
+        fn = _load_module(path, "kiln_triton_warm_up", {}).warm_up
+        signature = {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+        source = ASTSource(fn, signature, {"BLOCK": 16})
+        triton.compile(source, target=GPUTarget("cuda", 80, 32))  # any target warms it
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; stdin's EOF ends it
     replies = os.fdopen(os.dup(1), "wb")
@@ -75,6 +104,10 @@ def main() -> None:
 
     import kiln_triton.device  # noqa: F401
 
+    try:
+        warm_up()
+    except Exception as exc:  # noqa: BLE001 - the jobs pay for it instead
+        print(f"kiln-triton compile worker: warming up failed: {exc}", file=sys.stderr)
     pickle.dump({"ready": os.getpid()}, replies)
     replies.flush()
     requests = sys.stdin.buffer
