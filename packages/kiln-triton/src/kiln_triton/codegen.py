@@ -61,7 +61,8 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
     jobs = planned_jobs(kernels)
     if not jobs:
         return 0
-    workers = compile_workers() if DIRECT_LAUNCH else None  # launched directly, or not used
+    # the workers' binaries launch through the direct path only (KILN_TRITON_DIRECT_LAUNCH)
+    workers = compile_workers() if DIRECT_LAUNCH else None
     if workers is None:
         compiled, failures = _compile_in_threads(jobs)
     else:

@@ -46,7 +46,8 @@ class Launch:
     numels: tuple[int, ...]
     kwargs: dict
     config: Config
-    # after the first launch: the compiled kernel's own launcher and the arguments after the
+    # from the start where a compile worker compiled it (codegen.precompile), else after
+    # the first launch: the compiled kernel's own launcher and the arguments after the
     # sizes, which skips Triton's per-call specialization (valid while pointers stay
     # 16-byte aligned, as they were when it was compiled)
     runner: object = None
