@@ -70,7 +70,7 @@ class _Worker:
         self.thread.start()
 
     def _start_process(self) -> None:
-        self.ready = False  # until the process says it imported Triton
+        self.ready = False  # until the process says it imported Triton and warmed up
         self.process = subprocess.Popen(
             [sys.executable, "-P", compile_worker.__file__],
             stdin=subprocess.PIPE,
@@ -97,6 +97,7 @@ class _Worker:
         if self.process is None or self.process.poll() is not None:
             self._start_process()
         process = self.process
+        request = pickle.dumps(job)  # whole, so that a job that does not pickle sends nothing
         try:
             if not self.ready:
                 try:
@@ -105,7 +106,7 @@ class _Worker:
                     self.failed_starts += 1
                     raise
                 self.ready = True
-            pickle.dump(job, process.stdin)  # type: ignore[arg-type]
+            process.stdin.write(request)  # type: ignore[union-attr]
             process.stdin.flush()  # type: ignore[union-attr]
             reply = pickle.load(process.stdout)  # type: ignore[arg-type]
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
