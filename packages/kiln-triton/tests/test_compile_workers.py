@@ -124,6 +124,15 @@ def test_a_kernel_that_fails_to_compile_reports_why_and_compiles_at_its_launch(
     assert precompiled.binary(kernel.source_hash, config, (64,)) is None  # Triton's launcher
 
 
+def test_a_kernel_kiln_cannot_specialize_is_left_to_its_launch(workers, tmp_path, monkeypatch):
+    kernel = compiled_kernel(_scale, [torch.randn(8, 8)], tmp_path, monkeypatch)
+    kernel.meta = {**kernel.meta, "dtypes": ["complex64", "complex64"]}
+    numels = kernel.numels(())
+    config = candidates(kernel.meta, numels)[0]
+    compiled, failures = codegen.compile_in_workers([(kernel, config, numels)], workers, SM90)
+    assert compiled == 0 and "no Triton pointer type for complex64" in failures[0]
+
+
 def test_a_worker_that_dies_fails_its_job_and_starts_again(workers, tmp_path):
     dies = tmp_path / "dies.py"
     dies.write_text("import os\nos._exit(3)\n")

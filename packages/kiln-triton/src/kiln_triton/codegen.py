@@ -109,20 +109,28 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
     """Compile ``jobs`` in the worker processes for ``target``, then load each binary here
     (Triton's cache has it) as the worker finishes it. Returns how many were compiled and
     the failures (kernel, config: error)."""
-    futures = {}
+    futures, failures = {}, []
+
+    def failed(kernel, config, exc: Exception) -> None:  # reported when the kernel launches
+        failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
+        log.debug("precompiling %s", failures[-1])
+
     for kernel, config, numels in jobs:
-        job = kernel.compile_job(config, numels, target)
+        try:
+            job = kernel.compile_job(config, numels, target)
+        except Exception as exc:  # noqa: BLE001 - a type Kiln's specialization lacks
+            failed(kernel, config, exc)
+            continue
         futures[workers.submit(job)] = (kernel, config, numels, job)
-    compiled, failures = 0, []
+    compiled = 0
     for future in as_completed(futures):
         kernel, config, numels, job = futures[future]
         try:
             future.result()
             kernel.adopt(config, numels, job)
             compiled += 1
-        except Exception as exc:  # noqa: BLE001 - reported when the kernel launches
-            failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
-            log.debug("precompiling %s", failures[-1])
+        except Exception as exc:  # noqa: BLE001
+            failed(kernel, config, exc)
     return compiled, failures
 
 

@@ -88,6 +88,8 @@ def compile_job(
         if name in constants:
             signature[name] = "constexpr"
         elif i < len(dtypes):
+            if dtypes[i] not in ELEMENT_TYPES:
+                raise ValueError(f"{name}: no Triton pointer type for {dtypes[i]}")
             signature[name] = "*" + ELEMENT_TYPES[dtypes[i]]
             attrs[(i,)] = DIVISIBLE_BY_16
         else:
