@@ -125,16 +125,22 @@ def front_end_share(jobs: list[tuple]) -> tuple[float, float, float]:
     return spent[0], own, children
 
 
-def in_workers(jobs: list[tuple], workers: int) -> tuple[float, int]:
+def in_workers(jobs: list[tuple], workers: int) -> tuple[float, int, float]:
+    """Seconds, binaries, and the CPU seconds the workers (and their ptxas) spent: on idle
+    cores the wall time nears that over the number of workers."""
     from kiln_triton.codegen import compile_in_workers
     from kiln_triton.compile_pool import CompileWorkers
 
+    before = os.times()
     started = time.perf_counter()
     pool = CompileWorkers(workers)
     ok, _ = compile_in_workers(jobs, pool, SM90)
     seconds = time.perf_counter() - started
-    pool.shutdown()
-    return seconds, ok
+    pool.shutdown()  # waits for the workers: their CPU time is counted from here
+    after = os.times()
+    cpu = after.children_user + after.children_system
+    cpu -= before.children_user + before.children_system
+    return seconds, ok, cpu
 
 
 def main() -> None:
@@ -166,8 +172,9 @@ def main() -> None:
     seconds, ok = in_process(jobs, args.workers)
     print(f"threads   {seconds:7.2f} s  ({ok} compiled, {args.workers} threads)")
     fresh_triton_cache("workers")
-    seconds, ok = in_workers(jobs, args.workers)
+    seconds, ok, cpu = in_workers(jobs, args.workers)
     print(f"workers   {seconds:7.2f} s  ({ok} compiled, {args.workers} processes, with start-up)")
+    print(f"          CPU in the workers and their ptxas: {cpu:.2f} s (start-up included)")
     load, _ = in_process(jobs, 1)  # the workers' cache: what this process does per binary
     print(f"          loading the {ok} binaries back (cache hits): {load:.2f} s of it")
 
