@@ -108,6 +108,42 @@ def test_a_graph_s_launch_configurations_compile_in_workers(
     assert codegen.planned_jobs([kernel]) == []  # compiled already: nothing left to do
 
 
+def test_kernels_calling_kiln_s_device_functions_are_found_in_the_cache_too(tmp_path):
+    """A softmax calls ``kt.max_combine`` (device.py, which the worker imports without the
+    package's ``__init__``): its cache key must still be the parent's. Run in a process
+    of its own, where device.py is compiled rather than interpreted."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from triton.compiler import ASTSource
+        from kiln_loopir.testing import compile_fn
+        from kiln_triton import TritonCodegen, codegen
+        from kiln_triton.compile_pool import CompileWorkers
+        from kiln_triton.configs import candidates
+        from kiln_triton.launcher import TritonKernel
+
+        graph = compile_fn(lambda x: x.softmax(-1), [torch.randn(8, 40)], codegen="reference")
+        source = TritonCodegen(parallel_compile=False).render(graph.schedule.kernels()[0])
+        assert "kt.max_combine" in source
+        kernel = TritonKernel(*codegen.load_module(source), "softmax")
+        numels = kernel.numels(())
+        jobs = [(kernel, c, numels) for c in candidates(kernel.meta, numels)[:1]]
+        made = []
+        make_ir = ASTSource.make_ir
+        ASTSource.make_ir = lambda self, *a, **k: made.append(self.name) or make_ir(self, *a, **k)
+        pool = CompileWorkers(1)
+        print(codegen.compile_in_workers(jobs, pool, ("cuda", 90, 32)), made)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "KILN_TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(1,", "[])", "[]"], done.stdout  # compiled, none here
+
+
 def test_a_kernel_that_fails_to_compile_reports_why_and_compiles_at_its_launch(
     workers, triton_cache, tmp_path, monkeypatch
 ):
