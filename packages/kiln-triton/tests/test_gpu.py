@@ -236,3 +236,27 @@ def test_a_graph_compiles_its_launch_configurations_before_the_first_launch():
     x, w = torch.randn(1024, 1024, device="cuda"), torch.randn(1024, 1024, device="cuda")
     check_against_eager(fn, [x, w], codegen=codegen)
     assert codegen.precompiled > 1, "no configuration was compiled ahead of the first launch"
+
+
+@pytest.mark.parametrize("host_program", ["python", "native"])
+def test_kernels_compiled_in_worker_processes_launch_and_match_eager(host_program):
+    """A graph's kernels are compiled in the compile workers when it compiles; their first
+    launches run those binaries (loaded from Triton's cache), with eager's results."""
+    from kiln_triton import precompiled
+    from kiln_triton.compile_pool import compile_workers
+
+    if compile_workers() is None:
+        pytest.skip("KILN_TRITON_COMPILE_WORKERS=0: compiled in threads")
+
+    def fn(x, y):
+        h = torch.relu(x * 3 + y) - 0.5
+        return h.softmax(-1), (h * x).sum(0), torch.nn.functional.layer_norm(h, (96,))
+
+    codegen = TritonCodegen()
+    x, y = torch.randn(200, 96, device="cuda"), torch.randn(200, 96, device="cuda")
+    compiled = check_against_eager(fn, [x, y], codegen=codegen, host_program=host_program)
+    assert codegen.precompiled > 0, "nothing was compiled in the workers"
+    for k in compiled.kernels:
+        launch = k.fn._launches[()]
+        expected = precompiled.binary(k.fn.source_hash, launch.config, launch.numels)
+        assert expected is not None and launch.compiled is expected, k.name

@@ -14,6 +14,7 @@ def test_public_api_is_pinned():
         "TritonError",
         "__version__",
         "kernel_counts",
+        "start_compile_workers",
         "triton_codegen",
     ]
 

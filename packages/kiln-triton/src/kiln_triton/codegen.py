@@ -6,16 +6,14 @@ import importlib.util
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-
-import torch
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from kiln_cpp import cache_dirs
 from kiln_loopir.kernel import Kernel
-from kiln_triton import autotune
+from kiln_triton import autotune, precompiled
+from kiln_triton.compile_pool import compile_workers, compiles_for_gpu, start_compile_workers
 from kiln_triton.configs import candidates
-from kiln_triton.device import INTERPRET
-from kiln_triton.launcher import TritonKernel
+from kiln_triton.launcher import DIRECT_LAUNCH, TritonKernel
 from kiln_triton.render import kernel_label, render_kernel, source_hash
 
 log = logging.getLogger("kiln.triton")
@@ -53,11 +51,35 @@ def load_module(source: str):
 
 
 def precompile(kernels: Sequence[TritonKernel]) -> int:
-    """Compile the launch configurations of kernels with static sizes in parallel threads
-    (Triton compiles on first launch otherwise, one kernel after the other). Returns how
-    many were compiled; a failure here is left for the launch to report."""
-    if INTERPRET or not torch.cuda.is_available():
+    """Compile the launch configurations of kernels with static sizes ahead of their first
+    launch (Triton compiles on first launch otherwise, one kernel after the other): in the
+    compile worker processes (:mod:`kiln_triton.compile_pool`), or in threads where there
+    are none. Returns how many were compiled; a failure here is left for the launch to
+    report."""
+    if not compiles_for_gpu():
         return 0
+    jobs = planned_jobs(kernels)
+    if not jobs:
+        return 0
+    # the workers' binaries launch through the direct path only (KILN_TRITON_DIRECT_LAUNCH)
+    workers = compile_workers() if DIRECT_LAUNCH else None
+    if workers is None:
+        compiled, failures = _compile_in_threads(jobs)
+    else:
+        compiled, failures = compile_in_workers(jobs, workers, precompiled.current_target())
+    if failures and not compiled:  # not a config too big to compile: every one failed
+        log.warning(
+            "compiling %d launch configurations ahead of their first launch failed; they "
+            "compile one by one when they launch (first failure: %s)",
+            len(failures),
+            failures[0],
+        )
+    return compiled
+
+
+def planned_jobs(kernels: Sequence[TritonKernel]) -> list[tuple]:
+    """``(kernel, config, numels)`` for each launch configuration the first launches of
+    kernels with static sizes will need, once each, leaving out those compiled already."""
     jobs: dict[tuple, tuple] = {}
     for k in kernels:
         if k.meta["sizes"]:
@@ -77,10 +99,44 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
         for c in configs:
             if c.variant.endswith("_split"):
                 continue  # two functions and a workspace: compiled at the first launch
+            if precompiled.binary(k.source_hash, c, tuple(numels.values())) is not None:
+                continue
             jobs.setdefault((k.source_hash, c, tuple(numels.values())), (k, c, numels))
-    if not jobs:
-        return 0
+    return list(jobs.values())
 
+
+def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, list[str]]:
+    """Compile ``jobs`` in the worker processes for ``target``, then load each binary here
+    (Triton's cache has it) as the worker finishes it. Returns how many were compiled and
+    the failures (kernel, config: error)."""
+    futures, failures = {}, []
+
+    def failed(kernel, config, exc: Exception) -> None:  # reported when the kernel launches
+        failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
+        log.debug("precompiling %s", failures[-1])
+
+    for kernel, config, numels in jobs:
+        try:
+            job = kernel.compile_job(config, numels, target)
+        except Exception as exc:  # noqa: BLE001 - a type Kiln's specialization lacks
+            failed(kernel, config, exc)
+            continue
+        futures[workers.submit(job)] = (kernel, config, numels, job)
+    compiled = 0
+    for future in as_completed(futures):
+        kernel, config, numels, job = futures[future]
+        try:
+            future.result()
+            kernel.adopt(config, numels, job)
+            compiled += 1
+        except Exception as exc:  # noqa: BLE001
+            failed(kernel, config, exc)
+    return compiled, failures
+
+
+def _compile_in_threads(jobs: list[tuple]) -> tuple[int, list[str]]:
+    """Compile ``jobs`` through ``JITFunction.warmup`` in Triton's asynchronous compile
+    mode, with ``$KILN_TRITON_COMPILE_THREADS`` threads (default: the CPU count)."""
     failures: list[str] = []
 
     def build(job) -> bool:
@@ -93,27 +149,19 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
             log.debug("precompiling %s", failures[-1])
             return False
 
-    workers = int(os.environ.get("KILN_TRITON_COMPILE_THREADS", os.cpu_count() or 4))
-    if workers <= 1:
-        compiled = sum(build(job) for job in jobs.values())
-    else:
-        # Triton's asynchronous compile mode: each warmup hands its compilation to the
-        # pool, leaving the mode waits for all of them
-        from triton.runtime._async_compile import AsyncCompileMode
+    threads = int(os.environ.get("KILN_TRITON_COMPILE_THREADS", os.cpu_count() or 4))
+    if threads <= 1:
+        return sum(build(job) for job in jobs), failures
+    # Triton's asynchronous compile mode: each warmup hands its compilation to the pool,
+    # leaving the mode waits for all of them
+    from triton.runtime._async_compile import AsyncCompileMode
 
-        with (
-            ThreadPoolExecutor(max_workers=workers) as pool,
-            AsyncCompileMode(pool, ignore_errors=True),
-        ):
-            compiled = sum(build(job) for job in jobs.values())
-    if failures and not compiled:  # not a config too big to compile: every one failed
-        log.warning(
-            "compiling %d launch configurations ahead of their first launch failed; they "
-            "compile one by one when they launch (first failure: %s)",
-            len(failures),
-            failures[0],
-        )
-    return compiled
+    with (
+        ThreadPoolExecutor(max_workers=threads) as pool,
+        AsyncCompileMode(pool, ignore_errors=True),
+    ):
+        compiled = sum(build(job) for job in jobs)
+    return compiled, failures
 
 
 class TritonCodegen:
@@ -134,9 +182,13 @@ class TritonCodegen:
         self.precompiled = 0
 
     def render(self, kernel: Kernel) -> str:
+        if self.parallel_compile:  # the workers start while the graph's kernels render
+            start_compile_workers()
         return render_kernel(kernel)
 
     def compile(self, sources: Sequence[str]) -> list[Callable]:
+        if self.parallel_compile:
+            start_compile_workers()
         kernels = []
         for source in sources:
             module, digest = load_module(source)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kiln_loopir import size_math
-from kiln_triton import autotune
+from kiln_triton import autotune, precompiled
 from kiln_triton.configs import Config, candidates, next_pow2
 from kiln_triton.device import INTERPRET
 
@@ -46,7 +46,8 @@ class Launch:
     numels: tuple[int, ...]
     kwargs: dict
     config: Config
-    # after the first launch: the compiled kernel's own launcher and the arguments after the
+    # from the start where a compile worker compiled it (codegen.precompile), else after
+    # the first launch: the compiled kernel's own launcher and the arguments after the
     # sizes, which skips Triton's per-call specialization (valid while pointers stay
     # 16-byte aligned, as they were when it was compiled)
     runner: object = None
@@ -127,12 +128,18 @@ class TritonKernel:
             self._launches[sizes] = launch
         if launch is None:  # nothing to compute
             return
-        if launch.runner is not None and self._aligned(args):
-            launch.runner(*args, *launch.tail)
+        if self._run(launch, args):
             return
-        launch.call(args)
         if launch.runner is None and launch.split is None and DIRECT_LAUNCH and not INTERPRET:
             self._direct(launch, args)
+
+    def _run(self, launch: Launch, args: tuple) -> bool:
+        """Launch directly where it can (returns True), else through Triton's launcher."""
+        if launch.runner is not None and self._aligned(args):
+            launch.runner(*args, *launch.tail)
+            return True
+        launch.call(args)
+        return False
 
     def _aligned(self, args: tuple) -> bool:
         """Whether every tensor argument is 16-byte aligned, as the direct path assumes."""
@@ -147,7 +154,11 @@ class TritonKernel:
         )
         if hasattr(kernel, "result"):
             kernel = kernel.result()
-        names = launch.fn.arg_names[len(args) + len(launch.numels) :]
+        self._launch_compiled(launch, kernel)
+
+    def _launch_compiled(self, launch: Launch, kernel) -> None:
+        """Launch ``kernel`` (compiled for aligned pointers) directly from now on."""
+        names = launch.fn.arg_names[self._nargs + self._nsizes + len(launch.numels) :]
         launch.tail = (*launch.numels, *(launch.kwargs[n] for n in names))
         launch.runner = direct_runner(kernel, (*launch.grid, 1, 1)[:3])
         launch.compiled = kernel
@@ -201,6 +212,10 @@ class TritonKernel:
         launch = Launch(fn, grid, tuple(numels.values()), kwargs, config)
         if nsplit:
             launch.split = self._split(launch, blocks, numels, nsplit, index64)
+        elif not index64 and DIRECT_LAUNCH and not INTERPRET:
+            kernel = precompiled.binary(self.source_hash, config, launch.numels)
+            if kernel is not None:  # compiled when the graph compiled (codegen.precompile)
+                self._launch_compiled(launch, kernel)
         return launch
 
     def _split(self, launch: Launch, blocks: dict, numels: dict, nsplit: int, index64: bool):
@@ -228,6 +243,25 @@ class TritonKernel:
         dtypes = [getattr(torch, d) for d in self.meta["dtypes"]]
         launch.fn.warmup(*dtypes, *launch.numels, grid=launch.grid, **launch.kwargs)
 
+    def compile_job(self, config: Config, numels: dict[str, int], target: tuple) -> dict:
+        """What a compile worker needs to compile ``config`` for these (static) sizes with
+        Kiln's specialization (see :mod:`kiln_triton.precompiled`)."""
+        fn = getattr(self.module, config.variant)
+        blocks = {k: v for k, v in config.blocks if k != "NSPLIT"}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        return precompiled.compile_job(
+            fn, self.module.__file__, self.meta["dtypes"], tuple(numels.values()),
+            {**blocks, "INDEX64": False}, options, target,
+        )  # fmt: skip
+
+    def adopt(self, config: Config, numels: dict[str, int], job: dict):
+        """Load the binary a worker compiled for ``job`` (Triton's cache has it) and launch
+        it at these sizes from now on."""
+        fn = getattr(self.module, config.variant)
+        kernel = precompiled.load(fn, job)
+        precompiled.keep(self.source_hash, config, tuple(numels.values()), kernel)
+        return kernel
+
     def tuned_winner(
         self, numels: dict[str, int], sizes: tuple = (), device: str | None = None
     ) -> Config | None:
@@ -253,7 +287,7 @@ class TritonKernel:
 
         def launch_with(config: Config):
             launch = self._launch(config, numels, index64)
-            return lambda: launch.call((*scratch, *sizes))
+            return lambda: self._run(launch, (*scratch, *sizes))
 
         best, timings = autotune.pick(configs, launch_with)
         self.configs_timed += len(timings)

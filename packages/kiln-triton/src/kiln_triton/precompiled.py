@@ -1,0 +1,120 @@
+"""Kernels compiled before their first launch, with Kiln's own specialization.
+
+Triton's launcher derives a kernel's specialization from each call's arguments (pointer
+alignment, integers equal to 1 or divisible by 16) and compiles per specialization. For a
+kernel with static sizes Kiln knows all of that when the graph compiles, so it states the
+specialization itself and calls ``triton.compile`` directly:
+
+- tensors are pointers of their dtype, assumed 16-byte aligned (the launcher takes this
+  binary only for aligned calls, see ``TritonKernel._aligned``; others go through Triton's
+  launcher, which compiles its own);
+- each numel is a runtime ``i32`` (``i64`` past 32 bits), marked divisible by 16 where it
+  is (it is a number fixed for the launch);
+- block sizes and ``INDEX64`` are the constants, ``num_warps``/``num_stages`` the options.
+
+A job (:func:`compile_job`) is plain data, compiled in a worker process
+(:mod:`kiln_triton.compile_pool`) into Triton's on-disk cache; :func:`load` makes the same
+``triton.compile`` call in this process, which finds the worker's binary there. The result
+is kept per (source, configuration, numels) for every kernel of that source
+(:func:`binary`), and launched through the compiled kernel's own launcher.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kiln_triton.configs import Config
+
+DIVISIBLE_BY_16 = [["tt.divisibility", 16]]
+# torch dtype names as Triton's pointer element types (bool is u1, as Triton's launcher says)
+ELEMENT_TYPES = {
+    "float64": "fp64",
+    "float32": "fp32",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint8": "u8",
+    "bool": "u1",
+}
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# (kernel source hash, configuration, numels) -> the CompiledKernel made for it
+_BINARIES: dict[tuple[str, Config, tuple[int, ...]], object] = {}
+
+
+def binary(source_hash: str, config: Config, numels: tuple[int, ...]):
+    """The kernel compiled ahead for this launch (32-bit indices), or None."""
+    return _BINARIES.get((source_hash, config, numels))
+
+
+def keep(source_hash: str, config: Config, numels: tuple[int, ...], compiled) -> None:
+    _BINARIES[(source_hash, config, numels)] = compiled
+
+
+@functools.cache
+def current_target() -> tuple[str, int, int]:
+    """The current device's ``GPUTarget`` as plain data (read once: it starts CUDA)."""
+    from triton.runtime import driver
+
+    target = driver.active.get_current_target()
+    return (target.backend, target.arch, target.warp_size)
+
+
+def triton_cache_dir() -> str:
+    """Triton's on-disk cache as this process sees it (the workers compile into it)."""
+    from triton import knobs
+
+    return str(knobs.cache.dir)
+
+
+def compile_job(
+    fn,
+    path: str,
+    dtypes: list[str],
+    numels: tuple[int, ...],
+    constants: dict,
+    options: dict,
+    target: tuple[str, int, int],
+) -> dict:
+    """``triton.compile``'s arguments for ``fn`` (a ``@triton.jit`` function of the
+    module at ``path``) called with tensors of ``dtypes``, then ``numels``, then
+    ``constants``: plain data for a worker."""
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int], list] = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif i < len(dtypes):
+            if dtypes[i] not in ELEMENT_TYPES:
+                raise ValueError(f"{name}: no Triton pointer type for {dtypes[i]}")
+            signature[name] = "*" + ELEMENT_TYPES[dtypes[i]]
+            attrs[(i,)] = DIVISIBLE_BY_16
+        else:
+            n = numels[i - len(dtypes)]
+            signature[name] = "i32" if INT32_MIN <= n <= INT32_MAX else "i64"
+            attrs[(i,)] = DIVISIBLE_BY_16 if n % 16 == 0 else []
+    return {
+        "path": path,
+        "module": fn.fn.__module__,
+        "function": fn.__name__,
+        "signature": signature,
+        "constexprs": {name: constants[name] for name in fn.arg_names if name in constants},
+        "attrs": attrs,
+        "options": options,
+        "target": target,
+        "cache_dir": triton_cache_dir(),
+    }
+
+
+def load(fn, job: dict):
+    """The ``CompiledKernel`` of ``job``: the worker's binary, found in Triton's cache by
+    the same ``triton.compile`` call (or compiled here, were it not there)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
+    return triton.compile(source, target=GPUTarget(*job["target"]), options=job["options"])

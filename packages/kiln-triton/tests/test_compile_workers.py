@@ -1,0 +1,236 @@
+"""Compile worker processes (compile_pool.py): a kernel compiled for a GPU target in a
+worker is the binary this process loads, without compiling it again. No GPU needed: the
+workers compile for sm_90 (ptxas ships with Triton); launching is test_gpu.py's."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from kiln_loopir.testing import compile_fn
+from kiln_triton import TritonCodegen, codegen, precompiled
+from kiln_triton.compile_pool import CompileWorkerError, CompileWorkers, compile_workers
+from kiln_triton.configs import candidates
+from kiln_triton.launcher import TritonKernel
+from kiln_triton.render import source_hash
+
+SM90 = ("cuda", 90, 32)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    pool = CompileWorkers(1)
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture
+def triton_cache(tmp_path, monkeypatch):
+    """A fresh Triton cache for this process and (through the jobs) the workers."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    return tmp_path / "triton"
+
+
+def compiled_kernel(fn, inputs, folder, monkeypatch, edit=lambda s: s) -> TritonKernel:
+    """``fn``'s one kernel rendered, written to ``folder`` and imported as compiled
+    ``@triton.jit`` functions (not the interpreter's, which the tests run on)."""
+    compiled = compile_fn(fn, inputs, codegen="reference")
+    (kernel,) = compiled.schedule.kernels()
+    source = edit(TritonCodegen(parallel_compile=False).render(kernel))
+    digest = source_hash(source)
+    path = folder / f"k{digest}.py"
+    path.write_text(source)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read by @triton.jit as the module loads
+    spec = importlib.util.spec_from_file_location(f"kiln_triton_kernel_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return TritonKernel(module, digest, kernel.name)
+
+
+def _scale(x):
+    return x * 2 + 1
+
+
+def count_compiles(monkeypatch) -> list[str]:
+    """The kernels this process compiles from now on (each compile makes IR once)."""
+    from triton.compiler import ASTSource
+
+    made: list[str] = []
+    make_ir = ASTSource.make_ir
+
+    def counted(self, *args, **kwargs):
+        made.append(self.name)
+        return make_ir(self, *args, **kwargs)
+
+    monkeypatch.setattr(ASTSource, "make_ir", counted)
+    return made
+
+
+def test_a_worker_compiles_for_a_gpu_target_and_this_process_loads_that_binary(
+    workers, triton_cache, tmp_path, monkeypatch
+):
+    kernel = compiled_kernel(_scale, [torch.randn(64, 48)], tmp_path, monkeypatch)
+    numels = kernel.numels(())
+    config = candidates(kernel.meta, numels)[0]
+    job = kernel.compile_job(config, numels, SM90)
+    assert job["signature"]["xnumel"] == "i32" and job["attrs"][(2,)] == [["tt.divisibility", 16]]
+
+    reply = workers.submit(job).result(timeout=300)
+    assert reply["pid"] != os.getpid() and reply["pid"] in workers.pids()
+    made = count_compiles(monkeypatch)
+    binary = kernel.adopt(config, numels, job)
+    assert made == [], "this process compiled the kernel again"
+    assert binary.hash == reply["hash"]  # the worker's compile, found in Triton's cache
+    entries = [p.read_text() for p in triton_cache.glob("*/*.json")]
+    assert any(reply["hash"] in e for e in entries)  # made in the cache this test set up
+    assert "cubin" in binary.asm and "sm_90" in binary.asm["ptx"]
+    assert precompiled.binary(kernel.source_hash, config, tuple(numels.values())) is binary
+
+
+def test_a_graph_s_launch_configurations_compile_in_workers(
+    workers, triton_cache, tmp_path, monkeypatch
+):
+    kernel = compiled_kernel(_scale, [torch.randn(3, 1000)], tmp_path, monkeypatch)
+    jobs = [(kernel, c, kernel.numels(())) for c in candidates(kernel.meta, kernel.numels(()))]
+    made = count_compiles(monkeypatch)
+    compiled, failures = codegen.compile_in_workers(jobs, workers, SM90)
+    assert (compiled, failures, made) == (len(jobs), [], [])
+    for _, config, numels in jobs:  # 3000 elements: not a multiple of 16
+        job = kernel.compile_job(config, numels, SM90)
+        assert job["attrs"][(2,)] == []
+        assert precompiled.binary(kernel.source_hash, config, (3000,)) is not None
+    assert codegen.planned_jobs([kernel]) == []  # compiled already: nothing left to do
+
+
+def test_kernels_calling_kiln_s_device_functions_are_found_in_the_cache_too(tmp_path):
+    """A softmax calls ``kt.max_combine`` (device.py, which the worker imports without the
+    package's ``__init__``): its cache key must still be the parent's. Run in a process
+    of its own, where device.py is compiled rather than interpreted."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from triton.compiler import ASTSource
+        from kiln_loopir.testing import compile_fn
+        from kiln_triton import TritonCodegen, codegen
+        from kiln_triton.compile_pool import CompileWorkers
+        from kiln_triton.configs import candidates
+        from kiln_triton.launcher import TritonKernel
+
+        graph = compile_fn(lambda x: x.softmax(-1), [torch.randn(8, 40)], codegen="reference")
+        source = TritonCodegen(parallel_compile=False).render(graph.schedule.kernels()[0])
+        assert "kt.max_combine" in source
+        kernel = TritonKernel(*codegen.load_module(source), "softmax")
+        numels = kernel.numels(())
+        jobs = [(kernel, c, numels) for c in candidates(kernel.meta, numels)[:1]]
+        made = []
+        make_ir = ASTSource.make_ir
+        ASTSource.make_ir = lambda self, *a, **k: made.append(self.name) or make_ir(self, *a, **k)
+        pool = CompileWorkers(1)
+        print(codegen.compile_in_workers(jobs, pool, ("cuda", 90, 32)), made)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "KILN_TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(1,", "[])", "[]"], done.stdout  # compiled, none here
+
+
+def test_a_kernel_that_fails_to_compile_reports_why_and_compiles_at_its_launch(
+    workers, triton_cache, tmp_path, monkeypatch
+):
+    def broken(source: str) -> str:  # a block that is not a power of 2 does not compile
+        return source.replace("tl.arange(0, XBLOCK)", "tl.arange(0, 3)")
+
+    kernel = compiled_kernel(_scale, [torch.randn(8, 8)], tmp_path, monkeypatch, broken)
+    numels = kernel.numels(())
+    config = candidates(kernel.meta, numels)[0]
+    compiled, failures = codegen.compile_in_workers([(kernel, config, numels)], workers, SM90)
+    assert compiled == 0
+    (failure,) = failures
+    assert "CompileWorkerError" in failure and "power of 2" in failure, failure
+    assert precompiled.binary(kernel.source_hash, config, (64,)) is None  # Triton's launcher
+
+
+def test_a_kernel_kiln_cannot_specialize_is_left_to_its_launch(workers, tmp_path, monkeypatch):
+    kernel = compiled_kernel(_scale, [torch.randn(8, 8)], tmp_path, monkeypatch)
+    kernel.meta = {**kernel.meta, "dtypes": ["complex64", "complex64"]}
+    numels = kernel.numels(())
+    config = candidates(kernel.meta, numels)[0]
+    compiled, failures = codegen.compile_in_workers([(kernel, config, numels)], workers, SM90)
+    assert compiled == 0 and "no Triton pointer type for complex64" in failures[0]
+
+
+def test_a_worker_that_dies_fails_its_job_and_starts_again(workers, tmp_path):
+    dies = tmp_path / "dies.py"
+    dies.write_text("import os\nos._exit(3)\n")
+    job = {"path": str(dies), "module": "dies", "function": "f", "cache_dir": str(tmp_path)}
+    with pytest.raises(CompileWorkerError, match=r"exited \(3\)"):
+        workers.submit(job).result(timeout=60)
+    missing = {**job, "path": str(tmp_path / "missing.py")}
+    with pytest.raises(CompileWorkerError, match="missing.py"):  # a new worker answers
+        workers.submit(missing).result(timeout=60)
+
+
+def test_workers_that_cannot_start_leave_the_compiles_to_this_process(tmp_path, monkeypatch):
+    import types
+
+    from kiln_triton import compile_pool
+
+    script = tmp_path / "exits.py"
+    script.write_text("raise SystemExit(5)\n")
+    monkeypatch.setattr(compile_pool, "compile_worker", types.SimpleNamespace(__file__=script))
+    pool = CompileWorkers(1)
+    for _ in range(compile_pool.START_ATTEMPTS):
+        with pytest.raises(CompileWorkerError, match=r"exited \(5\)"):
+            pool.submit({}).result(timeout=60)
+    assert pool.broken  # compile_workers() is None for it: threads compile
+    with pytest.raises(CompileWorkerError, match="exits as it starts"):
+        pool.submit({}).result(timeout=60)
+    pool.shutdown()
+
+
+def test_shutdown_stops_the_workers_and_fails_what_is_queued(tmp_path):
+    pool = CompileWorkers(2)
+    processes = [w.process for w in pool._workers]
+    pool.shutdown()
+    assert all(p.poll() is not None for p in processes)
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit({})
+
+
+def test_the_workers_stop_when_the_process_exits(tmp_path):
+    script = textwrap.dedent(
+        """
+        from kiln_triton.compile_pool import compile_workers
+        print(*compile_workers().pids(), flush=True)
+        """
+    )
+    env = {**os.environ, "KILN_TRITON_COMPILE_WORKERS": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def test_the_number_of_workers_comes_from_the_environment(monkeypatch):
+    from kiln_triton.compile_pool import worker_count
+
+    monkeypatch.setenv("KILN_TRITON_COMPILE_WORKERS", "3")
+    assert worker_count() == 3
+    monkeypatch.setenv("KILN_TRITON_COMPILE_WORKERS", "0")
+    assert compile_workers() is None  # compiled in threads
