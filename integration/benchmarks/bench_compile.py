@@ -43,7 +43,7 @@ COMPILERS = ("kiln", "torch.compile")
 CPU_MODELS = ("bert", "gpt2")
 ROW = "ROW "
 HEADER = ["model", "phase", "compiler", "cold s", "warm s", "kiln ÷ tc cold", "kiln ÷ tc warm",
-          "cold stages s", "kernels built / reused (cold; warm)"]  # fmt: skip
+          "cold stages s", "warm stages s", "kernels built / reused (cold; warm)"]  # fmt: skip
 
 
 def device() -> str:
@@ -166,7 +166,7 @@ def run_child(name: str, phase: str, compiler: str, on: str, folder: str) -> dic
 
 def stages_text(stages: dict[str, float]) -> str:
     order = sorted(stages.items(), key=lambda kv: -kv[1])
-    return ", ".join(f"{k} {v:.1f}" for k, v in order if v >= 0.05)
+    return ", ".join(f"{k} {v:.2f}" for k, v in order if v >= 0.01)
 
 
 def kernels_text(cold: dict, warm: dict) -> str:
@@ -213,7 +213,7 @@ def table_rows(name: str, phase: str, results: dict) -> list[list[str]]:
     for compiler, (cold, warm) in results.items():
         if "error" in cold or "error" in warm:
             rows.append(
-                [name, phase, compiler, "", "", "", "", "", cold.get("error") or warm["error"]]
+                [name, phase, compiler, "", "", "", "", "", "", cold.get("error") or warm["error"]]
             )
             continue
         ratio_cold = ratio_warm = ""
@@ -225,6 +225,7 @@ def table_rows(name: str, phase: str, results: dict) -> list[list[str]]:
             name, phase, compiler, f"{cold['seconds']:.2f}", f"{warm['seconds']:.2f}",
             ratio_cold, ratio_warm,
             stages_text(cold.get("stages", {})) if kiln_row else "",
+            stages_text(warm.get("stages", {})) if kiln_row else "",
             kernels_text(cold, warm) if kiln_row else "",
         ])  # fmt: skip
     return rows

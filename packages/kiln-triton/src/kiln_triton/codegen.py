@@ -18,6 +18,7 @@ from kiln_triton.render import kernel_label, render_kernel, source_hash
 
 log = logging.getLogger("kiln.triton")
 _MODULES: dict[str, object] = {}  # source hash -> imported kernel module
+_FOUND_ON_DISK: set[str] = set()  # kernels whose source an earlier process wrote
 # kernels new to the cache, and kernels found in it or in this process (see kernel_counts)
 _KERNEL_COUNTS = {"built": 0, "reused": 0}
 
@@ -39,7 +40,9 @@ def load_module(source: str):
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"k{digest}.py"
     _KERNEL_COUNTS["reused" if path.exists() else "built"] += 1
-    if not path.exists():
+    if path.exists():
+        _FOUND_ON_DISK.add(digest)
+    else:
         tmp = path.with_suffix(f".py.{os.getpid()}")
         tmp.write_text(source)
         tmp.replace(path)
@@ -62,11 +65,23 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
     if not jobs:
         return 0
     # the workers' binaries launch through the direct path only (KILN_TRITON_DIRECT_LAUNCH)
-    workers = compile_workers() if DIRECT_LAUNCH else None
-    if workers is None:
+    if not DIRECT_LAUNCH:
         compiled, failures = _compile_in_threads(jobs)
     else:
-        compiled, failures = compile_in_workers(jobs, workers, precompiled.current_target())
+        # a kernel whose source the cache held was compiled by an earlier process: its
+        # binaries are in Triton's cache, loaded here without waiting for the workers
+        known = [job for job in jobs if job[0].source_hash in _FOUND_ON_DISK]
+        new = [job for job in jobs if job[0].source_hash not in _FOUND_ON_DISK]
+        target = precompiled.current_target()
+        compiled, failures = _load_in_process(known, target) if known else (0, [])
+        workers = compile_workers() if new else None
+        if new and workers is None:
+            more, also = _compile_in_threads(new)
+        elif new:
+            more, also = compile_in_workers(new, workers, target)
+        else:
+            more, also = 0, []
+        compiled, failures = compiled + more, failures + also
     if failures and not compiled:  # not a config too big to compile: every one failed
         log.warning(
             "compiling %d launch configurations ahead of their first launch failed; they "
@@ -134,6 +149,25 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
     return compiled, failures
 
 
+def _load_in_process(jobs: list[tuple], target: tuple) -> tuple[int, list[str]]:
+    """Load the binaries of ``jobs`` from Triton's cache in this process, a few threads at
+    a time (one missing there is compiled here: correct, only slower)."""
+    failures: list[str] = []
+
+    def load(job) -> bool:
+        kernel, config, numels = job
+        try:
+            kernel.adopt(config, numels, kernel.compile_job(config, numels, target))
+            return True
+        except Exception as exc:  # noqa: BLE001 - reported when the kernel launches
+            failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
+            log.debug("loading %s", failures[-1])
+            return False
+
+    with ThreadPoolExecutor(max_workers=min(8, len(jobs))) as pool:
+        return sum(pool.map(load, jobs)), failures
+
+
 def _compile_in_threads(jobs: list[tuple]) -> tuple[int, list[str]]:
     """Compile ``jobs`` through ``JITFunction.warmup`` in Triton's asynchronous compile
     mode, with ``$KILN_TRITON_COMPILE_THREADS`` threads (default: the CPU count)."""
@@ -187,8 +221,6 @@ class TritonCodegen:
         return render_kernel(kernel)
 
     def compile(self, sources: Sequence[str]) -> list[Callable]:
-        if self.parallel_compile:
-            start_compile_workers()
         kernels = []
         for source in sources:
             module, digest = load_module(source)

@@ -207,7 +207,8 @@ def compile_workers() -> CompileWorkers | None:
 
 def start_compile_workers() -> None:
     """Start the compile workers now, so that they are ready when kernels are compiled (a
-    compile calls this as it begins; :meth:`TritonCodegen.compile` calls it otherwise).
+    compile calls this as it begins; rendering a kernel does otherwise; a compile whose
+    kernels all come from the cache starts none).
     Nothing is started where kernels are not compiled (no CUDA device, or Triton's
     interpreter)."""
     if compiles_for_gpu():

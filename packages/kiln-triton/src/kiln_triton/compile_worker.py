@@ -67,6 +67,7 @@ def compile_job(job: dict, modules: dict) -> dict:
         fn = getattr(_load_module(job["path"], job["module"], modules), job["function"])
         source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
         kernel = triton.compile(source, target=GPUTarget(*job["target"]), options=job["options"])
+        _build_launcher(kernel)
         reply = {"hash": kernel.hash, "error": None}
     except Exception as exc:  # noqa: BLE001 - the parent reports it and compiles itself
         last = traceback.extract_tb(exc.__traceback__)[-1:]
@@ -74,6 +75,20 @@ def compile_job(job: dict, modules: dict) -> dict:
         reply = {"hash": None, "error": f"{type(exc).__name__}: {exc}{where}"}
     reply.update(pid=os.getpid(), seconds=time.perf_counter() - started)
     return reply
+
+
+def _build_launcher(kernel) -> None:
+    """Where Triton compiles a C launcher per kernel signature (3.6 does, with gcc, at a
+    kernel's first launch in the parent, one after the other), build it here: it lands in
+    Triton's cache, where the parent's launch finds it. Any failure (no CUDA driver library
+    on this machine, a Triton whose launcher is generic) leaves it to the parent."""
+    try:
+        from triton.backends.nvidia import driver as nvidia
+
+        if hasattr(nvidia, "make_launcher"):
+            nvidia.CudaLauncher(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001, S110 - the parent builds it at the first launch
+        pass
 
 
 def warm_up() -> None:
