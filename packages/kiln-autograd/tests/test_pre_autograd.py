@@ -9,6 +9,7 @@ import torch
 import torch.fx
 
 import kiln_autograd
+from kiln_autograd import pre_autograd
 
 aten = torch.ops.aten
 
@@ -57,3 +58,61 @@ def test_aminmax_is_traced_as_amin_and_amax(fn, same):
     targets = {n.target for gm in graphs for n in gm.graph.nodes}
     assert aten.aminmax.default not in targets
     assert {aten.amin.default, aten.amax.default} <= targets
+
+
+def _quantile_linear(x):
+    return (torch.quantile(x.sin(), 0.3, dim=1) * 2,)
+
+
+def _nanquantile_many(x):
+    x = torch.where(x > 1, float("nan"), x)
+    q = torch.tensor([0.1, 0.5, 0.9])
+    return (x.nanquantile(q, dim=0, keepdim=True, interpolation="midpoint"),)
+
+
+def _quantile_nearest_all(x):
+    return (torch.quantile(x, torch.tensor(0.75), interpolation="nearest") + x,)
+
+
+@pytest.mark.parametrize("fn", [_quantile_linear, _nanquantile_many, _quantile_nearest_all])
+def test_quantile_is_traced_without_reading_q(check, fn):
+    _, compiler = check(fn, lambda: [torch.randn(5, 6, requires_grad=True)])
+    targets = {n.target for gm in compiler.graphs for n in gm.graph.nodes}
+    assert aten.sort.default in targets
+    assert aten.equal.default not in targets
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((torch.randn(4, 6), 0.3), {"dim": 1}),
+        ((torch.randn(4, 6).double(), torch.tensor([0.0, 0.25, 1.0]).double()), {}),
+        ((torch.randn(3, 5, 2), 1), {"dim": -2, "keepdim": True, "interpolation": "lower"}),
+        ((torch.tensor(2.5), 0.5), {"keepdim": True}),
+        ((torch.randn(4, 6), torch.tensor(0.4)), {"axis": 0, "interpolation": "higher"}),
+    ],
+)
+def test_quantile_values_are_atens_bit_for_bit(args, kwargs):
+    for name in ("quantile", "nanquantile"):
+        x = args[0].clone()
+        if x.ndim:
+            x.view(-1)[::4] = float("nan")
+        got = pre_autograd.PRE_AUTOGRAD_DECOMPOSITIONS[getattr(torch, name)](x, *args[1:], **kwargs)
+        want = getattr(torch, name)(x, *args[1:], **kwargs)
+        assert got.shape == want.shape and got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((torch.randn(4, 6), 1.5), {}),  # q out of range: eager's error
+        ((torch.randn(4, 6), torch.tensor([0.5]).double()), {}),  # q of another dtype
+        ((torch.randn(4, 6).long(), 0.5), {}),  # integers
+        ((torch.randn(4, 6), 0.5), {"interpolation": "cubic"}),
+    ],
+)
+def test_quantile_leaves_what_eager_rejects_to_torch(args, kwargs):
+    assert pre_autograd.quantile(*args, **kwargs) is NotImplemented
+    with pytest.raises(RuntimeError, match="quantile"), pre_autograd.PreAutogradDecompositions():
+        torch.quantile(*args, **kwargs)

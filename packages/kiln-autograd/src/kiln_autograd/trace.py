@@ -36,7 +36,6 @@ from kiln_autograd.attention import FusedAttention
 from kiln_autograd.decompositions import apply_replacements
 from kiln_autograd.errors import explain_unsupported
 from kiln_autograd.linalg_checks import LinalgChecks
-from kiln_autograd.pre_autograd import PreAutogradDecompositions
 
 
 @dataclasses.dataclass
@@ -203,7 +202,6 @@ def _make_fx(
         FunctionalTensorMode(),
         FusedAttention(),
         LinalgChecks(),
-        PreAutogradDecompositions(),
     ):
         gm = make_fx(f, decomposition_table=decompositions, tracing_mode=tracing_mode)(*args)
     return _flatten_signature(gm)
