@@ -116,3 +116,14 @@ def test_quantile_leaves_what_eager_rejects_to_torch(args, kwargs):
     assert pre_autograd.quantile(*args, **kwargs) is NotImplemented
     with pytest.raises(RuntimeError, match="quantile"), pre_autograd.PreAutogradDecompositions():
         torch.quantile(*args, **kwargs)
+
+
+def test_a_tensor_q_out_of_range_raises_eagers_error_from_the_graph():
+    def fn(x, q):
+        return (torch.quantile(x, q, dim=1),)
+
+    x, q = torch.randn(4, 6), torch.tensor([0.2, 0.7])
+    compiled = kiln_autograd.aot(torch.fx.symbolic_trace(fn), [x, q], lambda gm, _: gm)
+    torch.testing.assert_close(compiled(x, q)[0], fn(x, q)[0])
+    with pytest.raises(RuntimeError, match=r"q values must be in the range \[0, 1\]"):
+        compiled(x, torch.tensor([0.2, 1.5]))

@@ -11,7 +11,9 @@ give eager's values and gradients:
 - ``quantile`` and ``nanquantile`` are ATen's algorithm (sort, ranks, gather, lerp) without
   its check that ``q`` lies in [0, 1], which torch 2.11 makes on the data of ``q``, a
   Python number's too (``aten.equal``, which no graph can hold). A number is checked here;
-  a tensor ``q`` is not checked in the graph, as in torch 2.13's graphs.
+  a tensor ``q`` on the CPU (where ATen checks it) passes through
+  ``kiln_autograd::quantile_q_checked``, an extern call that raises eager's error, so the
+  check is data the graph keeps (as :mod:`kiln_autograd.linalg_checks` does).
 
 A replacement returns ``NotImplemented`` for calls it leaves to the function: what it does
 not handle, and errors, which the function raises as eager does.
@@ -64,6 +66,22 @@ def aminmax(x: torch.Tensor, *, dim: int | None = None, keepdim: bool = False):
 QUANTILE_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
 
 
+@torch.library.custom_op("kiln_autograd::quantile_q_checked", mutates_args=())
+def quantile_q_checked(q: torch.Tensor) -> torch.Tensor:
+    """``q`` (a copy) once all its values lie in [0, 1]; else eager's error."""
+    if not bool(((q >= 0) & (q <= 1)).all()):
+        raise RuntimeError("quantile() q values must be in the range [0, 1]")
+    return q.clone()
+
+
+@quantile_q_checked.register_fake
+def _(q):
+    return torch.empty_like(q)
+
+
+quantile_q_checked.register_autograd(lambda ctx, grad: grad)
+
+
 @register_pre_autograd(torch.quantile, torch.Tensor.quantile)
 def quantile(x, q, dim=None, keepdim=False, *, interpolation="linear", axis=None):
     dim = axis if dim is None else dim  # torch takes NumPy's name too
@@ -83,6 +101,8 @@ def _quantile(x, q, dim, keepdim, interpolation, ignore_nan):
     scalar_q = not isinstance(q, torch.Tensor) or q.ndim == 0
     if isinstance(q, torch.Tensor):
         q = q.reshape(-1)
+        if q.device.type == "cpu":
+            q = quantile_q_checked(q)
     else:  # ATen makes a number a tensor of the input's dtype first
         q = torch.full((1,), q, dtype=x.dtype, device=x.device)
     if dim is None:
