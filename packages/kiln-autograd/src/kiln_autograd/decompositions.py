@@ -126,15 +126,12 @@ def apply_replacements(gm: torch.fx.GraphModule) -> None:
 
 
 # torch's decompositions that are not among the core ones, used as Kiln's: vector norms
-# become pointwise ops and sums that fuse, max pooling (with its indices) a max over the
-# windows, its backward a scatter-add, grid sampling gathers and weights.
+# become pointwise ops and sums that fuse, grid sampling gathers and weights. (Max pooling
+# is Kiln's own, kiln_autograd.max_pooling: torch has its decompositions from 2.13 on.)
 KILN_DECOMPOSITIONS.update(
     get_decompositions(
         [
             aten.linalg_vector_norm.default,
-            aten.max_pool2d_with_indices.default,
-            aten.max_pool2d_with_indices_backward.default,
-            aten.max_pool3d_with_indices.default,
             aten.grid_sampler_2d.default,
             aten.ldexp.Tensor,
             aten.new_empty_strided.default,
@@ -247,4 +244,10 @@ def native_dropout_backward(
 
 
 # modules that register decompositions of their own (imported for the registrations)
-from kiln_autograd import adaptive_pooling, embedding_bag, indexing, pooling  # noqa: E402, F401
+from kiln_autograd import (  # noqa: E402, F401
+    adaptive_pooling,
+    embedding_bag,
+    indexing,
+    max_pooling,
+    pooling,
+)

@@ -4,7 +4,9 @@ A captured ``torch.fx.GraphModule`` reads its weights through ``get_attr`` and
 ``call_module`` nodes. Tracing needs every tensor as an input, so that parameters get
 gradients and buffer updates (BatchNorm running statistics) come out as values to write
 back. :class:`LiftedModule` is a flat function ``(*state, *user_inputs) -> outputs`` that
-runs the module with ``torch.func.functional_call`` over the lifted state.
+runs the module with ``torch.func.functional_call`` over the lifted state, with the torch
+functions of :mod:`kiln_autograd.pre_autograd` replaced (it runs only to be analysed and
+traced, and every run must see the same ops).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
+from kiln_autograd.pre_autograd import PreAutogradDecompositions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +43,8 @@ class LiftedModule:
         """Run the module on ``(*state, *user_inputs)`` and return what it returns."""
         state = dict(zip(self.names, args[: self.num_state], strict=True))
         user = tuple(args[self.num_state :])
-        return torch.func.functional_call(self.module, state, user, tie_weights=False)
+        with PreAutogradDecompositions():
+            return torch.func.functional_call(self.module, state, user, tie_weights=False)
 
 
 def lift(gm: torch.nn.Module) -> LiftedModule:

@@ -15,6 +15,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import GraphBreak, UserError
+from kiln_capture.fake_results import run_fake
 from kiln_capture.guards import GuardSet
 from kiln_capture.side_effects import SideEffects
 from kiln_capture.variables.base import Variable
@@ -130,10 +131,7 @@ class OutputGraph:
         fake_kwargs = {k: as_fake_arg(v) for k, v in kwargs.items()}
         try:
             with self.fake_mode, self.symbolic_dispatch():
-                if kind == "call_method":
-                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
+                result = run_fake(kind, target, fake_args, fake_kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as exc:
             raise GraphBreak(
                 f"{describe_target(target)} has a data-dependent output shape",
