@@ -11,7 +11,7 @@ from kiln_loopir.fusion import output_buffers
 from kiln_loopir.ir import Buffer
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.ops import TraceHandler
-from kiln_loopir.scheduler import step_reads, step_writes
+from kiln_loopir.scheduler import step_reads
 
 
 @dataclass
@@ -97,7 +97,7 @@ def plan_memory(schedule: Schedule, *, reuse: bool = True) -> MemoryPlan:
     keep = output_buffers(graph) | inputs
     last_use: dict[str, int] = {}
     for i, step in enumerate(schedule.steps):
-        for name in step_reads(step) | _stored(step):
+        for name in step_reads(step) | set(_stored(step)):
             last_use[name] = i
     # storage identity: a buffer that reuses another lives in the other's storage
     storage_of: dict[str, str] = {}
@@ -111,7 +111,7 @@ def plan_memory(schedule: Schedule, *, reuse: bool = True) -> MemoryPlan:
 
     for i, step in enumerate(schedule.steps):
         plan = StepPlan()
-        new = sorted(_stored(step), key=lambda n: list(_stored(step)).index(n))
+        new = _stored(step)
         for name in new:
             if name in storage_of:  # a second write (scatter) into a live buffer
                 continue
@@ -191,10 +191,12 @@ def _peak(schedule: Schedule, plans: list[StepPlan], nbytes) -> int:
     return peak
 
 
-def _stored(step) -> set[str]:
+def _stored(step) -> list[str]:
+    """The buffers ``step`` writes to memory, in its order (a kernel's nodes, an extern
+    op's outputs): the plan and the host program it gives do not depend on string hashes."""
     if isinstance(step, Kernel):
-        return set(step.stored_buffers())
-    return step_writes(step)
+        return step.stored_buffers()
+    return list(dict.fromkeys(b.name for b in step.outputs if b is not None))
 
 
 def _shares_storage_with_kept(name, storage_of, keep) -> bool:
