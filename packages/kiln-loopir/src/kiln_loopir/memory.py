@@ -10,7 +10,6 @@ import sympy
 from kiln_loopir.fusion import output_buffers
 from kiln_loopir.ir import Buffer
 from kiln_loopir.kernel import Kernel, Schedule
-from kiln_loopir.ops import TraceHandler
 from kiln_loopir.scheduler import step_reads
 
 
@@ -52,34 +51,20 @@ def _same_storage(a: Buffer, b: Buffer) -> bool:
     )
 
 
-class _EventTrace(TraceHandler):
-    """A trace that also keeps the order of loads and stores."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[str, str]] = []
-
-    def load(self, name, index):
-        self.events.append(("load", name))
-        return super().load(name, index)
-
-    def store(self, name, index, value, accumulate=False):
-        self.events.append(("store", name))
-        return super().store(name, index, value, accumulate)
-
-
 def _in_place_ok(kernel: Kernel, new: str, old: str) -> bool:
     """Whether ``kernel`` reads ``old`` only where it writes ``new`` (same point), and only
     before it stores ``new``."""
-    handler = _EventTrace()
-    stores = kernel.body(handler)
-    loads = [load for load in handler.loads if load.buffer == old]
-    if not loads or ("store", new) not in handler.events:
+    traced = kernel.traced()
+    events = traced.handler.events
+    loads = [load for load in traced.handler.loads if load.buffer == old]
+    if not loads or ("store", new) not in events:
         return False
-    first_store = handler.events.index(("store", new))
-    if ("load", old) in handler.events[first_store:]:
+    first_store = events.index(("store", new))
+    if ("load", old) in events[first_store:]:
         return False
-    return all(not load.masked and sympy.expand(load.index - stores[new]) == 0 for load in loads)
+    return all(
+        not load.masked and sympy.expand(load.index - traced.stores[new]) == 0 for load in loads
+    )
 
 
 def plan_memory(schedule: Schedule, *, reuse: bool = True) -> MemoryPlan:
