@@ -66,8 +66,9 @@ def analyze(
     """Run ``fn`` on ``fake_args`` (inside their fake mode), functionalized, and describe it.
     Ops dispatch as they do when traced (through torch's Python decompositions): the C++
     composites of some take concrete sizes only (``upsample_nearest1d.vec``)."""
+    fresh = [_fresh_input(a) for a in fake_args]  # copies made outside the modes: faster
     with explain_unsupported(), enable_python_dispatcher(), FunctionalTensorMode(), LinalgChecks():
-        inputs = [_to_fun(_fresh_input(a)) for a in fake_args]
+        inputs = [_to_fun(a) for a in fresh]
         with torch.set_grad_enabled(grad_enabled):
             raw = fn(*inputs)
         returns_sequence = isinstance(raw, (tuple, list))
