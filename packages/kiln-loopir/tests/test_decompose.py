@@ -1,6 +1,8 @@
 """The decompose step against a retrace of the whole graph: decomposing the norms node by
 node gives the loop IR that tracing every node again through the decompositions gives."""
 
+import importlib
+
 import pytest
 import torch
 import torch.fx.traceback as fx_traceback
@@ -51,6 +53,15 @@ CASES = {
         [r(3, 4, 5), r(4)],
     ),
     "vector_norm": (lambda x: torch.linalg.vector_norm(x, 3, dim=1), [r(4, 6)]),
+    "layer_norms_alike": (
+        lambda x, w: (
+            F.layer_norm(x, (6,), w),
+            F.layer_norm(x * 2, (6,), w),
+            F.layer_norm(x, (6,), w, eps=1e-3),
+            F.layer_norm(x[:2], (6,), w),
+        ),
+        [r(4, 6), r(6)],
+    ),
     "two_layer_norms": (
         lambda x, w: F.layer_norm(F.layer_norm(x, (6,), w) + x, (6,), w),
         [r(4, 6), r(6)],
@@ -90,3 +101,17 @@ def test_decomposing_node_by_node_lowers_as_a_retrace_does(name, dynamic):
 def test_a_graph_without_decomposed_ops_is_returned_as_it_is():
     gm = trace_aten(lambda x: x.sin() + 1, [r(3)])
     assert decompose(gm) is gm
+
+
+def test_nodes_alike_share_one_trace(monkeypatch):
+    decompose_module = importlib.import_module("kiln_loopir.decompose")  # not the function
+    traced_nodes = []
+    trace = decompose_module._trace
+    monkeypatch.setattr(
+        decompose_module, "_trace", lambda node, *a: traced_nodes.append(node) or trace(node, *a)
+    )
+    gm, inputs = traced("layer_norms_alike", dynamic=False)
+    decomposed = decompose(gm)
+    # the second norm is like the first; another eps and another shape are traced anew
+    assert len(traced_nodes) == 3
+    assert lower(decomposed, inputs).format() == lower(retraced(gm), inputs).format()

@@ -57,6 +57,7 @@ def decompose(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, object] = {}
     attrs: dict[str, object] = {}  # the tensors the graph's get_attr nodes read
+    traced: dict[tuple, torch.fx.GraphModule] = {}  # each decomposition traced, by its key
     inputs = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -69,7 +70,7 @@ def decompose(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         elif node.target is operator.getitem and isinstance(env[node.args[0]], tuple):
             env[node] = env[node.args[0]][node.args[1]]  # an output of a decomposed op
         elif node.op == "call_function" and node.target in table:
-            env[node] = _decomposed(graph, node, env, table, fake_mode)
+            env[node] = _decomposed(graph, node, env, table, fake_mode, traced)
         else:
             new = graph.node_copy(node, env.__getitem__)
             if node.op == "get_attr":
@@ -107,11 +108,56 @@ def _decomposed(
     env: dict[torch.fx.Node, object],
     table: dict,
     fake_mode,
+    traced_before: dict[tuple, torch.fx.GraphModule],
 ) -> object:
     """Add to ``graph`` the nodes ``node``'s decomposition traces to, reading what ``env``
-    maps its inputs to; returns what stands for its result (a tuple for several)."""
+    maps its inputs to; returns what stands for its result (a tuple for several). A node
+    like one traced before (the same op, constants and input layouts, all sizes numbers:
+    the layer norms of a transformer) reuses that trace (``traced_before``)."""
     leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
     inputs = [k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.fx.Node)]
+    key = _trace_key(node, leaves, spec, inputs)
+    traced = traced_before.get(key) if key is not None else None
+    if traced is None:
+        traced = _trace(node, leaves, spec, inputs, table, fake_mode)
+        if key is not None:
+            traced_before[key] = traced
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    sub_env = {p: env[leaves[k]] for p, k in zip(placeholders, inputs, strict=True)}
+    for sub in traced.graph.nodes:
+        if sub.op == "output":
+            result = torch.fx.node.map_arg(sub.args[0], sub_env.__getitem__)
+            return tuple(result) if isinstance(result, (list, tuple)) else result
+        if sub.op == "get_attr":  # none of the table's decompositions makes a tensor
+            raise NotImplementedError(f"the decomposition of {node.target} holds a tensor")
+        if sub.op != "placeholder":
+            sub_env[sub] = graph.node_copy(sub, sub_env.__getitem__)
+    raise AssertionError("a traced graph has an output node")
+
+
+def _trace_key(node: torch.fx.Node, leaves: list, spec, inputs: list[int]) -> tuple | None:
+    """What ``node``'s decomposition depends on, or None where a size is a symbol (or a
+    constant cannot be compared)."""
+    layouts = []
+    for k in inputs:
+        val = leaves[k].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return None
+        layout = (tuple(val.shape), val.stride(), val.storage_offset())
+        if not all(type(n) is int for n in (*layout[0], *layout[1], layout[2])):
+            return None
+        layouts.append((layout, val.dtype, val.device, val.requires_grad))
+    constants = tuple((type(leaf), leaf) for k, leaf in enumerate(leaves) if k not in inputs)
+    key = (node.target, node.meta.get("original_aten"), spec, constants, tuple(layouts))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _trace(node, leaves, spec, inputs, table, fake_mode) -> torch.fx.GraphModule:
+    """``make_fx`` of ``node``'s op through the table, on its input values."""
 
     def run(*values):
         filled = list(leaves)
@@ -132,14 +178,4 @@ def _decomposed(
             *[leaves[k].meta["val"] for k in inputs]
         )
     traced.graph.eliminate_dead_code()
-    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-    sub_env = {p: env[leaves[k]] for p, k in zip(placeholders, inputs, strict=True)}
-    for sub in traced.graph.nodes:
-        if sub.op == "output":
-            result = torch.fx.node.map_arg(sub.args[0], sub_env.__getitem__)
-            return tuple(result) if isinstance(result, (list, tuple)) else result
-        if sub.op == "get_attr":  # none of the table's decompositions makes a tensor
-            raise NotImplementedError(f"the decomposition of {node.target} holds a tensor")
-        if sub.op != "placeholder":
-            sub_env[sub] = graph.node_copy(sub, sub_env.__getitem__)
-    raise AssertionError("a traced graph has an output node")
+    return traced
