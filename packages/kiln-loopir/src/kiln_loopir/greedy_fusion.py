@@ -229,6 +229,7 @@ class _Fuser:
         i, j = steps.index(a), steps.index(b)
         old_readers = {n: self.readers[n] for n in self.reads[id(a)] | self.reads[id(b)]}
         labels = [self.label[s] for s in steps[i:j]]
+        before = {s: self.label[s] for s in steps[i + 1 : j]}
         # a buffer written twice (a scatter) that the pair touches: the fused kernel's
         # dependencies through it follow the order, found again from scratch this round
         scattered = self.reads[id(a)] | self.reads[id(b)] | self.writes[a] | self.writes[b]
@@ -262,7 +263,8 @@ class _Fuser:
         if self.rewritten:
             self._ordered_dependencies()
         changed = {n for n, count in old_readers.items() if self.readers.get(n, 0) != count}
-        dirty = dict.fromkeys(steps[i:j])
+        # the fused kernel and the steps the sort moved: their pairs' heap keys changed
+        dirty = dict.fromkeys(s for s in steps[i:j] if before.get(s) != self.label[s])
         for name in changed:
             for s in self.users.get(name, ()):
                 if name in self.writes[s]:

@@ -40,8 +40,17 @@ from kiln_loopir.symbols import index_vars, reduction_vars
 
 
 def _equal(x, y) -> bool:
-    """Whether two size expressions are equal (structurally equal ones without sympy)."""
-    return x == y or sympy.expand(x - y) == 0
+    """Whether two size expressions are equal (structurally equal ones, and integers,
+    without sympy's expand)."""
+    if x == y:
+        return True
+    if _is_integer(x) and _is_integer(y):
+        return False
+    return sympy.expand(x - y) == 0
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, int) or (isinstance(x, sympy.Basic) and x.is_Integer)
 
 
 def _same(a, b) -> bool:
