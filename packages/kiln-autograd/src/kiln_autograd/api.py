@@ -15,7 +15,6 @@ import torch
 import torch.fx
 
 from kiln_autograd.analyze import analyze
-from kiln_autograd.collection import collection_paused
 from kiln_autograd.decompositions import decomposition_table, verify_op_set
 from kiln_autograd.fake import captured_examples, fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
@@ -201,7 +200,6 @@ class AOTCompiled:
         return (grad, *(_arg_key(a, grad, static=not self.options.dynamic) for a in args))
 
 
-@collection_paused()
 def compile_signature(
     lifted: LiftedModule,
     args: Sequence[object],
