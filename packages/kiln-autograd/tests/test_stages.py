@@ -239,3 +239,20 @@ def test_data_dependent_constructs_are_named(module, match):
 def test_a_plain_function_is_refused_with_advice():
     with pytest.raises(TypeError, match="symbolic_trace"):
         kiln_autograd.aot(item, [torch.randn(4)], lambda g, _: g)
+
+
+def test_tangents_take_the_layouts_analyze_found():
+    # analyze keeps the differentiable values' layouts where sizes are numbers: the joint
+    # trace makes its tangents from them rather than running the graph once more
+    def fn(x, w):
+        return (x @ w).relu(), x.sum().detach()
+
+    gm = torch.fx.symbolic_trace(fn)
+    inputs = [torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)]
+    joint = kiln_autograd.trace_joint_graph(gm, inputs)
+    assert joint.meta.tangent_layouts == (((3, 5), torch.float32, torch.device("cpu")),)
+    tangents = [n for n in joint.gm.graph.nodes if n.name.startswith("tangents")]
+    assert [tuple(n.meta["val"].shape) for n in tangents] == [(3, 5)]
+    dynamic = kiln_autograd.trace_joint_graph(gm, inputs, dynamic=True)
+    assert dynamic.meta.tangent_layouts is None  # symbolic sizes: found by running fn
+    assert len([n for n in dynamic.gm.graph.nodes if n.name.startswith("tangents")]) == 1

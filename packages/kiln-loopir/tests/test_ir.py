@@ -245,3 +245,18 @@ def test_extern_tuple_with_numbers_runs_and_passes_them_on():
     extern = next(n for n in graph.nodes if isinstance(n, ExternNode))
     assert extern.tuple_output and extern.outputs[1] is None
     check_against_eager(fn, [torch.randn(5, 3)])
+
+
+def test_a_nodes_kept_trace_is_made_again_for_a_new_body():
+    import dataclasses
+
+    x = torch.randn(4, 6)
+    graph = lower(trace_aten(lambda x: x.sin(), [x]), [x])
+    (node,) = graph.nodes
+    first = node.traced()
+    assert node.traced() is first
+    assert "sin(" in "\n".join(first[0].lines)
+    node.body = dataclasses.replace(
+        node.body, inner_fn=lambda ops, index: ops.cos(ops.load("arg0_1", index[0] * 6 + index[1]))
+    )
+    assert "cos(" in "\n".join(node.traced()[0].lines)

@@ -79,3 +79,16 @@ def test_fused_graph_needs_only_its_outputs():
     compiled = check_against_eager(chain, [torch.randn(N, N)])
     assert len(compiled.kernels) == 1
     assert compiled.memory_plan.peak_bytes == NBYTES
+
+
+def test_allocations_follow_the_store_order():
+    # the plan (and the host program) is the same in every process, whatever the strings'
+    # hash seed: a kernel's buffers are allocated in the order it stores them
+    def fn(x):
+        return x.sin(), x.cos(), x.exp(), x.tanh()
+
+    compiled = check_against_eager(fn, [torch.randn(N, N)])
+    (kernel,) = compiled.schedule.kernels()
+    (step_plan,) = compiled.memory_plan.steps
+    assert len(kernel.stored_buffers()) == 4
+    assert step_plan.allocate == kernel.stored_buffers()

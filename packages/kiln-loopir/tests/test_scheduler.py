@@ -223,3 +223,26 @@ def test_incremental_fuse_matches_the_reference_loop_on_a_transformer_block():
     eliminate_dead_nodes(graph)
     fast = order(fuse(unfused(graph)))
     assert str(fast) == str(order(fuse_reference(unfused(graph))))
+
+
+def test_a_kernels_trace_is_made_again_when_the_kernel_changes():
+    # reads, symbols, same-point reads and in-place checks share one trace per kernel state
+    def fn(x):
+        y = x.sin()
+        return y, y.cos()
+
+    _, after = schedules(fn, [torch.randn(4, 6)])
+    (k,) = kernels(after)
+    first = k.traced()
+    assert k.traced() is first
+    stores = [line for line in first.handler.lines if line.startswith("store(")]
+    k.local_buffers = set(k.writes())  # a local buffer is not stored
+    assert k.traced() is not first
+    assert not [line for line in k.traced().handler.lines if line.startswith("store(")]
+    k.local_buffers = set()
+    assert len([line for line in k.traced().handler.lines if line.startswith("store(")]) == 2
+    assert len(stores) == 2
+    second = k.traced()
+    k.nodes = k.nodes[:1]
+    assert k.traced() is not second
+    assert k.writes() == {k.nodes[0].name}

@@ -51,6 +51,10 @@ class GraphMeta:
     mutated_requires_grad: tuple[bool, ...]  # per mutated input: its new value requires grad
     base_sources: tuple[int, ...]  # per base: an output whose ``_base`` (or itself) it is
     base_requires_grad: tuple[bool, ...]
+    # per differentiable forward value (:func:`differentiable_outputs`): its shape, dtype and
+    # device, where every size is a number (the joint trace's tangents are made from them);
+    # None where one is a symbol, and for a record's meta
+    tangent_layouts: tuple[tuple, ...] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def num_bases(self) -> int:
@@ -66,8 +70,9 @@ def analyze(
     """Run ``fn`` on ``fake_args`` (inside their fake mode), functionalized, and describe it.
     Ops dispatch as they do when traced (through torch's Python decompositions): the C++
     composites of some take concrete sizes only (``upsample_nearest1d.vec``)."""
+    fresh = [_fresh_input(a) for a in fake_args]  # copies made outside the modes: faster
     with explain_unsupported(), enable_python_dispatcher(), FunctionalTensorMode(), LinalgChecks():
-        inputs = [_to_fun(_fresh_input(a)) for a in fake_args]
+        inputs = [_to_fun(a) for a in fresh]
         with torch.set_grad_enabled(grad_enabled):
             raw = fn(*inputs)
         returns_sequence = isinstance(raw, (tuple, list))
@@ -88,7 +93,7 @@ def analyze(
                 f"the graph writes in place into input {info.base}, which requires grad, "
                 "and returns it or a view of it; return a copy (clone) instead"
             )
-    return GraphMeta(
+    meta = GraphMeta(
         outputs=tuple(infos),
         returns_sequence=returns_sequence,
         mutated_inputs=tuple(mutated),
@@ -96,6 +101,27 @@ def analyze(
         base_sources=tuple(sources),
         base_requires_grad=base_requires_grad,
     )
+    values = [*outs, *(inputs[i] for i in mutated), *(base_of(outs[k]) for k in sources)]
+    layouts = [(tuple(values[k].shape), values[k].dtype, values[k].device)
+               for k in differentiable_outputs(meta)]  # fmt: skip
+    if all(type(n) is int for shape, _, _ in layouts for n in shape):
+        meta = dataclasses.replace(meta, tangent_layouts=tuple(layouts))
+    return meta
+
+
+def differentiable_outputs(meta: GraphMeta) -> list[int]:
+    """Forward output indices that get a tangent: plain outputs, new values of mutated
+    inputs and bases, those that require grad."""
+    n_out = len(meta.outputs)
+    n_mut = len(meta.mutated_inputs)
+    found = [
+        k
+        for k, o in enumerate(meta.outputs)
+        if o.kind is OutputKind.PLAIN and o.is_tensor and o.requires_grad
+    ]
+    found += [n_out + m for m, rg in enumerate(meta.mutated_requires_grad) if rg]
+    found += [n_out + n_mut + b for b, rg in enumerate(meta.base_requires_grad) if rg]
+    return found
 
 
 def _mutated_inputs(inputs: Sequence[object]) -> list[int]:

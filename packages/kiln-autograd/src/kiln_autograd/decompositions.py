@@ -13,6 +13,7 @@ and that it is functional.
 from __future__ import annotations
 
 import builtins
+import functools
 import operator
 from collections.abc import Callable, Mapping
 
@@ -148,10 +149,20 @@ def decomposition_table(
     Ops of :data:`EXTRA_OPS` stay whole: torch's table decomposes the CPU flash attention
     into a math form whose second output is not the logsumexp its backward reads.
     """
-    table = {op: fn for op, fn in core_aten_decompositions().items() if op not in EXTRA_OPS}
+    table = dict(_core_table())
     table.update(KILN_DECOMPOSITIONS)
     if extra:
         table.update(extra)
+    return table
+
+
+@functools.cache
+def _core_table() -> dict[torch._ops.OpOverload, Callable]:
+    """torch's core ATen decompositions but those of :data:`EXTRA_OPS`, read once (torch
+    builds its table anew at every call, in tens of milliseconds)."""
+    table = dict(core_aten_decompositions())
+    for op in EXTRA_OPS:
+        table.pop(op, None)
     return table
 
 

@@ -156,11 +156,8 @@ def split(joint: JointGraph, parts: JointParts, saved: set[torch.fx.Node]) -> Pa
         raise AssertionError(f"backward graph reads forward inputs {leaked} that are not saved")
     bw = _extract(joint.gm, inputs=bw_inputs, outputs=list(parts.grads), keep=bw_nodes)
 
-    tangent_index = {t: j for j, t in enumerate(parts.tangents)}
-    deps = []
-    for g in parts.grads:
-        seen = _ancestors([g], stop=set()) if isinstance(g, torch.fx.Node) else set()
-        deps.append(frozenset(tangent_index[n] for n in seen if n in tangent_index))
+    tangents_read = _tangents_read(joint.gm.graph, parts.tangents)
+    deps = [tangents_read[g] if isinstance(g, torch.fx.Node) else frozenset() for g in parts.grads]
     return PartitionedGraphs(
         fw=fw,
         bw=bw,
@@ -196,6 +193,16 @@ def input_view_base(
 
 def _is_sym(node: torch.fx.Node) -> bool:
     return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int))
+
+
+def _tangents_read(graph: torch.fx.Graph, tangents: Sequence[torch.fx.Node]) -> dict:
+    """For every node, the indices of the tangents it reads, directly or not (one pass in
+    program order, rather than a walk of each gradient's ancestors)."""
+    found: dict[torch.fx.Node, frozenset[int]] = {t: frozenset([j]) for j, t in enumerate(tangents)}
+    for node in graph.nodes:
+        if node not in found:
+            found[node] = frozenset().union(*(found[n] for n in node.all_input_nodes))
+    return found
 
 
 def _ancestors(roots: Sequence[torch.fx.Node], stop: set[torch.fx.Node]) -> set[torch.fx.Node]:

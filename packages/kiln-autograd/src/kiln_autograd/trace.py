@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln_autograd.analyze import GraphMeta, OutputKind, base_of
+from kiln_autograd.analyze import GraphMeta, base_of, differentiable_outputs
 from kiln_autograd.attention import FusedAttention
 from kiln_autograd.decompositions import apply_replacements
 from kiln_autograd.errors import explain_unsupported
@@ -69,21 +69,6 @@ class JointGraph(TracedGraph):
     def differentiable_outputs(self) -> list[int]:
         """Indices into the forward outputs that have a tangent, in tangent order."""
         return differentiable_outputs(self.meta)
-
-
-def differentiable_outputs(meta: GraphMeta) -> list[int]:
-    """Forward output indices that get a tangent: plain outputs, new values of mutated
-    inputs and bases, those that require grad."""
-    n_out = len(meta.outputs)
-    n_mut = len(meta.mutated_inputs)
-    found = [
-        k
-        for k, o in enumerate(meta.outputs)
-        if o.kind is OutputKind.PLAIN and o.is_tensor and o.requires_grad
-    ]
-    found += [n_out + m for m, rg in enumerate(meta.mutated_requires_grad) if rg]
-    found += [n_out + n_mut + b for b, rg in enumerate(meta.base_requires_grad) if rg]
-    return found
 
 
 def trace_inference(
@@ -159,7 +144,12 @@ def _tangents(
     fake_mode: FakeTensorMode,
 ) -> list[torch.Tensor]:
     """Fake tangents shaped like the differentiable outputs (contiguous, like the runtime's),
-    on their devices: a tangent left on the default device would mix devices in the backward."""
+    on their devices: a tangent left on the default device would mix devices in the backward.
+    Their layouts are those :func:`analyze` found, where it could keep them; else ``fn``
+    runs once more on fakes to find them."""
+    if meta.tangent_layouts is not None:
+        with fake_mode:
+            return [torch.empty(s, dtype=d, device=v) for s, d, v in meta.tangent_layouts]
     with fake_mode, torch.enable_grad():
         inputs = [_clone_input(p) for p in primals]
         outs = _flat(fn(*inputs))

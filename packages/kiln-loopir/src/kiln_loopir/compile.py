@@ -14,6 +14,7 @@ import torch.fx
 
 from kiln_loopir import runtime, size_math, symbols
 from kiln_loopir.codegen import Codegen, resolve_codegen
+from kiln_loopir.collection import collection_paused
 from kiln_loopir.constants import fold_constants
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
@@ -207,6 +208,7 @@ def schedule_graph(graph: LoopGraph, *, fusion: bool = True) -> Schedule:
     return order(schedule)
 
 
+@collection_paused()
 def compile_fx(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[object],

@@ -25,7 +25,7 @@ def fold_constants(graph: LoopGraph) -> LoopGraph:
         return graph
     for node in graph.nodes:
         if isinstance(node, ComputedNode) and node.name not in constants:
-            handler, _, _ = node.trace()
+            handler, _, _ = node.traced()
             read = {load.buffer for load in handler.loads} & constants.keys()
             if read:
                 folded = {name: constants[name] for name in read}
@@ -40,7 +40,7 @@ def _is_constant(node: ComputedNode) -> bool:
         return False
     if any(s != 1 for s in node.buffer.size):
         return False
-    handler, _, _ = node.trace()
+    handler, _, _ = node.traced()
     return not handler.loads and not handler.indirect
 
 

@@ -75,6 +75,7 @@ class _Fuser:
         # buffers written twice (scatters): their dependencies follow the order
         self.rewritten = {name for name, n in writers.items() if n > 1}
         self.refused: set[tuple[Kernel, Kernel]] = set()  # pairs try_fuse said no to
+        self.joined: set[tuple[Kernel, Kernel]] = set()  # pairs a third step joins
         self.heap: list[tuple[int, int, int, int, Kernel, Kernel]] = []
         self.version: dict[tuple[Kernel, Kernel], int] = {}
         self.serial = 0
@@ -207,13 +208,17 @@ class _Fuser:
                 or (a, b) in self.refused
             ):
                 continue  # stale
-            if self._joined(a, b):
+            if (a, b) in self.joined or self._joined(a, b):
+                if self.by_data and not self.rewritten:
+                    # a path through a third step outlasts every fusion that keeps a and b
+                    self.joined.add((a, b))
                 held.append(entry)
                 continue
-            fused = try_fuse(a, b, kernel_name(a.nodes + b.nodes, self.count))
+            fused = try_fuse(a, b, f"kernel{self.count}")
             if fused is None:
                 self.refused.add((a, b))
                 continue
+            fused.name = kernel_name(fused.nodes, self.count)
             held.append(entry)  # stale once a and b are gone
             break
         for entry in held:
@@ -229,6 +234,7 @@ class _Fuser:
         i, j = steps.index(a), steps.index(b)
         old_readers = {n: self.readers[n] for n in self.reads[id(a)] | self.reads[id(b)]}
         labels = [self.label[s] for s in steps[i:j]]
+        before = {s: self.label[s] for s in steps[i + 1 : j]}
         # a buffer written twice (a scatter) that the pair touches: the fused kernel's
         # dependencies through it follow the order, found again from scratch this round
         scattered = self.reads[id(a)] | self.reads[id(b)] | self.writes[a] | self.writes[b]
@@ -262,7 +268,8 @@ class _Fuser:
         if self.rewritten:
             self._ordered_dependencies()
         changed = {n for n, count in old_readers.items() if self.readers.get(n, 0) != count}
-        dirty = dict.fromkeys(steps[i:j])
+        # the fused kernel and the steps the sort moved: their pairs' heap keys changed
+        dirty = dict.fromkeys(s for s in steps[i:j] if before.get(s) != self.label[s])
         for name in changed:
             for s in self.users.get(name, ()):
                 if name in self.writes[s]:

@@ -271,14 +271,14 @@ def kernel_launch_args(schedule: Schedule) -> None:
     """Fill each kernel's ``args`` (loaded, then stored buffers), their ``arg_dtypes``
     and ``size_args``."""
     buffers = schedule.graph.buffers()
+    known = schedule.graph.size_symbols()
     for kernel in schedule.kernels():
         reads = sorted(kernel.reads())
         stored = kernel.stored_buffers()
         kernel.args = reads + [s for s in stored if s not in reads]
         kernel.arg_dtypes = {a: buffers[a].dtype for a in kernel.args}
-        symbols: set[sympy.Symbol] = set(kernel.trace().symbols)
+        symbols: set[sympy.Symbol] = set(kernel.symbols())
         for e in (*kernel.ranges, *kernel.reduction_ranges):
             symbols |= sympy.sympify(e).free_symbols
-        known = schedule.graph.size_symbols()
         symbols = {s for s in symbols if s.name in known}
         kernel.size_args = sorted(symbols, key=str)

@@ -260,10 +260,19 @@ class ComputedNode:
     buffer: Buffer
     body: Pointwise | Reduction | Scan | Scatter
     origins: tuple[str, ...] = ()
+    _traced: tuple | None = field(default=None, repr=False)  # (body, layout, trace)
 
     @property
     def name(self) -> str:
         return self.buffer.name
+
+    def traced(self) -> tuple[TraceHandler, str, sympy.Expr]:
+        """:meth:`trace`, made once per body and buffer layout, for readers that add
+        nothing to the handler (verification, constant folding)."""
+        layout = (self.buffer.size, self.buffer.stride)
+        if self._traced is None or self._traced[0] is not self.body or self._traced[1] != layout:
+            self._traced = (self.body, layout, self.trace())
+        return self._traced[2]
 
     def trace(self, handler: TraceHandler | None = None) -> tuple[TraceHandler, str, sympy.Expr]:
         """Trace the body over fresh loop variables; returns (handler, value, store index)."""

@@ -40,8 +40,17 @@ from kiln_loopir.symbols import index_vars, reduction_vars
 
 
 def _equal(x, y) -> bool:
-    """Whether two size expressions are equal (structurally equal ones without sympy)."""
-    return x == y or sympy.expand(x - y) == 0
+    """Whether two size expressions are equal (structurally equal ones, and integers,
+    without sympy's expand)."""
+    if x == y:
+        return True
+    if _is_integer(x) and _is_integer(y):
+        return False
+    return sympy.expand(x - y) == 0
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, int) or (isinstance(x, sympy.Basic) and x.is_Integer)
 
 
 def _same(a, b) -> bool:
@@ -80,6 +89,52 @@ def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int
     return found
 
 
+class EventTrace(TraceHandler):
+    """A trace that also keeps the order of loads and stores: ``("load", name)``,
+    ``("store", name)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str]] = []
+
+    def load(self, name, index):
+        self.events.append(("load", name))
+        return super().load(name, index)
+
+    def store(self, name, index, value, accumulate=False):
+        self.events.append(("store", name))
+        return super().store(name, index, value, accumulate)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelTrace:
+    """What one trace of a kernel's body tells the scheduler and memory planning."""
+
+    handler: EventTrace
+    stores: dict[str, sympy.Expr]  # each node's store index
+    reads: frozenset[str]  # buffers loaded from memory (not produced in the kernel)
+    symbols: frozenset[sympy.Symbol]
+    same_point_reads: bool  # every read of a buffer the kernel produces is at its store
+
+    @staticmethod
+    def of(kernel: Kernel) -> KernelTrace:
+        handler = EventTrace()
+        stores = kernel.body(handler)
+        same_point = all(
+            sympy.expand(load.index - stores[load.buffer]) == 0
+            for load in handler.loads
+            if load.buffer in stores
+        )
+        loads = {load.buffer for load in handler.loads}
+        return KernelTrace(
+            handler,
+            stores,
+            frozenset(loads - kernel.writes()),
+            frozenset(handler.symbols),
+            same_point,
+        )
+
+
 @dataclass(eq=False)
 class Kernel:
     """Fused IR nodes over one iteration space; what a codegen backend renders."""
@@ -96,7 +151,7 @@ class Kernel:
     arg_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     # inner nodes whose loops run reordered: node name -> kernel dimension of each loop
     orders: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    _reads: tuple | None = field(default=None, repr=False)
+    _traced: tuple | None = field(default=None, repr=False)  # (state, KernelTrace)
     _writes: tuple | None = field(default=None, repr=False)
 
     @property
@@ -119,19 +174,25 @@ class Kernel:
 
     def reads(self) -> set[str]:
         """Buffers the kernel loads from memory (not produced inside it)."""
-        return set(self._traced()[0])
+        return set(self.traced().reads)
 
     def symbols(self) -> frozenset[sympy.Symbol]:
         """The symbols the kernel's indices and index expressions mention."""
-        return self._traced()[1]
+        return self.traced().symbols
 
-    def _traced(self) -> tuple[frozenset[str], frozenset[sympy.Symbol]]:
-        key = tuple(id(n) for n in self.nodes)
-        if self._reads is None or self._reads[0] != key:
-            handler = self.trace()
-            loads = {load.buffer for load in handler.loads}
-            self._reads = (key, (frozenset(loads - self.writes()), frozenset(handler.symbols)))
-        return self._reads[1]
+    def traced(self) -> KernelTrace:
+        """The trace of :meth:`body`, made once per state of the kernel (its nodes,
+        space, loop orders and local buffers: what the trace depends on)."""
+        state = (
+            tuple(id(n) for n in self.nodes),
+            tuple(self.ranges),
+            tuple(self.reduction_ranges),
+            tuple(sorted(self.orders.items())),
+            frozenset(self.local_buffers),
+        )
+        if self._traced is None or self._traced[0] != state:
+            self._traced = (state, KernelTrace.of(self))
+        return self._traced[1]
 
     def levels(self) -> list[str | None]:
         levels = []
@@ -181,13 +242,7 @@ class Kernel:
 
     def same_point_reads(self) -> bool:
         """Whether every read of a buffer produced in this kernel is at its store index."""
-        handler = TraceHandler()
-        stores = self.body(handler)
-        return all(
-            sympy.expand(load.index - stores[load.buffer]) == 0
-            for load in handler.loads
-            if load.buffer in stores
-        )
+        return self.traced().same_point_reads
 
     def has_scan(self) -> bool:
         return any(isinstance(n.body, Scan) for n in self.nodes)

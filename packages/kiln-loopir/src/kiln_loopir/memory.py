@@ -10,8 +10,7 @@ import sympy
 from kiln_loopir.fusion import output_buffers
 from kiln_loopir.ir import Buffer
 from kiln_loopir.kernel import Kernel, Schedule
-from kiln_loopir.ops import TraceHandler
-from kiln_loopir.scheduler import step_reads, step_writes
+from kiln_loopir.scheduler import step_reads
 
 
 @dataclass
@@ -52,34 +51,20 @@ def _same_storage(a: Buffer, b: Buffer) -> bool:
     )
 
 
-class _EventTrace(TraceHandler):
-    """A trace that also keeps the order of loads and stores."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[str, str]] = []
-
-    def load(self, name, index):
-        self.events.append(("load", name))
-        return super().load(name, index)
-
-    def store(self, name, index, value, accumulate=False):
-        self.events.append(("store", name))
-        return super().store(name, index, value, accumulate)
-
-
 def _in_place_ok(kernel: Kernel, new: str, old: str) -> bool:
     """Whether ``kernel`` reads ``old`` only where it writes ``new`` (same point), and only
     before it stores ``new``."""
-    handler = _EventTrace()
-    stores = kernel.body(handler)
-    loads = [load for load in handler.loads if load.buffer == old]
-    if not loads or ("store", new) not in handler.events:
+    traced = kernel.traced()
+    events = traced.handler.events
+    loads = [load for load in traced.handler.loads if load.buffer == old]
+    if not loads or ("store", new) not in events:
         return False
-    first_store = handler.events.index(("store", new))
-    if ("load", old) in handler.events[first_store:]:
+    first_store = events.index(("store", new))
+    if ("load", old) in events[first_store:]:
         return False
-    return all(not load.masked and sympy.expand(load.index - stores[new]) == 0 for load in loads)
+    return all(
+        not load.masked and sympy.expand(load.index - traced.stores[new]) == 0 for load in loads
+    )
 
 
 def plan_memory(schedule: Schedule, *, reuse: bool = True) -> MemoryPlan:
@@ -97,7 +82,7 @@ def plan_memory(schedule: Schedule, *, reuse: bool = True) -> MemoryPlan:
     keep = output_buffers(graph) | inputs
     last_use: dict[str, int] = {}
     for i, step in enumerate(schedule.steps):
-        for name in step_reads(step) | _stored(step):
+        for name in step_reads(step) | set(_stored(step)):
             last_use[name] = i
     # storage identity: a buffer that reuses another lives in the other's storage
     storage_of: dict[str, str] = {}
@@ -111,7 +96,7 @@ def plan_memory(schedule: Schedule, *, reuse: bool = True) -> MemoryPlan:
 
     for i, step in enumerate(schedule.steps):
         plan = StepPlan()
-        new = sorted(_stored(step), key=lambda n: list(_stored(step)).index(n))
+        new = _stored(step)
         for name in new:
             if name in storage_of:  # a second write (scatter) into a live buffer
                 continue
@@ -191,10 +176,12 @@ def _peak(schedule: Schedule, plans: list[StepPlan], nbytes) -> int:
     return peak
 
 
-def _stored(step) -> set[str]:
+def _stored(step) -> list[str]:
+    """The buffers ``step`` writes to memory, in its order (a kernel's nodes, an extern
+    op's outputs): the plan and the host program it gives do not depend on string hashes."""
     if isinstance(step, Kernel):
-        return set(step.stored_buffers())
-    return step_writes(step)
+        return step.stored_buffers()
+    return list(dict.fromkeys(b.name for b in step.outputs if b is not None))
 
 
 def _shares_storage_with_kept(name, storage_of, keep) -> bool:

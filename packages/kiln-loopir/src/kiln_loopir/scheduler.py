@@ -256,41 +256,47 @@ def order(schedule: Schedule) -> Schedule:
     steps = schedule.steps
     graph = schedule.graph
     buffers = graph.buffers()
+    nbytes = {name: graph.hint(buf.nbytes()) for name, buf in buffers.items()}
+    inputs = {i.buffer.name for i in graph.inputs if i.buffer is not None}
     deps = dependencies(steps)
     outputs = output_buffers(graph)
     remaining_readers: dict[str, int] = {}
     for s in steps:
         for name in step_reads(s):
             remaining_readers[name] = remaining_readers.get(name, 0) + 1
-    done: set[int] = set()
+    waiting = {i: len(d) for i, d in deps.items()}  # dependencies not run yet
+    followers: dict[int, list[int]] = {i: [] for i in deps}
+    for i, d in deps.items():
+        for j in d:
+            followers[j].append(i)
+    ready = {i for i, n in waiting.items() if n == 0}
     result: list[Step] = []
     while len(result) < len(steps):
-        ready = [i for i in range(len(steps)) if i not in done and deps[i] <= done]
 
         def net(i: int) -> int:
             s = steps[i]
             allocated = sum(
-                graph.hint(buffers[n].nbytes())
+                nbytes[n]
                 for n in step_writes(s)
                 if not (isinstance(s, Kernel) and n in s.local_buffers)
             )
             freed = sum(
-                graph.hint(buffers[n].nbytes())
+                nbytes[n]
                 for n in step_reads(s)
                 if remaining_readers.get(n) == 1
                 and n not in outputs
                 and n in buffers
-                and not _is_input(graph, n)
+                and n not in inputs
             )
             return allocated - freed
 
         best = min(ready, key=lambda i: (net(i), i))
-        done.add(best)
+        ready.remove(best)
         result.append(steps[best])
         for name in step_reads(steps[best]):
             remaining_readers[name] -= 1
+        for f in followers[best]:
+            waiting[f] -= 1
+            if waiting[f] == 0:
+                ready.add(f)
     return Schedule(graph, renamed(result))
-
-
-def _is_input(graph: LoopGraph, name: str) -> bool:
-    return any(i.buffer is not None and i.buffer.name == name for i in graph.inputs)

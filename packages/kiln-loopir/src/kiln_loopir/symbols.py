@@ -135,6 +135,13 @@ def strided_index(
 ) -> sympy.Expr:
     """The storage offset of element ``index`` of a strided layout."""
     assert len(index) == len(stride), (index, stride)
+    return _strided_index(tuple(index), tuple(stride), offset)
+
+
+@functools.lru_cache(maxsize=65536)
+def _strided_index(index: tuple, stride: tuple, offset: sympy.Expr) -> sympy.Expr:
+    # every trace of a node (verification, each fusion it takes part in, rendering) asks
+    # for the same offsets again, and sympy's expand is slow
     return sympy.expand(offset + sum((i * s for i, s in zip(index, stride, strict=True)), 0))
 
 

@@ -50,7 +50,7 @@ def check_node_body(node: ComputedNode, defined: dict[str, Buffer], size_names: 
     if isinstance(body, Scan):
         _check(body.scan_type in SCAN_TYPES, f"{node.name}: unknown scan type")
         _check(0 <= body.dim < len(body.ranges), f"{node.name}: scan dim {body.dim} out of range")
-    handler, value, store = node.trace()
+    handler, value, store = node.traced()
     _check(isinstance(value, str), f"{node.name}: inner_fn returned {value!r}, not an ops value")
     p, r = body.loop_ranges()
     loop_names = {f"x{i}" for i in range(len(p))} | {f"r{i}" for i in range(len(r))}
