@@ -187,15 +187,15 @@ _POOL_LOCK = threading.Lock()
 
 
 def compile_workers() -> CompileWorkers | None:
-    """The process's compile workers, started on the first call (None where
-    ``$KILN_TRITON_COMPILE_WORKERS`` is 0, or where workers cannot start: this process
-    then compiles in threads)."""
+    """The process's compile workers, started on the first call (None while
+    ``$KILN_TRITON_COMPILE_WORKERS`` is 0, read at each call, or where workers cannot
+    start: this process then compiles in threads)."""
     global _POOL
+    count = worker_count()
+    if count == 0:
+        return None
     with _POOL_LOCK:
         if _POOL is None or _POOL.pid != os.getpid():
-            count = worker_count()
-            if count == 0:
-                return None
             try:
                 _POOL = CompileWorkers(count)
             except OSError as exc:  # no interpreter to start (an embedded Python)
