@@ -63,3 +63,36 @@ def test_big_kernels_are_timed_once_then_read_from_disk(fresh_cache):
     again = compile_fn(lambda a: torch.softmax(a, -1), [x], codegen=TritonCodegen())
     torch.testing.assert_close(again(x)[0], torch.softmax(x, -1))
     assert again.kernels[0].fn.configs_timed == 0  # the winner came from disk
+
+
+def test_a_kernel_with_size_arguments_is_timed_once_per_power_of_two_bucket(
+    fresh_cache, monkeypatch
+):
+    from kiln_loopir.testing import compile_symbolic
+
+    graph = compile_symbolic(
+        lambda a: torch.softmax(a, -1), [torch.randn(8, 1000)], codegen=TritonCodegen()
+    )
+    (kernel,) = [k.fn for k in graph.kernels]
+    assert kernel.meta["sizes"], "the softmax takes its sizes as arguments"
+    timed: list[int] = []
+
+    def pick(configs, launch_with):  # what timing on a GPU would answer, counted
+        timed.append(len(configs))
+        return configs[-1], {str(c): float(i) for i, c in enumerate(configs)}
+
+    monkeypatch.setattr(autotune, "pick", pick)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "a GPU")
+
+    def tune(n: int) -> Config:
+        sizes = (n,) * len(kernel.meta["sizes"])  # every size n: an n x n softmax
+        numels = kernel.numels(sizes)
+        configs = candidates(kernel.meta, numels)
+        tensors = [torch.empty(n, n) for _ in kernel.meta["args"]]
+        return kernel._tune(configs, tensors, sizes, numels, False)
+
+    first = tune(1000)
+    assert len(timed) == 1
+    assert tune(1020) == first and len(timed) == 1  # the same bucket (1024): not timed
+    tune(1100)
+    assert len(timed) == 2  # the next bucket (2048) is timed

@@ -273,9 +273,19 @@ class TritonKernel:
         device = device or torch.cuda.get_device_name()
         return autotune.cache_key(self.source_hash, numels, sizes, device)
 
+    def _tuned_under(self, numels: dict[str, int], sizes: tuple) -> tuple[dict[str, int], tuple]:
+        """What a timing is kept under: the sizes themselves for a kernel compiled for static
+        sizes; for one whose sizes are arguments, each numel's power-of-two bucket (a new
+        size in a bucket takes the winner timed for it: a sequence that grows by one token
+        a call times once per doubling)."""
+        if not self._nsizes:
+            return numels, sizes
+        return {name: next_pow2(n) for name, n in numels.items()}, ()
+
     def _tune(self, configs, tensors, sizes, numels, index64) -> Config:
         device = torch.cuda.get_device_name(tensors[0].device) if tensors else "cuda"
-        cached = self.tuned_winner(numels, sizes, device)
+        kept_numels, kept_sizes = self._tuned_under(numels, sizes)
+        cached = self.tuned_winner(kept_numels, kept_sizes, device)
         if cached is not None and cached in configs:
             return cached
         # time on scratch copies of what the kernel writes: inputs stay as they are, even
@@ -292,6 +302,6 @@ class TritonKernel:
         best, timings = autotune.pick(configs, launch_with)
         self.configs_timed += len(timings)
         autotune.save_winner(
-            self._tuning_key(numels, sizes, device), best, timings, self._tuning_dir
+            self._tuning_key(kept_numels, kept_sizes, device), best, timings, self._tuning_dir
         )
         return best
