@@ -166,3 +166,36 @@ def test_nested_stages_are_counted_once(monkeypatch):
         pass
     assert dict(frame.times) == {"outer": 4.0, "inner": 2.0}
     assert kiln.compile_times() == {"outer": 4.0, "inner": 2.0}
+
+
+def test_kiln_logs_takes_plus_and_minus_and_warns_of_unknown_kinds(monkeypatch):
+    monkeypatch.setenv("KILN_LOGS", "+recompiles,-progress,recompile")
+    try:
+        with pytest.warns(RuntimeWarning, match=r"unknown Kiln log kind\(s\) \['recompile'\]"):
+            logs.configure_from_environment()  # what importing kiln does: no error
+        assert logs.enabled("recompiles") and not logs.enabled("progress")
+        kiln.set_logs("all,-progress")
+        assert logs.enabled("guards") and not logs.enabled("progress")
+        with pytest.raises(ValueError, match="known:"):
+            kiln.set_logs("-perff")
+    finally:
+        monkeypatch.delenv("KILN_LOGS")
+        logs.configure_from_environment()
+
+
+def test_kiln_debug_1_writes_to_a_default_folder_said_once(tmp_path, monkeypatch, capsys):
+    from kiln import config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(config, "_default_debug_dir", None)
+    monkeypatch.setenv("KILN_DEBUG", "1")
+    kiln.compile(lambda x: (x.cos() * 2).sum(-1))(torch.randn(4, 8))
+    kiln.compile(lambda x: x.sin() + 1)(torch.randn(4, 8))
+    said = [line for line in capsys.readouterr().err.splitlines() if "KILN_DEBUG=1" in line]
+    assert len(said) == 1
+    (run,) = (tmp_path / "kiln_debug").iterdir()
+    assert run.name.startswith("run_") and said[0].endswith(str(run))
+    assert (run / "frame000" / "forward_kernels.cpp").exists()
+    assert not (tmp_path / "1").exists()
+    monkeypatch.setenv("KILN_DEBUG", "0")
+    assert config.debug_dir_from_environment() is None

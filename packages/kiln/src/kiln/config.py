@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -74,10 +76,36 @@ class Config:
     options: Options
 
 
+DEBUG_SWITCHES_ON = ("1", "true", "on", "yes")
+DEBUG_SWITCHES_OFF = ("0", "false", "off", "no")
+_default_debug_dir: str | None = None
+
+
+def debug_dir_from_environment() -> str | None:
+    """The folder ``$KILN_DEBUG`` names: a path, or for ``1`` (``true``, ``on``, ``yes``) a
+    new folder ``./kiln_debug/run_<date>_<time>-pid<pid>`` for this process, said once on
+    stderr, as ``TORCH_COMPILE_DEBUG=1`` does; ``0`` (``false``, ``off``, ``no``) or unset:
+    none."""
+    global _default_debug_dir
+    value = os.environ.get("KILN_DEBUG", "").strip()
+    if value.lower() in DEBUG_SWITCHES_OFF or not value:
+        return None
+    if value.lower() not in DEBUG_SWITCHES_ON:
+        return value
+    if _default_debug_dir is None:
+        stamp = time.strftime("%Y%m%d_%H%M%S")
+        _default_debug_dir = os.path.abspath(
+            os.path.join("kiln_debug", f"run_{stamp}-pid{os.getpid()}")
+        )
+        print(f"kiln: KILN_DEBUG={value}: debug dumps in {_default_debug_dir}", file=sys.stderr)
+    return _default_debug_dir
+
+
 def _default_options() -> dict:
     env = {}
-    if os.environ.get("KILN_DEBUG"):
-        env["debug_dir"] = os.environ["KILN_DEBUG"]
+    debug_dir = debug_dir_from_environment()
+    if debug_dir is not None:
+        env["debug_dir"] = debug_dir
     if os.environ.get("KILN_CACHE", "1").strip().lower() in ("0", "false", "off", "no"):
         env["cache"] = False
     if os.environ.get("KILN_HOST_PROGRAM"):
