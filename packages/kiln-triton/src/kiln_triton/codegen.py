@@ -74,14 +74,12 @@ def precompile(kernels: Sequence[TritonKernel]) -> int:
         new = [job for job in jobs if job[0].source_hash not in _FOUND_ON_DISK]
         target = precompiled.current_target()
         compiled, failures = _load_in_process(known, target) if known else (0, [])
-        workers = compile_workers() if new else None
-        if new and workers is None:
-            more, also = _compile_in_threads(new)
-        elif new:
-            more, also = compile_in_workers(new, workers, target)
-        else:
-            more, also = 0, []
-        compiled, failures = compiled + more, failures + also
+        if new:
+            workers = compile_workers()
+            more, also = (
+                compile_in_workers(new, workers, target) if workers else _compile_in_threads(new)
+            )
+            compiled, failures = compiled + more, failures + also
     if failures and not compiled:  # not a config too big to compile: every one failed
         log.warning(
             "compiling %d launch configurations ahead of their first launch failed; they "
@@ -124,17 +122,13 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
     """Compile ``jobs`` in the worker processes for ``target``, then load each binary here
     (Triton's cache has it) as the worker finishes it. Returns how many were compiled and
     the failures (kernel, config: error)."""
-    futures, failures = {}, []
-
-    def failed(kernel, config, exc: Exception) -> None:  # reported when the kernel launches
-        failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
-        log.debug("precompiling %s", failures[-1])
-
+    futures: dict = {}
+    failures: list[str] = []
     for kernel, config, numels in jobs:
         try:
             job = kernel.compile_job(config, numels, target)
         except Exception as exc:  # noqa: BLE001 - a type Kiln's specialization lacks
-            failed(kernel, config, exc)
+            _failed(failures, kernel, config, exc)
             continue
         futures[workers.submit(job)] = (kernel, config, numels, job)
     compiled = 0
@@ -145,8 +139,15 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
             kernel.adopt(config, numels, job)
             compiled += 1
         except Exception as exc:  # noqa: BLE001
-            failed(kernel, config, exc)
+            _failed(failures, kernel, config, exc)
     return compiled, failures
+
+
+def _failed(failures: list[str], kernel, config, exc: Exception) -> None:
+    """Note a configuration that did not compile ahead: it compiles at its first launch,
+    which reports an error that remains (:func:`precompile` warns where all failed)."""
+    failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
+    log.debug("precompiling %s", failures[-1])
 
 
 def _load_in_process(jobs: list[tuple], target: tuple) -> tuple[int, list[str]]:
@@ -160,8 +161,7 @@ def _load_in_process(jobs: list[tuple], target: tuple) -> tuple[int, list[str]]:
             kernel.adopt(config, numels, kernel.compile_job(config, numels, target))
             return True
         except Exception as exc:  # noqa: BLE001 - reported when the kernel launches
-            failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
-            log.debug("loading %s", failures[-1])
+            _failed(failures, kernel, config, exc)
             return False
 
     with ThreadPoolExecutor(max_workers=min(8, len(jobs))) as pool:
@@ -179,8 +179,7 @@ def _compile_in_threads(jobs: list[tuple]) -> tuple[int, list[str]]:
             kernel.warmup(config, numels)
             return True
         except Exception as exc:  # noqa: BLE001 - reported when the kernel launches
-            failures.append(f"{kernel.name} {config}: {type(exc).__name__}: {exc}")
-            log.debug("precompiling %s", failures[-1])
+            _failed(failures, kernel, config, exc)
             return False
 
     threads = int(os.environ.get("KILN_TRITON_COMPILE_THREADS", os.cpu_count() or 4))

@@ -2,7 +2,8 @@
 and never touches CUDA (see :mod:`kiln_triton.compile_pool`, which starts it).
 
 It runs as a script (``python -P compile_worker.py``): the kernels need only ``triton`` and
-:mod:`kiln_triton.device`, so the package is registered without running its ``__init__``
+:mod:`kiln_triton.device` (the call that compiles them, :mod:`kiln_triton.precompiled`),
+so the package is registered without running its ``__init__``
 (which imports torch and kiln-loopir) and the worker is ready in a fraction of a second.
 
 Protocol: pickled jobs on stdin, one pickled reply each on the original stdout (what the
@@ -57,16 +58,13 @@ def _load_module(path: str, name: str, modules: dict):
 
 def compile_job(job: dict, modules: dict) -> dict:
     """Compile one job; the reply names the compiled kernel's cache hash, or the error."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from kiln_triton import precompiled
 
     started = time.perf_counter()
     try:
         os.environ["TRITON_CACHE_DIR"] = job["cache_dir"]  # the parent's Triton cache
         fn = getattr(_load_module(job["path"], job["module"], modules), job["function"])
-        source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
-        kernel = triton.compile(source, target=GPUTarget(*job["target"]), options=job["options"])
+        kernel = precompiled.load(fn, job)  # the parent's call: the same cache key
         _build_launcher(kernel)
         reply = {"hash": kernel.hash, "error": None}
     except Exception as exc:  # noqa: BLE001 - the parent reports it and compiles itself
@@ -118,6 +116,7 @@ def main() -> None:
     import triton.compiler  # noqa: F401 - imported before the first job arrives
 
     import kiln_triton.device  # noqa: F401
+    import kiln_triton.precompiled  # noqa: F401
 
     try:
         warm_up()

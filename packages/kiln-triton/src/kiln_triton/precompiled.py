@@ -13,8 +13,8 @@ specialization itself and calls ``triton.compile`` directly:
 - block sizes and ``INDEX64`` are the constants, ``num_warps``/``num_stages`` the options.
 
 A job (:func:`compile_job`) is plain data, compiled in a worker process
-(:mod:`kiln_triton.compile_pool`) into Triton's on-disk cache; :func:`load` makes the same
-``triton.compile`` call in this process, which finds the worker's binary there. The result
+(:mod:`kiln_triton.compile_pool`) into Triton's on-disk cache by :func:`load`, which this
+process calls too and which then finds the worker's binary there. The result
 is kept per (source, configuration, numels) for every kernel of that source
 (:func:`binary`), and launched through the compiled kernel's own launcher.
 """
@@ -110,8 +110,10 @@ def compile_job(
 
 
 def load(fn, job: dict):
-    """The ``CompiledKernel`` of ``job``: the worker's binary, found in Triton's cache by
-    the same ``triton.compile`` call (or compiled here, were it not there)."""
+    """The ``CompiledKernel`` of ``job``: the one ``triton.compile`` call a worker makes to
+    compile it into Triton's cache and this process makes to find it there (the same call,
+    so the same cache key; compiled here, were it not there). ``fn`` is the job's
+    ``@triton.jit`` function as the caller imported it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
