@@ -91,7 +91,7 @@ def slow(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Real-model suites and slow tests, on the CPU."""
     install(session, PACKAGES)
-    session.install("transformers>=4.46")
+    session.install("transformers>=4.46,<5.24")  # as the packages' test extras
     pytest(
         session,
         "integration",
