@@ -23,6 +23,11 @@ from kiln_capture.convert_frame import CaptureResult, convert_frame
 from kiln_capture.dispatch import make_call, read_signature
 from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import CaptureFailed, Unsupported, UserError
+from kiln_capture.module_calls import (
+    call_with_attribute,
+    compile_hooked_submodules,
+    runs_wrapped_module,
+)
 from kiln_capture.variables.objects import has_hooks
 
 log = logging.getLogger("kiln.capture")
@@ -117,9 +122,11 @@ class CapturedFunction:
         # functions called at graph breaks and resume functions, shared by the whole tree of
         # captures that starts here (resume functions are keyed by their code)
         self.callees: dict = {}
+        # modules called at graph breaks (with hooks, or DDP), captured beneath: id -> module
+        self.module_callees: dict[int, CapturedModule] = {}
         self.warned_limit = False
         self.warned_eager = False
-        self.warned_hooks = False
+        self.noted_hooks = False
         self.is_root = True  # not a resume function or a function called at a graph break
         functools.update_wrapper(self, fn)
         self.fast_call = read_signature(fn, bound=bound_self is not None) is not None
@@ -233,7 +240,8 @@ class CapturedFunction:
         functions called at the breaks), says so once."""
         if self.warned_eager:
             return
-        results = [e.result for c in [self, *self.callees.values()] for e in c.entries]
+        modules = [m._captured for m in self.module_callees.values()]
+        results = [e.result for c in [self, *self.callees.values(), *modules] for e in c.entries]
         if any(r.graph is not None for r in results):
             return
         found = next(
@@ -286,9 +294,14 @@ class CapturedFunction:
 
     # --- helpers ----------------------------------------------------------------
 
-    def wrap_callee(self, fn) -> CapturedFunction:
-        """Functions called at a graph break (and resume functions) are captured too."""
+    def wrap_callee(self, fn):
+        """Functions called at a graph break (and resume functions) are captured too; a
+        module called there (with hooks, or DDP) runs its call with the forward beneath it
+        captured (:class:`CapturedModule`)."""
         from kiln_capture.resume import RESUME_ORIGINS
+
+        if isinstance(fn, torch.nn.Module):
+            return self.wrap_module(fn).forward
 
         # a function made in a frame with nothing of its own (a comprehension): one per code
         plain = not (fn.__closure__ or fn.__defaults__ or fn.__kwdefaults__)
@@ -304,41 +317,72 @@ class CapturedFunction:
                 observer=self.observer,
             )
             callee.callees = self.callees
+            callee.module_callees = self.module_callees
             callee.is_root = False
             callee._keep = fn
             self.callees[key] = callee
         return self.callees[key]
+
+    def wrap_module(self, module: torch.nn.Module) -> CapturedModule:
+        found = self.module_callees.get(id(module))
+        if found is None or found._module is not module:
+            found = capture(
+                module,
+                self.backend,
+                dynamic=self.dynamic,
+                recompile_limit=self.recompile_limit,
+                observer=self.observer,
+            )
+            found._captured.callees = self.callees
+            found._captured.module_callees = self.module_callees
+            found._captured.is_root = False
+            self.module_callees[id(module)] = found
+        return found
 
     def cache_entries(self) -> list[CacheEntry]:
         return list(self.entries)
 
 
 class CapturedModule(torch.nn.Module):
-    """An ``nn.Module`` whose forward is captured; everything else is the module's own."""
+    """An ``nn.Module`` whose forward is captured; everything else is the module's own.
 
-    def __init__(self, module: torch.nn.Module, captured: CapturedFunction):
+    A module with hooks runs them as nn.Module does, around the captured forward; a
+    ``DistributedDataParallel`` runs as it is, around the module it wraps, captured
+    (``wrapped``: :mod:`kiln_capture.module_calls`)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        captured: CapturedFunction,
+        wrapped: CapturedModule | None = None,
+    ):
         super().__init__()
         self._orig_mod = module
         self._captured = captured
         self.__dict__["_module"] = module  # the same, read without nn.Module's __getattr__
+        self.__dict__["_wrapped"] = wrapped
 
     def forward(self, *args, **kwargs):
-        if has_hooks(self._module):
-            self.warn_hooks_once()
-            return self._module(*args, **kwargs)
+        module = self._module
+        if self._wrapped is not None:
+            inner, call = module.module, self._wrapped.forward
+            return call_with_attribute(
+                inner, "_compiled_call_impl", call, module._call_impl, args, kwargs
+            )
+        if has_hooks(module):
+            self.note_hooks_once()
+            return call_with_attribute(
+                module, "forward", self._captured, module._call_impl, args, kwargs
+            )
         return self._captured(*args, **kwargs)
 
-    def warn_hooks_once(self) -> None:
-        if self._captured.warned_hooks:
+    def note_hooks_once(self) -> None:
+        if self._captured.noted_hooks:
             return
-        self._captured.warned_hooks = True
-        warnings.warn(
-            f"kiln-capture runs {type(self._module).__qualname__} eagerly while it (or "
-            "torch.nn.modules.module, globally) has forward or backward hooks, which capture "
-            "does not trace; remove the hooks, or compile the module's forward "
-            "(kiln_capture.capture(module.forward, ...))",
-            RuntimeWarning,
-            stacklevel=4,
+        self._captured.noted_hooks = True
+        log.info(
+            "%s has hooks: they run as nn.Module runs them, around the captured forward",
+            type(self._module).__qualname__,
         )
 
     def __getattr__(self, name):
@@ -381,6 +425,16 @@ def capture(
         raise RuntimeError(
             f"kiln-capture supports CPython 3.11 to 3.13, not {versions.PY[0]}.{versions.PY[1]}"
         )
+    if isinstance(fn_or_module, torch.nn.Module) and runs_wrapped_module(fn_or_module):
+        inner = capture(
+            fn_or_module.module,
+            backend,
+            fullgraph=fullgraph,
+            dynamic=dynamic,
+            recompile_limit=recompile_limit,
+            observer=observer,
+        )
+        return CapturedModule(fn_or_module, inner._captured, wrapped=inner)
     if isinstance(fn_or_module, torch.nn.Module):
         forward = type(fn_or_module).forward
         captured = CapturedFunction(
@@ -391,6 +445,16 @@ def capture(
             recompile_limit=recompile_limit,
             observer=observer,
             bound_self=fn_or_module,
+        )
+        compile_hooked_submodules(
+            fn_or_module,
+            functools.partial(
+                capture,
+                backend=backend,
+                dynamic=dynamic,
+                recompile_limit=recompile_limit,
+                observer=observer,
+            ),
         )
         return CapturedModule(fn_or_module, captured)
     if isinstance(fn_or_module, functools.partial):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from kiln_capture import versions
+from kiln_capture import distributed, versions
 from kiln_capture.codegen import Codegen
 from kiln_capture.comprehensions import (
     comprehension_at,
@@ -343,7 +343,7 @@ def compile_graph(output: OutputGraph, needed: list[Variable], backend):
     gm = torch.fx.GraphModule(torch.nn.Module(), output.graph, class_name="CapturedGraph")
     gm.meta["kiln_input_sources"] = [s.expr() for s, _, _ in output.inputs]
     example_inputs = [value for _, value, _ in output.inputs]
-    compiled = backend(gm, example_inputs)
+    compiled = distributed.compile_graph(gm, example_inputs, backend)
     if compiled is None:
         raise CaptureFailed("the backend returned None instead of a callable")
     return gm, compiled, {id(v): i for i, v in enumerate(values)}
@@ -584,6 +584,7 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
         NestedFunctionVariable,
         UserFunctionVariable,
     )
+    from kiln_capture.variables.objects import ModuleVariable
 
     function = getattr(fn_var, "function", fn_var)
     if getattr(getattr(function, "fn", None), "__module__", None) in NATIVE_CALLEE_MODULES:
@@ -591,6 +592,9 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
         return
     if isinstance(fn_var, UserFunctionVariable):
         cg.load_const(wrap_callee(fn_var.fn))
+        return
+    if isinstance(fn_var, ModuleVariable) and captured_on_its_own(fn_var.value):
+        cg.load_const(wrap_callee(fn_var.value))
         return
     if isinstance(fn_var, NestedFunctionVariable) and fn_var.is_plain():
         # a function made in the frame (a comprehension's): the same for every call
@@ -603,6 +607,17 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
         cg.call_object(types.MethodType, [_Const(captured), fn_var.self_var])
         return
     cg.reconstruct(fn_var)
+
+
+def captured_on_its_own(module: torch.nn.Module) -> bool:
+    """A module called at a graph break is captured on its own (hooks run around its
+    captured forward, DDP around the module it wraps), unless its call is compiled already
+    (``_compiled_call_impl``) or its forward is not Python."""
+    from kiln_capture.module_calls import runs_wrapped_module
+
+    return module._compiled_call_impl is None and (
+        runs_wrapped_module(module) or isinstance(type(module).forward, types.FunctionType)
+    )
 
 
 def with_named_parameters(fn: types.FunctionType) -> types.FunctionType:

@@ -14,6 +14,7 @@ import types
 
 import torch
 
+from kiln_capture.module_calls import has_own_hooks
 from kiln_capture.sources import COMPREHENSION_ITERATOR, ITERATOR_TYPES, ItemSource
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.constant import ConstantVariable, is_constant_value
@@ -95,7 +96,8 @@ def _wrap_new(tx, value, source) -> Variable:
         # by type, not identity: another instance of the class reuses the capture (its
         # parameters are graph inputs and its attributes are guarded where they are read)
         guards.type(source, value)
-        guards.no_hooks(source, value)
+        if not has_own_hooks(value):  # one with hooks is called at a graph break, as it is
+            guards.no_hooks(source, value)
         return objects.ModuleVariable(value, source)
     if isinstance(value, types.ModuleType):
         guards.identity(source, value)

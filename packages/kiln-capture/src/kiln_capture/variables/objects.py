@@ -18,6 +18,7 @@ from torch.nn.modules.module import (
 )
 
 from kiln_capture.exc import GraphBreak, UserError
+from kiln_capture.module_calls import runs_wrapped_module
 from kiln_capture.sources import AttrSource, ItemSource, ModuleMemberSource
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.builder import dict_key, is_namedtuple_class, wrap, wrap_derived
@@ -262,7 +263,14 @@ class ModuleVariable(ObjectVariable):
     def call(self, tx, args, kwargs):
         module = self.value
         if has_hooks(module):
-            raise GraphBreak(f"calling {type(module).__name__} with hooks registered")
+            raise GraphBreak(
+                f"calling {type(module).__name__} with hooks registered (they run as they "
+                "are, around its captured forward)"
+            )
+        if runs_wrapped_module(module):
+            raise GraphBreak(
+                f"{type(module).__name__} runs as it is, around the module it wraps, captured"
+            )
         forward = type(module).forward
         if isinstance(forward, types.FunctionType):
             return UserFunctionVariable(forward).call(tx, [self, *args], kwargs)
