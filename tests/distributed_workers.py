@@ -63,24 +63,32 @@ def stacked() -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 8))
 
 
-def init(rank: int, world: int, port: int) -> None:
+def init(rank: int, world: int, port: int, device: str) -> None:
+    """gloo on the CPU, NCCL with one GPU per rank."""
+    global DEVICE
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        DEVICE = torch.device("cuda", rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+
+
+DEVICE = torch.device("cpu")
 
 
 def twins(make):
-    """Two copies of one model with the same initial weights."""
+    """Two copies of one model with the same initial weights, on this rank's device."""
     torch.manual_seed(0)
-    a = make()
+    a = make().to(DEVICE)
     torch.manual_seed(0)
-    return a, make()
+    return a, make().to(DEVICE)
 
 
 def batch(rank: int, step: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 * rank + step + int.from_bytes(os.urandom(2)))
-    return torch.randn(16, WIDTH, generator=generator)
+    return torch.randn(16, WIDTH, generator=generator).to(DEVICE)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -145,8 +153,8 @@ def run_case(name, build, rank, results, syncs=(True,) * STEPS):
     }
 
 
-def ddp_cases(rank: int, world: int, port: int, out: str) -> None:
-    init(rank, world, port)
+def ddp_cases(rank: int, world: int, port: int, out: str, device: str = "cpu") -> None:
+    init(rank, world, port, device)
     results: dict = {}
     cap = 16 * 1024 / 2**20  # 16 KiB buckets: a Linear(64, 64) each
 
@@ -181,12 +189,12 @@ def ddp_cases(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def fsdp_cases(rank: int, world: int, port: int, out: str) -> None:
+def fsdp_cases(rank: int, world: int, port: int, out: str, device: str = "cpu") -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    init(rank, world, port)
-    mesh = init_device_mesh("cpu", (world,))
+    init(rank, world, port, device)
+    mesh = init_device_mesh(device, (world,))
     results: dict = {}
 
     def sharded(model, blocks):

@@ -27,11 +27,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(worker, world: int, tmp_path, monkeypatch) -> list[dict]:
+def spawn(worker, world: int, tmp_path, monkeypatch, device: str = "cpu") -> list[dict]:
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kiln-cache"))
     monkeypatch.setenv("KILN_CPP_CACHE_DIR", str(tmp_path / "cpp-cache"))
-    mp.spawn(worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(worker, args=(world, free_port(), str(tmp_path), device), nprocs=world)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+def two_gpus() -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+        reason="needs two CUDA devices and NCCL",
+    )
 
 
 def assert_trained_alike(case: dict, name: str) -> None:
@@ -41,7 +48,16 @@ def assert_trained_alike(case: dict, name: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ddp_trains_as_eager_with_graphs_split_at_buckets(world, tmp_path, monkeypatch):
-    ranks = spawn(distributed_workers.ddp_cases, world, tmp_path, monkeypatch)
+    check_ddp(spawn(distributed_workers.ddp_cases, world, tmp_path, monkeypatch))
+
+
+@pytest.mark.gpu
+@two_gpus()
+def test_ddp_on_two_gpus_with_nccl(tmp_path, monkeypatch):
+    check_ddp(spawn(distributed_workers.ddp_cases, 2, tmp_path, monkeypatch, "cuda"))
+
+
+def check_ddp(ranks: list[dict]) -> None:
     for rank, results in enumerate(ranks):
         for name, case in results.items():
             label = f"rank {rank}, {name}"
@@ -56,7 +72,16 @@ def test_ddp_trains_as_eager_with_graphs_split_at_buckets(world, tmp_path, monke
 
 
 def test_fsdp2_compiles_each_sharded_module_beneath_its_hooks(tmp_path, monkeypatch):
-    ranks = spawn(distributed_workers.fsdp_cases, 2, tmp_path, monkeypatch)
+    check_fsdp(spawn(distributed_workers.fsdp_cases, 2, tmp_path, monkeypatch))
+
+
+@pytest.mark.gpu
+@two_gpus()
+def test_fsdp2_on_two_gpus_with_nccl(tmp_path, monkeypatch):
+    check_fsdp(spawn(distributed_workers.fsdp_cases, 2, tmp_path, monkeypatch, "cuda"))
+
+
+def check_fsdp(ranks: list[dict]) -> None:
     for rank, results in enumerate(ranks):
         blocks = results["blocks"]
         assert_trained_alike(blocks, f"rank {rank}, blocks")

@@ -114,33 +114,44 @@ def test_a_call_without_hooks_goes_straight_to_the_captured_forward(model_and_co
     x = torch.randn(3, 16)
     compiled(x)
     captured = compiled._captured._captured
-    calls = []
-    dispatch = type(captured).__call__
 
-    def counted(*args, **kwargs):
-        calls.append(len(args))
-        return dispatch(*args, **kwargs)
+    def call_counted():
+        """compiled(x), and whether the captured forward's dispatcher ran (a recompile
+        puts a new dispatcher in place: the count is taken on the way in)."""
+        dispatch, hits = type(captured).__call__, []
 
-    type(captured).__call__ = counted
-    try:
-        torch.testing.assert_close(compiled(x), model(x))
-        assert calls, "the compiled graph's dispatcher ran"
-        calls.clear()
-        # hooks on the model, global hooks, kiln.disable(): the model's own call runs them
-        seen = []
-        handle = model.register_forward_hook(lambda mod, args, out: seen.append("model"))
-        torch.testing.assert_close(compiled(x), model(x))
-        handle.remove()
-        handle = torch.nn.modules.module.register_module_forward_hook(
-            lambda mod, args, out: seen.append("global") if mod is model else None
-        )
-        torch.testing.assert_close(compiled(x), model(x))
-        handle.remove()
-        with kiln.disable():
-            compiled(x)
-        assert seen == ["model", "model", "global", "global"] and not calls
-    finally:
-        type(captured).__call__ = dispatch
+        def counted(*args, **kwargs):
+            hits.append(1)
+            return dispatch(*args, **kwargs)
+
+        type(captured).__call__ = counted
+        try:
+            return compiled(x), bool(hits)
+        finally:
+            if type(captured).__call__ is counted:
+                type(captured).__call__ = dispatch
+
+    out, ran = call_counted()
+    torch.testing.assert_close(out, model(x))
+    assert ran, "the compiled graph's dispatcher ran"
+    # hooks on the model, global hooks: the model's own call runs them, around the
+    # captured forward
+    seen = []
+    handle = model.register_forward_hook(lambda mod, args, out: seen.append("model"))
+    out, ran = call_counted()
+    torch.testing.assert_close(out, model(x))
+    handle.remove()
+    assert ran
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: seen.append("global") if mod is model else None
+    )
+    out, ran = call_counted()
+    torch.testing.assert_close(out, model(x))
+    handle.remove()
+    assert ran
+    assert seen == ["model", "model", "global", "global"]
+    with kiln.disable():  # the model's own forward
+        assert not call_counted()[1]
 
 
 def test_sequential_keeps_its_protocol():
