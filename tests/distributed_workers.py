@@ -191,21 +191,21 @@ def ddp_cases(rank: int, world: int, port: int, out: str, device: str = "cpu") -
 
 def fsdp_cases(rank: int, world: int, port: int, out: str, device: str = "cpu") -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     init(rank, world, port, device)
     mesh = init_device_mesh(device, (world,))
     results: dict = {}
 
-    def sharded(model, blocks):
+    def sharded(model, blocks, **options):
         for block in blocks(model):
-            fully_shard(block, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, **options)
+        return fully_shard(model, mesh=mesh, **options)
 
-    def build(make, blocks):
+    def build(make, blocks, **options):
         def build():
             a, b = twins(make)
-            eager, compiled = sharded(a, blocks), sharded(b, blocks)
+            eager, compiled = sharded(a, blocks, **options), sharded(b, blocks, **options)
             return (
                 eager,
                 kiln.compile(compiled, backend=COUNTER),
@@ -217,5 +217,8 @@ def fsdp_cases(rank: int, world: int, port: int, out: str, device: str = "cpu") 
 
     run_case("blocks", build(Blocks, lambda m: [m.b0, m.b1, m.b2, m.b3]), rank, results)
     run_case("sequential", build(stacked, lambda m: list(m)[:-1]), rank, results)
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    blocks = build(Blocks, lambda m: [m.b0, m.b1, m.b2, m.b3], mp_policy=bf16)
+    run_case("bf16 parameters", blocks, rank, results)
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()

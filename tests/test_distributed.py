@@ -83,11 +83,12 @@ def test_fsdp2_on_two_gpus_with_nccl(tmp_path, monkeypatch):
 
 def check_fsdp(ranks: list[dict]) -> None:
     for rank, results in enumerate(ranks):
-        blocks = results["blocks"]
-        assert_trained_alike(blocks, f"rank {rank}, blocks")
-        assert not blocks["eager_warnings"], blocks["eager_warnings"]
-        # the four sharded blocks' forwards and the root's head, at every step
-        assert blocks["graphs"] >= 5 and all(r == blocks["graphs"] for r in blocks["runs"])
+        for name in ("blocks", "bf16 parameters"):  # FSDP2's mixed precision in the second
+            blocks = results[name]
+            assert_trained_alike(blocks, f"rank {rank}, {name}")
+            assert not blocks["eager_warnings"], blocks["eager_warnings"]
+            # the four sharded blocks' forwards and the root's head, at every step
+            assert blocks["graphs"] >= 5 and all(r == blocks["graphs"] for r in blocks["runs"])
         sequential = results["sequential"]
         assert_trained_alike(sequential, f"rank {rank}, sequential")
         # six sharded blocks called from Sequential's loop: each block's forward compiled
