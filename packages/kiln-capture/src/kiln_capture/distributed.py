@@ -144,6 +144,8 @@ def split_and_compile(gm, example_inputs, pieces: list[list], backend) -> Callab
     compiled = [backend(p.gm, p.examples) for p in parts]
     runner = chain_graphs(gm, parts, compiled)
     gm.meta["ddp_bucket_graphs"] = [p.gm for p in parts]
+    for key, value in parts[0].gm.meta.items():  # what the backend noted (kiln: its frame)
+        gm.meta.setdefault(key, value)
     log.info(
         "graph split into %d graphs at DistributedDataParallel's gradient buckets:\n%s",
         len(parts),
