@@ -456,7 +456,8 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resume_after(root.program.target(inst.arg), nulls(below))
     else:
         # any other instruction runs as it is, on the rebuilt stack
-        popped, pushed = native_stack_effect(inst)
+        native, pushed = native_form(inst)
+        popped, _ = native_stack_effect(native)
         below, operands = stack[: len(stack) + popped], stack[len(stack) + popped :]
         if any(is_null(v) for v in operands):
             raise CaptureFailed(
@@ -465,8 +466,8 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         reconstruct_values(cg, below)
         for value in operands:
             cg.reconstruct(value)
-        cg.in_handler_region(handler_entry, copy_instr(inst))
-        resume_after(index + 1, (*nulls(below), *([False] * pushed)))
+        cg.in_handler_region(handler_entry, native)
+        resume_after(index + 1, (*nulls(below), *pushed))
     if handler_entry is not None:
         # an exception from the native instruction: the original handler, as a resume point
         cg.emit(handler_entry.target)
@@ -485,6 +486,18 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
 # (values popped, as a negative count; values pushed) where the bytecode library reports
 # only the net effect
 NATIVE_STACK_EFFECTS = {"BEFORE_WITH": (-1, 2)}
+
+
+def native_form(inst) -> tuple:
+    """The instruction that runs natively for ``inst`` at a break, and the NULL mask of what
+    ``inst`` pushes. A load that pushes a NULL or a ``self`` beside its value (known only at
+    run time) loads the value alone: the resume function pushes the NULL, so that no NULL
+    is ever packed into the tuple of stack values it is called with."""
+    plain = versions.without_pushed_null(inst)
+    if plain is not None:
+        return plain, versions.value_and_null()
+    _, pushed = native_stack_effect(inst)
+    return copy_instr(inst), (False,) * pushed
 
 
 def native_stack_effect(inst) -> tuple[int, int]:

@@ -67,5 +67,23 @@ def load_attr_instr(name: str) -> Instr:
     return Instr("LOAD_ATTR", name)
 
 
+def without_pushed_null(inst: Instr) -> Instr | None:
+    """``inst`` as the load of its value alone, where it also pushes a NULL or a ``self``
+    beside it (LOAD_METHOD; LOAD_ATTR, LOAD_SUPER_ATTR and LOAD_GLOBAL with their flag);
+    None for any other instruction. A NULL beside the bound attribute calls as the method
+    and its ``self`` do."""
+    if inst.name == "LOAD_METHOD":
+        return Instr("LOAD_ATTR", inst.arg, location=inst.location)
+    flagged = ("LOAD_ATTR", "LOAD_SUPER_ATTR", "LOAD_GLOBAL")
+    if inst.name in flagged and isinstance(inst.arg, tuple) and inst.arg[0]:
+        return Instr(inst.name, (False, *inst.arg[1:]), location=inst.location)
+    return None
+
+
+def value_and_null() -> tuple[bool, bool]:
+    """Which of a loaded callable and its NULL is the NULL, in stack order."""
+    return (True, False) if null_before_callable() else (False, True)
+
+
 def return_const_instrs(value) -> list[Instr]:
     return [Instr("LOAD_CONST", value), Instr("RETURN_VALUE")]

@@ -314,6 +314,26 @@ def break_in_nested_comprehension(xs):
     return y + out[1][0]
 
 
+def scale_by_three(t):
+    return t * 3
+
+
+# a function's attribute: capture does not read it, so loading it breaks the graph
+helper_with_print.scale = scale_by_three
+
+
+def break_at_method_load(x):
+    y = x + 1
+    z = helper_with_print.scale(y)  # LOAD_METHOD (LOAD_ATTR with its flag from 3.12): NULL, attr
+    return z.cos()
+
+
+def break_at_method_load_of_a_method(x):
+    y = x + 1
+    names = helper_with_print.__dir__()  # found as a method natively: the method and self
+    return y * ("scale" in names)
+
+
 CASES = [
     Case("print_middle", print_middle, randn((3,)), graphs=2),
     Case("print_first", print_first, randn((3,)), graphs=1),
@@ -364,6 +384,12 @@ CASES = [
     # where the rebuilt iterator is not traceable, so the rest runs natively. torch.compile
     # cannot resume mid-iteration and runs the whole frame natively (0 graphs).
     Case("print_in_loop", print_in_loop, randn((3,)), graphs=1, oracle_graphs=0),
+    # The load runs natively, the call and the rest in the resume function (2 graphs);
+    # torch.compile reads a function's attributes (1 graph).
+    Case("break_at_method_load", break_at_method_load, randn((3,)), graphs=2, oracle_graphs=1),
+    Case(
+        "break_at_method_load_of_a_method", break_at_method_load_of_a_method, randn((3,)), graphs=2
+    ),
     Case("print_in_no_grad", print_in_no_grad, randn((3,), requires_grad=True), graphs=2),
     Case("break_keeps_intermediate_alive", break_keeps_intermediate_alive, randn((3,)), graphs=2),
     Case("break_then_inplace", break_then_inplace, randn((3,)), graphs=2),

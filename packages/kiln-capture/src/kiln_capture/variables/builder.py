@@ -16,7 +16,7 @@ import torch
 
 from kiln_capture.module_calls import has_own_hooks
 from kiln_capture.sources import COMPREHENSION_ITERATOR, ITERATOR_TYPES, ItemSource
-from kiln_capture.variables.base import Variable
+from kiln_capture.variables.base import MethodVariable, Variable
 from kiln_capture.variables.constant import ConstantVariable, is_constant_value
 from kiln_capture.variables.containers import (
     DictVariable,
@@ -30,6 +30,10 @@ from kiln_capture.variables.functions import (
     TorchFunctionVariable,
     UserFunctionVariable,
     is_torch_callable,
+)
+from kiln_capture.variables.native_context_managers import (
+    NativeContextManagerVariable,
+    is_native_context_manager,
 )
 from kiln_capture.variables.ndarray import is_ndarray, is_numpy_function
 
@@ -149,6 +153,8 @@ def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = 
             guards.identity(source, value)
         else:
             guards.type(source, value)
+    if source is not None and is_native_context_manager(type(value)):
+        return NativeContextManagerVariable(type(value), [], {}, source)
     if is_special_torch_function(value):
         return TorchFunctionVariable(value, source)
     if trace_numpy and is_numpy_function(value):
@@ -165,12 +171,14 @@ def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = 
             return PureFunctionVariable(value, source)
         return UserFunctionVariable(value, source)
     if isinstance(value, types.MethodType):
-        func = wrap_callable_or_object(tx, value.__func__, None, guard=False)
         self_var = (
             wrap_derived(tx, value.__self__)
             if source is None
             else wrap_method_self(tx, value, source)
         )
+        if isinstance(self_var, NativeContextManagerVariable):  # not traced: called natively
+            return MethodVariable(self_var, value.__name__)
+        func = wrap_callable_or_object(tx, value.__func__, None, guard=False)
         return BoundMethodVariable(func, self_var, source)
     if is_torch_callable(value):
         return TorchFunctionVariable(value, source)

@@ -36,6 +36,10 @@ from kiln_capture.variables.context_managers import (
     is_generator_context_manager_class,
 )
 from kiln_capture.variables.functions import CallableObjectVariable
+from kiln_capture.variables.native_context_managers import (
+    NativeContextManagerVariable,
+    is_native_context_manager,
+)
 from kiln_capture.variables.ops import apply_operator, contains, is_graph_value, sort_variables
 from kiln_capture.variables.tensor import TensorVariable
 from kiln_capture.variables.torchscript import type_argument
@@ -626,6 +630,8 @@ def call_constructor(tx, cls: type, args, kwargs):
 
     if cls in CONTEXT_MANAGERS:
         return CONTEXT_MANAGERS[cls](tx, *args, **kwargs)
+    if is_native_context_manager(cls):  # a profiler's: made and entered for real at its with
+        return NativeContextManagerVariable(cls, list(args), dict(kwargs))
     if is_generator_context_manager_class(cls) and len(args) == 3 and not kwargs:
         func, positional, keywords = args
         return GeneratorContextManagerVariable(
