@@ -93,3 +93,19 @@ def test_one_graph_outside_ddp_or_without_grad():
         x = torch.randn(4, 256)
         torch.testing.assert_close(ddp(x), model(x))
     assert len(ddp_backend.graphs) == 1
+
+
+def test_each_graph_is_compiled_on_the_values_that_reach_it():
+    model, seen = layers(6, 256), []
+
+    def backend(gm, example_inputs):
+        seen.append(example_inputs)
+        return gm.forward
+
+    ddp = DDP(model, bucket_cap_mb=0.5)
+    x = torch.randn(4, 256)
+    capture(ddp, backend)(x)
+    assert len(seen) == 3
+    made_before = [t for t in seen[1] if not isinstance(t, torch.nn.Parameter)]
+    # the second graph reads the output of the first two layers, as it was at that call
+    torch.testing.assert_close(made_before, [model[:2](x)])

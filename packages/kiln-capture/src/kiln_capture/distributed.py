@@ -51,7 +51,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, backend: Calla
     pieces = plan_pieces(gm, example_inputs, ddp)
     if len(pieces) < 2:
         return backend(gm, example_inputs)
-    return split_and_compile(gm, example_inputs, pieces, backend)
+    return split_and_compile(gm, pieces, backend)
 
 
 # --- which nodes go together ---------------------------------------------------------
@@ -99,8 +99,9 @@ def reduced_parameter_inputs(gm, example_inputs, ddp) -> dict:
 
 
 def merge_at_unsplittable_cuts(gm, pieces: list[list]) -> list[list]:
-    """Pieces joined where a value other than a tensor of static size would cross the cut
-    (a tuple, a size, a tensor of symbolic size): only such tensors pass between graphs."""
+    """Pieces joined where a value other than a dense tensor of static size would cross the
+    cut (a tuple, a size, a view, a tensor of symbolic size): only tensors that own their
+    memory, laid out as their sizes say, pass between graphs."""
     merged = [pieces[0]]
     for piece in pieces[1:]:
         before = {n for p in merged for n in p}
@@ -114,8 +115,11 @@ def merge_at_unsplittable_cuts(gm, pieces: list[list]) -> list[list]:
 
 def passes_between_graphs(node: torch.fx.Node) -> bool:
     value = node.meta.get("example_value")
-    return isinstance(value, torch.Tensor) and all(
-        isinstance(s, int) for s in (*value.shape, *value.stride())
+    return (
+        isinstance(value, torch.Tensor)
+        and value._base is None
+        and all(isinstance(s, int) for s in (*value.shape, *value.stride()))
+        and value.is_contiguous()
     )
 
 
@@ -129,23 +133,21 @@ class Piece:
     gm: torch.fx.GraphModule
     inputs: list[torch.fx.Node]  # nodes of the whole graph it reads
     outputs: list[torch.fx.Node]  # nodes of the whole graph it makes, read after it
-    examples: list  # the whole graph's example inputs, stand-ins for values made before it
 
 
-def split_and_compile(gm, example_inputs, pieces: list[list], backend) -> Callable:
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    examples = dict(zip(placeholders, example_inputs, strict=True))
+def split_and_compile(gm, pieces: list[list], backend) -> Callable:
+    """The pieces chained; each is compiled at its first call, on the tensors that reach it
+    there: a piece's inputs made by the pieces before it exist only then (a compiler may
+    read an input's values: whether a mask is causal, say)."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
     sources = dict(zip(placeholders, gm.meta["kiln_input_sources"], strict=True))
     output = next(iter(reversed(gm.graph.nodes)))
     parts = []
     for i, nodes in enumerate(pieces):
         later = {n for p in pieces[i + 1 :] for n in p} | {output}
-        parts.append(build_piece(gm, nodes, later, examples, sources))
-    compiled = [backend(p.gm, p.examples) for p in parts]
-    runner = chain_graphs(gm, parts, compiled)
+        parts.append(build_piece(gm, nodes, later, sources))
+    runner = chain_graphs(gm, parts, backend)
     gm.meta["ddp_bucket_graphs"] = [p.gm for p in parts]
-    for key, value in parts[0].gm.meta.items():  # what the backend noted (kiln: its frame)
-        gm.meta.setdefault(key, value)
     log.info(
         "graph split into %d graphs at DistributedDataParallel's gradient buckets:\n%s",
         len(parts),
@@ -154,7 +156,7 @@ def split_and_compile(gm, example_inputs, pieces: list[list], backend) -> Callab
     return runner
 
 
-def build_piece(gm, nodes: list, later: set, examples: dict, sources: dict) -> Piece:
+def build_piece(gm, nodes: list, later: set, sources: dict) -> Piece:
     """A graph of ``nodes``: placeholders for what it reads from outside (the whole graph's
     inputs in their order, then values made by earlier pieces), outputs for what is read
     after it."""
@@ -177,21 +179,12 @@ def build_piece(gm, nodes: list, later: set, examples: dict, sources: dict) -> P
     graph.output(tuple(env[n] for n in outputs))
     piece_gm = torch.fx.GraphModule(gm, graph, class_name="BucketGraph")
     piece_gm.meta = {**gm.meta, "kiln_input_sources": [sources.get(n) for n in reads]}
-    piece_examples = [examples[n] if n in examples else stand_in(n) for n in reads]
-    return Piece(piece_gm, reads, outputs, piece_examples)
+    return Piece(piece_gm, reads, outputs)
 
 
-def stand_in(node: torch.fx.Node) -> torch.Tensor:
-    """A real tensor shaped as ``node``'s value, for an input made by an earlier piece: its
-    data is never read by a compiler (the whole graph's example inputs are the real ones)."""
-    value = node.meta["example_value"]
-    made = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
-    return made.requires_grad_(value.requires_grad)
-
-
-def chain_graphs(gm, parts: list[Piece], compiled: list[Callable]) -> Callable:
-    """The whole graph as calls of the compiled pieces, one after another: a function
-    generated as source (``__kiln_source__``), its pieces named ``bucket_graph_<i>``."""
+def chain_graphs(gm, parts: list[Piece], backend) -> Callable:
+    """The whole graph as calls of the pieces, one after another: a function generated as
+    source (``__kiln_source__``), its pieces named ``bucket_graph_<i>``."""
     inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
     lines = [f"def bucketed_graphs({', '.join(inputs)}):"]
     for i, part in enumerate(parts):
@@ -202,8 +195,26 @@ def chain_graphs(gm, parts: list[Piece], compiled: list[Callable]) -> Callable:
     returned = "".join(f"{n.name}, " for n in output.args[0])
     lines.append(f"    return ({returned})")
     source = "\n".join(lines) + "\n"
-    scope = {f"bucket_graph_{i}": fn for i, fn in enumerate(compiled)}
+    scope: dict = {}
+    for i, part in enumerate(parts):
+        scope[f"bucket_graph_{i}"] = compile_at_first_call(
+            scope, f"bucket_graph_{i}", part.gm, backend
+        )
     exec(compile(source, "<kiln bucketed graphs>", "exec"), scope)
     function = scope["bucketed_graphs"]
     function.__kiln_source__ = source
     return function
+
+
+def compile_at_first_call(scope: dict, name: str, gm: torch.fx.GraphModule, backend) -> Callable:
+    """A stand-in for ``scope[name]`` that compiles ``gm`` on the arguments of its first
+    call and puts the compiled function in its place."""
+
+    def first_call(*args):
+        compiled = backend(gm, list(args))
+        if compiled is None:
+            raise RuntimeError(f"the backend returned None for {name} instead of a callable")
+        scope[name] = compiled
+        return compiled(*args)
+
+    return first_call
