@@ -253,7 +253,10 @@ class Codegen:
             bytecode.argcount += 1
             if bytecode.posonlyargcount:
                 bytecode.posonlyargcount += 1
-        return bytecode.to_code()
+        # a handler region keeps the depth of the original's handler (its resume function
+        # takes that many values); computed along the flow, it would count values pushed
+        # for the native instruction that the original's handler does not keep
+        return bytecode.to_code(compute_exception_stack_depths=False)
 
 
 def _binary_add():
