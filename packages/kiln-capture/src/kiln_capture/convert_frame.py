@@ -405,8 +405,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     if grad_mode_changed:
         cg.call_object(torch._C._set_grad_enabled, [_Const(root.grad_mode_at_stop)])
         cg.pop_top()
-    for name, value in live.items():
+    # every value is read before any local is stored: a source reads the call's arguments
+    for value in live.values():
         cg.reconstruct(value)
+    for name in reversed(live):
         cg.store_local(name)
     output.side_effects.replay(cg, fn.__globals__)
     local_names = tuple(live)

@@ -287,6 +287,24 @@ class Logger:
         return t + 1
 
 
+def append_result_of_breaking_call(out, x):
+    # the list is the caller's: what is appended after the graph goes into it
+    out.append(helper_with_print(x))
+    return x * 2
+
+
+class Scaled:
+    def __init__(self):
+        self.scale = 3.0
+
+
+def argument_rebound_before_break(obj, x):
+    kept = obj
+    obj = None
+    print("break")
+    return x * kept.scale, obj
+
+
 def break_in_comprehension_helper(xs):
     return [helper_with_print(t) for t in xs]
 
@@ -400,6 +418,21 @@ CASES = [
     Case("item_then_python_only", item_then_python_only, randn((3,)), graphs=1),
     Case("print_list_of_python_values", print_list_of_python_values, randn((3,)), graphs=1),
     Case("break_in_method", break_in_method, randn((3,)), graphs=2),
+    # the helper's two parts, then x * 2; the caller's list gets the helper's result
+    Case(
+        "append_result_of_breaking_call",
+        append_result_of_breaking_call,
+        lambda: ([torch.randn(2)], torch.randn(3)),
+        graphs=3,
+        oracle_recompiles="torch.compile's resume function holds the first call's list.append "
+        "by identity, a cache line dropped when that list is freed",
+    ),
+    Case(
+        "argument_rebound_before_break",
+        argument_rebound_before_break,
+        lambda: (Scaled(), torch.randn(3)),
+        graphs=1,
+    ),
     # before the comprehension, the helper's two parts (the comprehension's first item, its
     # other items run natively), after the comprehension. From 3.12 the comprehension is
     # inlined (PEP 709): the break moves to its start, where it is cut out as a function and
