@@ -255,7 +255,8 @@ class Codegen:
                 bytecode.posonlyargcount += 1
         # a handler region keeps the depth of the original's handler (its resume function
         # takes that many values); computed along the flow, it would count values pushed
-        # for the native instruction that the original's handler does not keep
+        # for the native instruction that the original's handler does not keep (the values
+        # below a call's operands; from 3.12 the iterator under a FOR_ITER's jump)
         return bytecode.to_code(compute_exception_stack_depths=False)
 
 
