@@ -91,3 +91,32 @@ def test_break_inside_no_grad_keeps_the_mode_and_restores_it(capsys):
     for gm in backend.graphs:  # each graph leaves grad mode as it found it
         calls = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
         assert not calls or calls[-1] is True
+
+
+def doubled_or_refused(t):
+    print("checking")
+    if t.dim() > 1:
+        raise ValueError("two dims")
+    return t * 2
+
+
+def each_or_fallback(xs):
+    out = []
+    for t in xs:
+        try:
+            out.append(t + doubled_or_refused(t))
+        except ValueError:
+            out.append(t - 1)
+    return out
+
+
+def test_exception_at_a_break_in_a_try_inside_a_loop_reaches_the_handler():
+    """The handler's stack holds the loop's iterator, below the values pushed for the call:
+    the native call's exception-table entry keeps the depth of the original's handler."""
+    fn = capture(each_or_fallback, Recorder())
+    for _ in range(2):
+        xs = [torch.randn(1, 3), torch.randn(3), torch.randn(1, 3)]
+        got, expected = fn(xs), each_or_fallback(xs)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)

@@ -253,7 +253,11 @@ class Codegen:
             bytecode.argcount += 1
             if bytecode.posonlyargcount:
                 bytecode.posonlyargcount += 1
-        return bytecode.to_code()
+        # a handler region keeps the depth of the original's handler (its resume function
+        # takes that many values); computed along the flow, it would count values pushed
+        # for the native instruction that the original's handler does not keep (the values
+        # below a call's operands; from 3.12 the iterator under a FOR_ITER's jump)
+        return bytecode.to_code(compute_exception_stack_depths=False)
 
 
 def _binary_add():

@@ -36,6 +36,8 @@ from kiln_capture.comprehensions import (
 from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import CaptureFailed, GraphBreak, RestartAnalysis, Unsupported
 from kiln_capture.guards import GuardFunction, build_guard_function
+from kiln_capture.loop_breaks import emit_native_step, guard_native_steps
+from kiln_capture.opcodes.control import loop_exit
 from kiln_capture.output_graph import OutputGraph
 from kiln_capture.program import load_program, source_line
 from kiln_capture.sources import ClosureSource, LocalSource
@@ -68,7 +70,6 @@ JUMP_OPS = (
 NATIVE_OK_EXCLUDED = (
     "RETURN_VALUE",
     "RETURN_CONST",
-    "FOR_ITER",
     "YIELD_VALUE",
     "SEND",
     "RAISE_VARARGS",
@@ -379,7 +380,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         raise CaptureFailed(f"graph break inside an autocast region at {break_info.where}")
     if fn.__code__.co_cellvars:
         raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
-    if inst.name in NATIVE_OK_EXCLUDED:  # found before a graph is compiled for nothing
+    # found before a graph is compiled for nothing
+    if inst.name == "FOR_ITER":  # an iterator capture does not trace: the step runs natively
+        guard_native_steps(output, root.stack[-1], break_info.where)
+    elif inst.name in NATIVE_OK_EXCLUDED:
         raise CaptureFailed(f"graph break at {inst.name} ({break_info.where}) cannot be resumed")
     from kiln_capture.resume import is_resume_argument
 
@@ -405,8 +409,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     if grad_mode_changed:
         cg.call_object(torch._C._set_grad_enabled, [_Const(root.grad_mode_at_stop)])
         cg.pop_top()
-    for name, value in live.items():
+    # every value is read before any local is stored: a source reads the call's arguments
+    for value in live.values():
         cg.reconstruct(value)
+    for name in reversed(live):
         cg.store_local(name)
     output.side_effects.replay(cg, fn.__globals__)
     local_names = tuple(live)
@@ -454,6 +460,17 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         resume_after(index + 1, nulls(below))
         cg.emit(other)
         resume_after(root.program.target(inst.arg), nulls(below))
+    elif inst.name == "FOR_ITER":
+        # one resume function for the body (the item on the iterator) and one for the exit
+        below, iterator = stack[:-1], stack[-1]
+        reconstruct_values(cg, below)
+        cg.reconstruct(iterator)
+        emit_native_step(
+            cg,
+            handler_entry,
+            lambda: resume_after(index + 1, (*nulls(below), False, False)),
+            lambda: resume_after(loop_exit(root.program, index), nulls(below)),
+        )
     else:
         # any other instruction runs as it is, on the rebuilt stack
         native, pushed = native_form(inst)

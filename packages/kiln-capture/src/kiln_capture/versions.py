@@ -36,6 +36,18 @@ def is_supported_version() -> bool:
     return PY in SUPPORTED
 
 
+def for_iter_exit_skips() -> tuple[str, ...]:
+    """The instructions at a ``for`` loop's exit (FOR_ITER's target) that an exhausted
+    FOR_ITER jumps past, having popped its iterator: none in 3.11, END_FOR in 3.12, END_FOR
+    and POP_TOP in 3.13 (the compiler counts the jump as keeping the iterator and these as
+    popping it)."""
+    if PY >= (3, 13):
+        return ("END_FOR", "POP_TOP")
+    if PY >= (3, 12):
+        return ("END_FOR",)
+    return ()
+
+
 # --- emitting -----------------------------------------------------------------------
 
 
@@ -83,6 +95,13 @@ def without_pushed_null(inst: Instr) -> Instr | None:
 def value_and_null() -> tuple[bool, bool]:
     """Which of a loaded callable and its NULL is the NULL, in stack order."""
     return (True, False) if null_before_callable() else (False, True)
+
+
+def for_iter_exit_instrs() -> list[Instr]:
+    """What follows the exit label of a FOR_ITER emitted natively: the instructions it
+    skips, never run but there so that the stack depth at the label, computed along the
+    jump, comes out as CPython leaves it (the iterator popped)."""
+    return [Instr(name) for name in for_iter_exit_skips()]
 
 
 def return_const_instrs(value) -> list[Instr]:

@@ -287,6 +287,24 @@ class Logger:
         return t + 1
 
 
+def append_result_of_breaking_call(out, x):
+    # the list is the caller's: what is appended after the graph goes into it
+    out.append(helper_with_print(x))
+    return x * 2
+
+
+class Scaled:
+    def __init__(self):
+        self.scale = 3.0
+
+
+def argument_rebound_before_break(obj, x):
+    kept = obj
+    obj = None
+    print("break")
+    return x * kept.scale, obj
+
+
 def break_in_comprehension_helper(xs):
     return [helper_with_print(t) for t in xs]
 
@@ -380,10 +398,11 @@ CASES = [
     Case("break_in_helper", break_in_helper, randn((3,)), graphs=4),
     Case("break_in_helper_item", break_in_helper_item, randn((3,)), graphs=4),
     Case("break_two_levels_down", break_two_levels_down, randn((3,)), graphs=5),
-    # A break inside a for loop: Kiln compiles the ops before the loop and resumes inside it,
-    # where the rebuilt iterator is not traceable, so the rest runs natively. torch.compile
-    # cannot resume mid-iteration and runs the whole frame natively (0 graphs).
-    Case("print_in_loop", print_in_loop, randn((3,)), graphs=1, oracle_graphs=0),
+    # A break inside a for loop: Kiln compiles the ops before the loop, then the loop steps
+    # natively between resume functions: the body at i=1, again at i=2 (the int item changed,
+    # so it is a graph input from then on), and the exit. torch.compile cannot resume
+    # mid-iteration and runs the whole frame natively (0 graphs).
+    Case("print_in_loop", print_in_loop, randn((3,)), graphs=4, oracle_graphs=0),
     # The load runs natively, the call and the rest in the resume function (2 graphs);
     # torch.compile reads a function's attributes (1 graph).
     Case("break_at_method_load", break_at_method_load, randn((3,)), graphs=2, oracle_graphs=1),
@@ -400,21 +419,40 @@ CASES = [
     Case("item_then_python_only", item_then_python_only, randn((3,)), graphs=1),
     Case("print_list_of_python_values", print_list_of_python_values, randn((3,)), graphs=1),
     Case("break_in_method", break_in_method, randn((3,)), graphs=2),
-    # before the comprehension, the helper's two parts (the comprehension's first item, its
-    # other items run natively), after the comprehension. From 3.12 the comprehension is
-    # inlined (PEP 709): the break moves to its start, where it is cut out as a function and
-    # called natively, captured on its own as before 3.12
+    # the helper's two parts, then x * 2; the caller's list gets the helper's result
+    Case(
+        "append_result_of_breaking_call",
+        append_result_of_breaking_call,
+        lambda: ([torch.randn(2)], torch.randn(3)),
+        graphs=3,
+        oracle_recompiles="torch.compile's resume function holds the first call's list.append "
+        "by identity, a cache line dropped when that list is freed",
+    ),
+    Case(
+        "argument_rebound_before_break",
+        argument_rebound_before_break,
+        lambda: (Scaled(), torch.randn(3)),
+        graphs=1,
+    ),
+    # before the comprehension, the helper's two parts (the comprehension's first item; the
+    # loop steps natively to the next, which reuses them), after the comprehension. From 3.12
+    # the comprehension is inlined (PEP 709): the break moves to its start, where it is cut
+    # out as a function and called natively, captured on its own as before 3.12
     Case(
         "break_in_comprehension_between_ops",
         break_in_comprehension_between_ops,
         lambda: ([torch.randn(3) for _ in range(2)],),
         graphs=4,
     ),
+    # the helper's two parts; the comprehension's second item resumes after its first (its
+    # key, an int from enumerate, changed: from then on it is an input of a graph that only
+    # hands it back for the dict). torch.compile runs the comprehension's rest natively
     Case(
         "break_in_dict_comprehension",
         break_in_dict_comprehension,
         lambda: ([torch.randn(3) for _ in range(2)],),
-        graphs=2,
+        graphs=3,
+        oracle_graphs=2,
     ),
     Case(
         "break_in_comprehension_helper",

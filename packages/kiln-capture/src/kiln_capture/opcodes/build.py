@@ -50,7 +50,8 @@ def build_const_key_map(tx, inst):
 @handles("LIST_APPEND")
 def list_append(tx, inst):
     value = tx.pop()
-    tx.peek(inst.arg).items.append(value)
+    # as list.append: a list from outside the frame (a resume function's) is written back
+    tx.peek(inst.arg).call_method(tx, "append", [value], {})
 
 
 @handles("SET_ADD")
@@ -69,7 +70,7 @@ def map_add(tx, inst):
 @handles("LIST_EXTEND")
 def list_extend(tx, inst):
     iterable = tx.pop()
-    tx.peek(inst.arg).items.extend(iterable.unpack(tx))
+    tx.peek(inst.arg).call_method(tx, "extend", [iterable], {})
 
 
 @handles("SET_UPDATE")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kiln_capture.exc import GraphBreak
+from kiln_capture.exc import CaptureFailed, GraphBreak
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.constant import ConstantVariable
 from kiln_capture.variables.containers import ListIteratorVariable
-from kiln_capture.versions import PY, handles
+from kiln_capture.versions import PY, for_iter_exit_skips, handles
 
 
 @handles("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT")
@@ -79,13 +79,18 @@ def for_iter(tx, inst):
         tx.push(item)
         return
     tx.pop()
-    tx.jump(inst.arg)
-    # 3.12+: exhaustion skips the END_FOR (and in 3.13 the POP_TOP) at the target
-    instrs = tx.program.instrs
-    if PY >= (3, 12) and instrs[tx.ip].name == "END_FOR":
-        tx.ip += 1
-        if PY >= (3, 13) and instrs[tx.ip].name == "POP_TOP":
-            tx.ip += 1
+    tx.ip = loop_exit(tx.program, tx.current_index)
+
+
+def loop_exit(program, index: int) -> int:
+    """Where an exhausted FOR_ITER at ``index`` goes on: its target, past what it skips
+    there (``versions.for_iter_exit_skips``)."""
+    target = program.target(program.instrs[index].arg)
+    skipped = for_iter_exit_skips()
+    found = tuple(inst.name for inst in program.instrs[target : target + len(skipped)])
+    if found != skipped:
+        raise CaptureFailed(f"a for loop's exit at {program.where(target)} holds {found}")
+    return target + len(skipped)
 
 
 @handles("END_FOR", min_version=(3, 12))

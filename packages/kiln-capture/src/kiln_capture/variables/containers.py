@@ -32,6 +32,17 @@ def mapping_pairs(tx, source, kwargs: dict) -> list[tuple[Variable, Variable]]:
     return pairs + [(ConstantVariable(k), v) for k, v in kwargs.items()]
 
 
+def reload_from_source(container: Variable, cg) -> bool:
+    """Push a list, dict or set from outside the frame as the object itself (the replay
+    writes back what the frame changed in it): a copy would take the changes made through
+    it after the graph (``out.append(f(x))`` where ``f`` breaks) away from the caller's
+    object. False for one made in the frame."""
+    if container.source is None:
+        return False
+    container.source.emit(cg)
+    return True
+
+
 def all_constant(items) -> bool:
     return all(v.is_constant() for v in items)
 
@@ -246,6 +257,10 @@ class ListVariable(SequenceVariable):
             except IndexError as exc:
                 raise UserError(exc) from None
 
+    def reconstruct(self, cg) -> None:
+        if not reload_from_source(self, cg):
+            super().reconstruct(cg)
+
 
 class DictVariable(Variable):
     """A dict (or ``OrderedDict``, ``defaultdict`` is not supported) keyed by constants."""
@@ -353,6 +368,8 @@ class DictVariable(Variable):
         return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg) -> None:
+        if reload_from_source(self, cg):
+            return
         if self.python_cls is not dict:
             cg.call_object(self.python_cls, [DictVariable(self.entries)])
             return
@@ -441,6 +458,8 @@ class SetVariable(Variable):
         return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg) -> None:
+        if reload_from_source(self, cg):
+            return
         for item in self.members.values():
             item.reconstruct(cg)
         cg.build(set, len(self.members))
