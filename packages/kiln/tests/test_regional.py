@@ -111,8 +111,9 @@ def test_functions_and_modules_a_function_calls_compile_when_its_frame_cannot():
 
 
 def helper_in_a_loop(x):
-    for _ in range(3):
-        os.getpid()  # a break inside the loop: the rest of the frame runs natively
+    for _ in range(100):
+        # a break inside a loop of more than 64 items: the rest of the frame runs natively
+        os.getpid()
         x = activate(x)
     return x
 
