@@ -18,7 +18,7 @@ from torch.nn.modules.module import (
 )
 
 from kiln_capture.exc import GraphBreak, UserError
-from kiln_capture.module_calls import runs_wrapped_module
+from kiln_capture.module_calls import has_own_hooks, runs_wrapped_module
 from kiln_capture.sources import AttrSource, ItemSource, ModuleMemberSource
 from kiln_capture.variables.base import Variable
 from kiln_capture.variables.builder import dict_key, is_namedtuple_class, wrap, wrap_derived
@@ -330,12 +330,8 @@ class ModuleVariable(ObjectVariable):
 def has_hooks(module: torch.nn.Module) -> bool:
     """Whether calling ``module`` runs hooks (its own or global ones). Called at every call
     of a captured module: the reads are written out."""
-    own = module.__dict__
     return bool(
-        own.get("_forward_hooks")
-        or own.get("_forward_pre_hooks")
-        or own.get("_backward_hooks")
-        or own.get("_backward_pre_hooks")
+        has_own_hooks(module)
         or _global_forward_hooks
         or _global_forward_pre_hooks
         or _global_backward_hooks
