@@ -121,6 +121,7 @@ def _make_function(
     grad_inputs = joint.grad_inputs
     deps = parts.grad_tangent_deps
     compiled_bws: list[Callable] = [compiled_bw] if compiled_bw is not None else []
+    fresh = fresh_outputs(parts, returned_index)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -130,7 +131,10 @@ def _make_function(
             ctx.save_for_backward(*saved[:n_tensors])
             ctx.symints = saved[n_tensors:]
             side.raw = fw_outs
-            returned = tuple(fw_outs[k] for k in returned_index)
+            returned = tuple(
+                _not_a_view(fw_outs[k]) if p in fresh else fw_outs[k]
+                for p, k in enumerate(returned_index)
+            )
             ctx.tangent_meta = [
                 (returned[p].shape, returned[p].dtype, returned[p].device)
                 for p in tangent_positions
@@ -166,6 +170,40 @@ def _make_function(
             return (None, *result)
 
     return CompiledFunction
+
+
+def fresh_outputs(parts: PartitionedGraphs, returned_index: Sequence[int]) -> frozenset[int]:
+    """Positions of what ``Function.forward`` returns whose graph value is a tensor of its
+    own: made by an op that is not a view, and not saved for the backward. A compiled
+    graph may hand such a value out as a view of memory it laid out for several values
+    (one allocation, or a buffer reused); eager's is no view, and a view made inside an
+    ``autograd.Function`` may not be written in place (``out += 1`` raised)."""
+    output = next(iter(reversed(parts.fw.graph.nodes)))
+    values = list(output.args[0])
+    fw_outs, saved = values[: parts.num_fw_outputs], values[parts.num_fw_outputs :]
+    saved_roots = {_view_root(n) for n in saved if isinstance(n, torch.fx.Node)}
+    return frozenset(
+        p
+        for p, k in enumerate(returned_index)
+        if isinstance(node := fw_outs[k], torch.fx.Node)
+        and node.op == "call_function"
+        and not getattr(node.target, "is_view", False)
+        and node not in saved_roots
+    )
+
+
+def _view_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The value whose memory ``node`` views (``node`` itself where it is no view)."""
+    while node.op == "call_function" and getattr(node.target, "is_view", False):
+        node = node.args[0]
+    return node
+
+
+def _not_a_view(t: object) -> object:
+    """``t``, or where it is a view, a tensor over the same memory that is none."""
+    if isinstance(t, torch.Tensor) and t._base is not None:
+        return torch.ops.aten._unsafe_view(t, t.shape)
+    return t
 
 
 def _error_on_double_backward(grads: list[object]) -> list[object]:
