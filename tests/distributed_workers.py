@@ -182,6 +182,7 @@ def ddp_cases(rank: int, world: int, port: int, out: str, device: str = "cpu") -
         return eager, compiled, list(a.parameters()), list(b.parameters())
 
     run_case("compile(DDP(model))", outer(), rank, results)
+    run_case("gradient_as_bucket_view", outer(gradient_as_bucket_view=True), rank, results)
     run_case("DDP(compile(model))", inner, rank, results)
     run_case("no_sync", outer(), rank, results, syncs=(False, False, True, True))
     run_case("find_unused_parameters", unused, rank, results)
