@@ -106,3 +106,13 @@ def for_iter_exit_instrs() -> list[Instr]:
 
 def return_const_instrs(value) -> list[Instr]:
     return [Instr("LOAD_CONST", value), Instr("RETURN_VALUE")]
+
+
+def make_function_instrs(flags: int) -> list[Instr]:
+    """MAKE_FUNCTION of the code on top of the stack, with the attributes ``flags`` names
+    pushed below it in flag order (defaults, kwdefaults, annotations, closure): 3.13 sets
+    them one by one, the last pushed first."""
+    if PY < (3, 13):
+        return [Instr("MAKE_FUNCTION", flags)]
+    attributes = [Instr("SET_FUNCTION_ATTRIBUTE", f) for f in (0x08, 0x04, 0x02, 0x01) if flags & f]
+    return [Instr("MAKE_FUNCTION"), *attributes]

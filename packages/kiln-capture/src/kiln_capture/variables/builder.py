@@ -149,6 +149,8 @@ def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = 
     if guard:
         if isinstance(value, types.MethodType):
             guards.method(source, value)
+        elif made_in_a_frame(value):
+            guards.function_code(source, value)
         elif _identity_guarded(value):
             guards.identity(source, value)
         else:
@@ -197,6 +199,17 @@ def wrap_method_self(tx, method, source):
     from kiln_capture.sources import AttrSource
 
     return wrap(tx, method.__self__, AttrSource(source, "__self__"))
+
+
+def made_in_a_frame(value) -> bool:
+    """A function a ``def`` or ``lambda`` made inside another function's run, with no
+    defaults (which a guard on its code would not cover)."""
+    return (
+        isinstance(value, types.FunctionType)
+        and "<locals>" in value.__qualname__
+        and value.__defaults__ is None
+        and value.__kwdefaults__ is None
+    )
 
 
 def _identity_guarded(value) -> bool:
