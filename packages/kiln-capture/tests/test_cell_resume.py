@@ -151,6 +151,77 @@ def test_a_resumed_nonlocal_write_reaches_the_closure_made_before_the_break():
     assert len(backend.graphs) >= 2
 
 
+def make_scale(k):
+    def scale(t):
+        print(end="")  # a break inside: the call of ``scale`` is made at a graph break
+        return t * k
+
+    return scale
+
+
+def call_closure_argument(x, f):
+    y = x + 1
+    return f(y) + 1
+
+
+def test_a_closure_passed_in_is_called_as_this_calls_closure():
+    """A function made in a frame is guarded on its code: the one called at a break is
+    this call's (its cell holds this call's ``k``), never the first call's."""
+    captured = capture(call_closure_argument, Recorder())
+    for k in (2.0, 3.0, 4.0):
+        x = torch.randn(3)
+        expected = call_closure_argument(x, make_scale(k))
+        torch.testing.assert_close(captured(x, make_scale(k)), expected)
+
+
+def make_counter():
+    count = 0
+
+    def step(t):
+        nonlocal count
+        count += 1
+        return t * count
+
+    return step
+
+
+def counts_with(x, step):
+    a = step(x)
+    print(end="")
+    return step(a)
+
+
+def test_a_passed_closures_nonlocal_write_reaches_its_own_cell():
+    captured = capture(counts_with, Recorder())
+    for _ in range(2):
+        step, eager_step = make_counter(), make_counter()
+        x = torch.randn(3)
+        torch.testing.assert_close(captured(x, step), counts_with(x, eager_step))
+        assert step.__closure__[0].cell_contents == 2
+
+
+def make_offset(t):
+    shift = t.mean()
+    return lambda u: u - shift
+
+
+def helper_closure_live_at_break(x):
+    offset = make_offset(x)  # its cell was made in an inlined call, whose frame is gone
+    print(end="")
+    return offset(x * 2)
+
+
+def test_a_closure_made_in_an_inlined_call_crosses_a_break():
+    backend = Recorder()
+    captured = capture(helper_closure_live_at_break, backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            x = torch.randn(4)
+            torch.testing.assert_close(captured(x), helper_closure_live_at_break(x))
+    assert len(backend.graphs) == 2
+
+
 class Scale(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -192,3 +263,37 @@ def test_a_forward_with_a_closure_around_a_hooked_submodule():
     assert len(seen) == 4, "the hook ran for the captured and the eager calls"
     # before the hooked call, its forward (captured on its own), and after it
     assert len(backend.graphs) == 3
+
+
+def test_gpt2_with_hooked_blocks_keeps_the_code_around_the_blocks_in_graphs():
+    """GPT2Model.forward has cells (transformers 5's output-recording wrappers); each
+    block with a hook is called at a graph break, and the forward resumes after it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=128,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2Model(config).eval()
+    calls = []
+    for block in model.h:
+        block.register_forward_hook(lambda m, args, out: calls.append(m))
+    backend = Recorder()
+    captured = capture(model, backend)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            ids = torch.randint(0, 128, (2, 8))
+            out = captured(input_ids=ids).last_hidden_state
+            torch.testing.assert_close(out, model(input_ids=ids).last_hidden_state)
+    assert len(calls) == 8, "each block's hook ran in the captured and the eager calls"
+    # embeddings before the first block, each block's forward, the final norm after them
+    sources = [g.meta["kiln_input_sources"] for g in backend.graphs]
+    assert len(backend.graphs) == 4
+    assert "self._modules['wte']._parameters['weight']" in sources[0]
+    assert "self._modules['ln_f']._parameters['weight']" in sources[-1]

@@ -62,9 +62,8 @@ class Codegen:
 
     def load_closure(self, name: str) -> None:
         """Push the cell object of the frame's cell or free variable ``name``."""
-        self.emit(
-            Instr("LOAD_CLOSURE", FreeVar(name) if name in self.code.co_freevars else CellVar(name))
-        )
+        var = FreeVar(name) if name in self.code.co_freevars else CellVar(name)
+        self.emit(versions.load_closure_instr(var))
 
     def load_cell(self, cell) -> None:
         """Push the real cell that the traced ``cell`` stands for: the frame's own (by

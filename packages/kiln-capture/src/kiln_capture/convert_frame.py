@@ -43,7 +43,7 @@ from kiln_capture.program import load_program, source_line
 from kiln_capture.sources import ClosureSource, LocalSource, PassedCellSource
 from kiln_capture.translator import Translator
 from kiln_capture.variables.base import DeletedVariable, NullVariable, Variable
-from kiln_capture.variables.builder import wrap
+from kiln_capture.variables.builder import guarded_by_code, wrap
 from kiln_capture.variables.class_statements import refuse_escaping_class
 from kiln_capture.variables.context_managers import GeneratorContextManagerVariable
 
@@ -689,7 +689,10 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
         cg.reconstruct(fn_var)
         return
     if isinstance(fn_var, UserFunctionVariable):
-        cg.load_const(wrap_callee(fn_var.fn))
+        if guarded_by_code(fn_var.fn, fn_var.source):  # this call's function, run natively
+            cg.reconstruct(fn_var)
+        else:
+            cg.load_const(wrap_callee(fn_var.fn))
         return
     if isinstance(fn_var, ModuleVariable) and captured_on_its_own(fn_var.value):
         cg.load_const(wrap_callee(fn_var.value))

@@ -116,3 +116,9 @@ def make_function_instrs(flags: int) -> list[Instr]:
         return [Instr("MAKE_FUNCTION", flags)]
     attributes = [Instr("SET_FUNCTION_ATTRIBUTE", f) for f in (0x08, 0x04, 0x02, 0x01) if flags & f]
     return [Instr("MAKE_FUNCTION"), *attributes]
+
+
+def load_closure_instr(var) -> Instr:
+    """Push the cell object of a cell or free variable (``CellVar``/``FreeVar``): 3.13 made
+    LOAD_CLOSURE a pseudo-instruction that is LOAD_FAST of the cell's slot."""
+    return Instr("LOAD_CLOSURE" if PY < (3, 13) else "LOAD_FAST", var)
