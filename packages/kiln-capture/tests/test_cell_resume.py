@@ -297,3 +297,36 @@ def test_gpt2_with_hooked_blocks_keeps_the_code_around_the_blocks_in_graphs():
     assert len(backend.graphs) == 4
     assert "self._modules['wte']._parameters['weight']" in sources[0]
     assert "self._modules['ln_f']._parameters['weight']" in sources[-1]
+
+
+class Doubling(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class SuperAcrossBreaks(Doubling):
+    """``super()`` reads the ``__class__`` cell, a free variable passed on to each resume."""
+
+    def forward(self, x):
+        y = x + 1
+        print(end="")
+        z = super().forward(y)
+        total = lambda: z + y  # noqa: E731
+        try:
+            print(end="")
+            w = total()
+        except ValueError:
+            w = y
+        return super().forward(w)
+
+
+def test_a_method_using_super_resumes_with_its_class_cell():
+    model = SuperAcrossBreaks()
+    backend = Recorder()
+    captured = capture(model, backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            x = torch.randn(3)
+            torch.testing.assert_close(captured(x), model(x))
+    assert len(backend.graphs) == 3

@@ -496,14 +496,10 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
             raise CaptureFailed(f"graph break at {break_info.where} cannot be resumed")
 
     comprehension = comprehension_at(root.program, index)
-    if comprehension is not None and fn.__code__.co_cellvars:
-        # the comprehension, cut out as a function of its own, would not share the frame's cells
-        raise CaptureFailed(
-            f"graph break inside a comprehension at {break_info.where} in a function with "
-            "cell or free variables (Python 3.12+ inlines comprehensions)"
-        )
     if comprehension is not None:
-        below = call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_entry)
+        below = call_comprehension(
+            cg, fn, root, comprehension, live, frame_cell_names, wrap_callee, handler_entry
+        )
         saved = tuple(_unbound(live.get(name, DeletedVariable())) for name in comprehension.saved)
         resume_after(comprehension.end_for + 1, (*nulls(below), *saved, False))
     elif inst.name in CALL_OPS:
@@ -595,10 +591,11 @@ def native_stack_effect(inst) -> tuple[int, int]:
     return popped, pushed
 
 
-def call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_entry):
+def call_comprehension(cg, fn, root, comprehension, live, cells, wrap_callee, handler_entry):
     """At the start of a comprehension inlined in the frame (3.12+): push the values of the
     names it saves, then its result, computed by the comprehension cut out as a function
-    and called natively (and captured on its own); the values below its iterator."""
+    (of the iterator, the live locals and the frame's cells) and called natively (and
+    captured on its own); the values below its iterator."""
     below, iterator = list(root.stack[:-1]), root.stack[-1]
     reconstruct_values(cg, below)
     for name in comprehension.saved:
@@ -609,7 +606,11 @@ def call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_e
     cg.begin_handler_region(handler_entry)
     cg.call(
         lambda: cg.load_const(function),
-        [lambda: cg.reconstruct(iterator), *(lambda n=n: cg.reconstruct(live[n]) for n in names)],
+        [
+            lambda: cg.reconstruct(iterator),
+            *(lambda n=n: cg.reconstruct(live[n]) for n in names),
+            *(lambda n=n: cg.load_closure(n) for n in cells),
+        ],
     )
     cg.end_handler_region(handler_entry)
     return below

@@ -33,6 +33,8 @@ STACK_PREFIX = "___stack"
 # break inside a resume function resumes the original code again: a loop that breaks at every
 # iteration reuses one resume function instead of making a new one each time.
 RESUME_ORIGINS: dict[types.CodeType, tuple[types.CodeType, int]] = {}
+# codes whose cell variables are parameters that arrive as cells (see the module docstring)
+CELLS_PASSED_IN: set[types.CodeType] = set()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -55,11 +57,7 @@ def resume_code(
     while rest and isinstance(rest[0], Instr) and rest[0].name in PROLOGUE_OPS:
         prologue.append(rest[0])
         rest = rest[1:]
-    kept = [inst for inst in prologue if inst.name not in CELL_SETUP_OPS]
-    cells = cell_names(code)
-    for inst in rest:  # a free variable is a passed cell here, like a cell variable
-        if isinstance(inst, Instr) and isinstance(inst.arg, FreeVar):
-            inst.arg = CellVar(inst.arg.name)
+    kept, cells = cells_as_parameters(code, prologue, rest)
     stack_names = fresh_names(STACK_PREFIX, null_mask.count(False), set(local_names) | set(cells))
     values = iter(stack_names)
     setup = [
@@ -69,8 +67,6 @@ def resume_code(
 
     resumed = Bytecode(kept + setup + rest)
     resumed._copy_attr_from(original)
-    resumed.cellvars = list(cells)
-    resumed.freevars = []
     resumed.argnames = stack_names + list(local_names) + list(cells)
     resumed.argcount = len(resumed.argnames)
     resumed.posonlyargcount = 0
@@ -82,8 +78,11 @@ def resume_code(
     # The jump lands past the TryBegin of a block it resumes inside, so the stack depths of
     # the exception table cannot be recomputed along the flow: they are the original's (the
     # stack at the target is the original's), and so is the room the handlers need.
+    resumed.cellvars = list(cells)
+    resumed.freevars = []
     new_code = resumed.to_code(stacksize=code.co_stacksize, compute_exception_stack_depths=False)
     RESUME_ORIGINS[new_code] = (code, len(setup) - (len(prologue) - len(kept)))
+    CELLS_PASSED_IN.add(new_code)
     return new_code
 
 
@@ -102,9 +101,22 @@ def cell_names(code: types.CodeType) -> tuple[str, ...]:
     return code.co_cellvars + code.co_freevars
 
 
+def cells_as_parameters(code: types.CodeType, prologue: list, body: list) -> tuple[list, tuple]:
+    """For a function made of ``code``'s ``body`` that takes ``code``'s cells as its last
+    parameters: the prologue without its cell setup, and the cells' names. Free variables
+    in ``body`` become cell variables (the instructions are changed in place); the new
+    code's ``cellvars`` must be set to the names and its ``freevars`` emptied."""
+    kept = [inst for inst in prologue if inst.name not in CELL_SETUP_OPS]
+    for inst in body:
+        if isinstance(inst, Instr) and isinstance(inst.arg, FreeVar):
+            inst.arg = CellVar(inst.arg.name)
+    return kept, cell_names(code)
+
+
 def passed_cells(code: types.CodeType) -> tuple[str, ...]:
-    """The parameters of ``code`` that are cells passed in (a resume function's)."""
-    return code.co_cellvars if code in RESUME_ORIGINS else ()
+    """The parameters of ``code`` that are cells passed in (a resume function's, a
+    comprehension's cut out of a frame)."""
+    return code.co_cellvars if code in CELLS_PASSED_IN else ()
 
 
 def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:
