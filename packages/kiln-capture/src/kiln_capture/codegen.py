@@ -30,6 +30,7 @@ class Codegen:
         self.keep_alive: list = []
         self.prologue_end = 0  # instructions of the prologue
         self.graph_called_at: int | None = None  # the first instruction after the graph call
+        self.frame_cells: dict[int, str] = {}  # id(cell variable) -> the frame's name for it
 
     # --- primitives -------------------------------------------------------------
 
@@ -58,6 +59,29 @@ class Codegen:
         self.emit(
             Instr("LOAD_DEREF", FreeVar(name) if name in self.code.co_freevars else CellVar(name))
         )
+
+    def load_closure(self, name: str) -> None:
+        """Push the cell object of the frame's cell or free variable ``name``."""
+        var = FreeVar(name) if name in self.code.co_freevars else CellVar(name)
+        self.emit(versions.load_closure_instr(var))
+
+    def load_cell(self, cell) -> None:
+        """Push the real cell that the traced ``cell`` stands for: the frame's own (by
+        name), one read through a closure (from its source), one that existed before the
+        trace, or a new one with the cell's contents (one made in an inlined call, whose
+        frame is gone)."""
+        from kiln_capture.sources import AttrSource
+
+        name = self.frame_cells.get(id(cell))
+        if name is not None:
+            self.load_closure(name)
+        elif isinstance(cell.source, AttrSource) and cell.source.attr == "cell_contents":
+            cell.source.base.emit(self)  # a closure's cell, read where the closure is read
+        elif cell.real_cell is not None:
+            self.load_const(cell.real_cell)
+        else:
+            contents = [] if cell.contents is None else [cell.contents]
+            self.call_object(types.CellType, contents)
 
     def load_global(self, name: str) -> None:
         self.emit(versions.load_global_instr(name))
@@ -185,14 +209,19 @@ class Codegen:
         self.emit(Instr("STORE_FAST", GRAPH_OUT))
         self.graph_called_at = len(self.instrs)
 
-    def call_resume(self, resume_fn, stack_depth: int, local_names: list[str]) -> None:
-        """Call ``resume_fn(*stack, *locals)`` with the stack left by the native instruction."""
+    def call_resume(
+        self, resume_fn, stack_depth: int, local_names: list[str], cell_names: tuple[str, ...] = ()
+    ) -> None:
+        """Call ``resume_fn(*stack, *locals, *cells)`` with the stack left by the native
+        instruction; the cells are passed as cell objects."""
         self.emit(Instr("BUILD_TUPLE", stack_depth), Instr("STORE_FAST", "___stack"))
         self.push_callable(lambda: self.load_const(resume_fn))
         self.emit(Instr("LOAD_FAST", "___stack"))
         for name in local_names:
             self.load_local(name)
-        self.emit(Instr("BUILD_TUPLE", len(local_names)))
+        for name in cell_names:
+            self.load_closure(name)
+        self.emit(Instr("BUILD_TUPLE", len(local_names) + len(cell_names)))
         self.emit(Instr("BINARY_OP", _ADD))
         self.emit(Instr("CALL_FUNCTION_EX", 0))
         self.emit(Instr("RETURN_VALUE"))
@@ -219,13 +248,7 @@ class Codegen:
     def make_function(self, code: types.CodeType, flags: int) -> None:
         """MAKE_FUNCTION for ``code``, its defaults already pushed as ``flags`` says."""
         self.load_const(code)
-        if versions.PY >= (3, 13):
-            self.emit(Instr("MAKE_FUNCTION"))
-            for flag in (0x02, 0x01):
-                if flags & flag:
-                    self.emit(Instr("SET_FUNCTION_ATTRIBUTE", flag))
-        else:
-            self.emit(Instr("MAKE_FUNCTION", flags))
+        self.emit(*versions.make_function_instrs(flags))
 
     def new_label(self) -> Label:
         return Label()

@@ -24,6 +24,7 @@ import types
 from bytecode import Bytecode, Instr, TryBegin, TryEnd
 
 from kiln_capture.program import Program, load_program
+from kiln_capture.resume import CELLS_PASSED_IN, cells_as_parameters
 
 PROLOGUE_OPS = ("MAKE_CELL", "COPY_FREE_VARS", "RESUME", "NOP")
 ITERATOR = "implicit0"
@@ -98,9 +99,13 @@ def comprehension_code(
     # the handler that restores the saved locals on an exception is not needed: they are
     # this function's own
     body = [item for item in body if not isinstance(item, (TryBegin, TryEnd))]
+    # the frame's cells are passed in, so that the comprehension shares them with the frame
+    prologue, cells = cells_as_parameters(code, prologue, body)
     cut = Bytecode([*prologue, Instr("LOAD_FAST", ITERATOR), *body, Instr("RETURN_VALUE")])
     cut._copy_attr_from(original)
-    cut.argnames = [ITERATOR, *local_names]
+    cut.cellvars = list(cells)
+    cut.freevars = []
+    cut.argnames = [ITERATOR, *local_names, *cells]
     cut.argcount = len(cut.argnames)
     cut.posonlyargcount = 0
     cut.kwonlyargcount = 0
@@ -109,6 +114,7 @@ def comprehension_code(
     cut.qualname = f"{code.co_qualname}_comprehension_at_{start}"
     new_code = cut.to_code()
     CUT_OUT[new_code] = len(prologue) + 1
+    CELLS_PASSED_IN.add(new_code)
     return new_code
 
 
@@ -116,4 +122,4 @@ def comprehension_function(
     fn: types.FunctionType, start: int, local_names: tuple[str, ...]
 ) -> types.FunctionType:
     code = comprehension_code(fn.__code__, start, local_names)
-    return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+    return types.FunctionType(code, fn.__globals__, code.co_name)

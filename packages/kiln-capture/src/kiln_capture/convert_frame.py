@@ -40,10 +40,10 @@ from kiln_capture.loop_breaks import emit_native_step, guard_native_steps
 from kiln_capture.opcodes.control import loop_exit
 from kiln_capture.output_graph import OutputGraph
 from kiln_capture.program import load_program, source_line
-from kiln_capture.sources import ClosureSource, LocalSource
+from kiln_capture.sources import ClosureSource, LocalSource, PassedCellSource
 from kiln_capture.translator import Translator
 from kiln_capture.variables.base import DeletedVariable, NullVariable, Variable
-from kiln_capture.variables.builder import wrap
+from kiln_capture.variables.builder import guarded_by_code, wrap
 from kiln_capture.variables.class_statements import refuse_escaping_class
 from kiln_capture.variables.context_managers import GeneratorContextManagerVariable
 
@@ -183,11 +183,51 @@ def bind_locals(fn, args, kwargs) -> dict:
     return {name: LazyLocal(value, LocalSource(name)) for name, value in bound.arguments.items()}
 
 
-def root_cells(fn, output) -> dict:
+def root_cells(fn, output, local_vars: dict) -> dict:
+    """The frame's cells known before its first instruction: its free variables, and the
+    cells a resume function takes as arguments (taken out of ``local_vars``)."""
+    from kiln_capture.resume import passed_cells
+
     cells = {}
     for i, name in enumerate(fn.__code__.co_freevars):
         cells[name] = output.cell_for(fn.__closure__[i], ClosureSource(name, i))
+    for name in passed_cells(fn.__code__):
+        cells[name] = output.cell_for(local_vars.pop(name).value, PassedCellSource(name))
     return cells
+
+
+def own_cells(root) -> dict:
+    """The frame's cells made in the trace (MAKE_CELL) that hold a value: only the trace
+    has that value, the generated code stores it in the frame's real cell."""
+    return {
+        name: cell
+        for name, cell in root.cells.items()
+        if cell.real_cell is None and cell.contents is not None and not _unbound(cell.contents)
+    }
+
+
+def cells_reached(roots: list[Variable]) -> set[int]:
+    """Ids of the cells that the values in ``roots`` hold (functions' closures)."""
+    found, seen = set(), set()
+
+    def visit(v):
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        for cell in getattr(v, "closure", None) or ():
+            found.add(id(cell))
+        for child in children(v):
+            visit(child)
+
+    for root in roots:
+        visit(root)
+    return found
+
+
+def store_cells(cg, cells: dict) -> None:
+    """Store into the frame's cells the values pushed for them (in ``cells``' order)."""
+    for name in reversed(cells):
+        cg.store_local(name)
 
 
 def convert_frame(
@@ -240,12 +280,13 @@ def trace(
 ) -> CaptureResult:
     output = OutputGraph(fn.__globals__, fn.__closure__, dynamic)
     program = load_program(fn.__code__)
+    local_vars = bind_locals(fn, args, kwargs)
     root = RootTranslator(
         program,
         output,
         fn.__globals__,
-        bind_locals(fn, args, kwargs),
-        root_cells(fn, output),
+        local_vars,
+        root_cells(fn, output, local_vars),
         break_at=break_at,
         fullgraph=fullgraph,
     )
@@ -301,6 +342,9 @@ def children(v: Variable) -> list:
         mapping = getattr(v, attr, None)
         if isinstance(mapping, dict):
             out.extend(mapping.values())
+    closure = getattr(v, "closure", None)
+    if isinstance(closure, (list, tuple)):  # a function made in the frame: its cells
+        out.extend(closure)
     for attr in ("self_var", "function", "contents", "tensor"):
         value = getattr(v, attr, None)
         if isinstance(value, Variable):
@@ -352,11 +396,19 @@ def compile_graph(output: OutputGraph, needed: list[Variable], backend):
 
 def finish_return(fn, output, root, returned, backend) -> CaptureResult:
     needed = [returned, *output.side_effects.stored_values()]
+    # a function made in the frame and handed out holds the frame's cells: they get the
+    # values the trace left in them
+    reached = cells_reached(needed)
+    cells = {name: c for name, c in own_cells(root).items() if id(c) in reached}
     gm, compiled, indices = compile_graph(output, needed, backend)
     cg = Codegen(fn.__code__, indices)
+    cg.frame_cells = {id(cell): name for name, cell in root.cells.items()}
     cg.prologue()
     if compiled is not None:
         cg.call_graph(compiled, [s for s, _, _ in output.inputs])
+    for cell in cells.values():
+        cg.reconstruct(cell.contents)
+    store_cells(cg, cells)
     # values are rebuilt before the side effects are replayed: a replay may empty a
     # container that a value is read from
     cg.reconstruct(returned)
@@ -378,8 +430,6 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     handler = root.program.handlers[index]
     if root.autocast_at_stop:
         raise CaptureFailed(f"graph break inside an autocast region at {break_info.where}")
-    if fn.__code__.co_cellvars:
-        raise CaptureFailed(f"graph break in a function with closures at {break_info.where}")
     # found before a graph is compiled for nothing
     if inst.name == "FOR_ITER":  # an iterator capture does not trace: the step runs natively
         guard_native_steps(output, root.stack[-1], break_info.where)
@@ -397,25 +447,37 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         held = getattr(value, "manager", value)
         if isinstance(held, GeneratorContextManagerVariable) and held.generator is not None:
             held.break_at_with()
-    needed = [*stack, *live.values(), *output.side_effects.stored_values()]
+    cells = own_cells(root)
+    needed = [
+        *stack,
+        *live.values(),
+        *(c.contents for c in cells.values()),
+        *output.side_effects.stored_values(),
+    ]
     grad_mode_changed = root.grad_mode_at_stop != output.initial_grad_mode
     if grad_mode_changed:  # the graph ends in the mode it started in; the code switches back
         output.graph.call_function(torch._C._set_grad_enabled, (output.initial_grad_mode,))
     gm, compiled, indices = compile_graph(output, needed, backend)
     cg = Codegen(fn.__code__, indices)
+    cg.frame_cells = {id(cell): name for name, cell in root.cells.items()}
     cg.prologue()
     if compiled is not None:
         cg.call_graph(compiled, [s for s, _, _ in output.inputs])
     if grad_mode_changed:
         cg.call_object(torch._C._set_grad_enabled, [_Const(root.grad_mode_at_stop)])
         cg.pop_top()
-    # every value is read before any local is stored: a source reads the call's arguments
-    for value in live.values():
+    # every value is read before any local or cell is stored: a source reads the call's
+    # arguments (an argument that is a cell variable is read through its cell)
+    for value in [*live.values(), *(c.contents for c in cells.values())]:
         cg.reconstruct(value)
+    store_cells(cg, cells)
     for name in reversed(live):
         cg.store_local(name)
     output.side_effects.replay(cg, fn.__globals__)
     local_names = tuple(live)
+    from kiln_capture.resume import cell_names
+
+    frame_cell_names = cell_names(fn.__code__)
     resumes = []
 
     def resume_after(target: int, null_mask: tuple[bool, ...]):
@@ -423,7 +485,7 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
 
         resume = wrap_callee(make_resume_function(fn, target, null_mask, local_names))
         resumes.append(resume)
-        cg.call_resume(resume, null_mask.count(False), list(local_names))
+        cg.call_resume(resume, null_mask.count(False), list(local_names), frame_cell_names)
 
     handler_entry = None
     if handler is not None:
@@ -435,7 +497,9 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
 
     comprehension = comprehension_at(root.program, index)
     if comprehension is not None:
-        below = call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_entry)
+        below = call_comprehension(
+            cg, fn, root, comprehension, live, frame_cell_names, wrap_callee, handler_entry
+        )
         saved = tuple(_unbound(live.get(name, DeletedVariable())) for name in comprehension.saved)
         resume_after(comprehension.end_for + 1, (*nulls(below), *saved, False))
     elif inst.name in CALL_OPS:
@@ -527,10 +591,11 @@ def native_stack_effect(inst) -> tuple[int, int]:
     return popped, pushed
 
 
-def call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_entry):
+def call_comprehension(cg, fn, root, comprehension, live, cells, wrap_callee, handler_entry):
     """At the start of a comprehension inlined in the frame (3.12+): push the values of the
     names it saves, then its result, computed by the comprehension cut out as a function
-    and called natively (and captured on its own); the values below its iterator."""
+    (of the iterator, the live locals and the frame's cells) and called natively (and
+    captured on its own); the values below its iterator."""
     below, iterator = list(root.stack[:-1]), root.stack[-1]
     reconstruct_values(cg, below)
     for name in comprehension.saved:
@@ -541,7 +606,11 @@ def call_comprehension(cg, fn, root, comprehension, live, wrap_callee, handler_e
     cg.begin_handler_region(handler_entry)
     cg.call(
         lambda: cg.load_const(function),
-        [lambda: cg.reconstruct(iterator), *(lambda n=n: cg.reconstruct(live[n]) for n in names)],
+        [
+            lambda: cg.reconstruct(iterator),
+            *(lambda n=n: cg.reconstruct(live[n]) for n in names),
+            *(lambda n=n: cg.load_closure(n) for n in cells),
+        ],
     )
     cg.end_handler_region(handler_entry)
     return below
@@ -621,7 +690,10 @@ def emit_callee(cg, fn_var, wrap_callee) -> None:
         cg.reconstruct(fn_var)
         return
     if isinstance(fn_var, UserFunctionVariable):
-        cg.load_const(wrap_callee(fn_var.fn))
+        if guarded_by_code(fn_var.fn, fn_var.source):  # this call's function, run natively
+            cg.reconstruct(fn_var)
+        else:
+            cg.load_const(wrap_callee(fn_var.fn))
         return
     if isinstance(fn_var, ModuleVariable) and captured_on_its_own(fn_var.value):
         cg.load_const(wrap_callee(fn_var.value))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -181,6 +182,20 @@ class GuardSet:
         label = getattr(value, "__qualname__", None) or type(value).__name__
         expr = self.bind(source)
         self.add(f"{expr} is {name}", f"{expr} is the same {label}", subject=expr)
+
+    def function_code(self, source, value) -> None:
+        """A function made by a ``def`` or ``lambda`` in a frame is a new object at every
+        run of the frame: guard its code (what a call of it runs) instead of its identity;
+        what its closure holds is guarded where the trace reads it."""
+        name = self.constant_name("code", value.__code__)
+        expr = self.bind(source)
+        self.add(
+            f"type({expr}) is ___FunctionType and {expr}.__code__ is {name} and "
+            f"{expr}.__defaults__ is None and {expr}.__kwdefaults__ is None",
+            f"{expr} is a function {value.__qualname__} made from the same code",
+            subject=expr,
+            ___FunctionType=types.FunctionType,
+        )
 
     def method(self, source, value) -> None:
         """A bound method is a new object at every read: guard its function instead."""

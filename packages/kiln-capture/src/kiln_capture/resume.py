@@ -2,9 +2,16 @@
 
 ``resume_at(i)`` is the original code with a prologue that puts the saved stack back and
 jumps to instruction ``i``. Its arguments are the stack values (NULLs are pushed by the
-prologue, never passed), then the live locals under their own names. Since 3.11 exception
-handling is a table of instruction ranges, the jump may land inside a ``try`` body. A
-resume function is captured like any other function.
+prologue, never passed), then the live locals under their own names, then the frame's
+cells. Since 3.11 exception handling is a table of instruction ranges, the jump may land
+inside a ``try`` body. A resume function is captured like any other function.
+
+Cells are passed as the cell objects themselves, so that functions made before the break
+(which hold them) keep sharing them with the rest of the frame. Each cell and free variable
+of the original becomes a cell variable that is also a parameter, and the prologue does not
+run MAKE_CELL or COPY_FREE_VARS: the argument (a cell) stays in the frame's slot as it is,
+which is where LOAD_DEREF, STORE_DEREF and LOAD_CLOSURE look for the cell. A resume
+function thus has no closure of its own, and one function serves every call.
 """
 
 from __future__ import annotations
@@ -12,17 +19,22 @@ from __future__ import annotations
 import functools
 import types
 
-from bytecode import Bytecode, Instr, Label
+from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 
 from kiln_capture.program import Program
 
 PROLOGUE_OPS = ("MAKE_CELL", "COPY_FREE_VARS", "RESUME", "NOP")
+# the cells of a resume function arrive as arguments (see the module docstring)
+CELL_SETUP_OPS = ("MAKE_CELL", "COPY_FREE_VARS")
 STACK_PREFIX = "___stack"
 
-# resume code -> (the code it was cut from, how many instructions its setup added), so that a
+# resume code -> (the code it was cut from, how many instructions it has more before the
+# target than the original: its setup less the dropped cell setup), so that a
 # break inside a resume function resumes the original code again: a loop that breaks at every
 # iteration reuses one resume function instead of making a new one each time.
 RESUME_ORIGINS: dict[types.CodeType, tuple[types.CodeType, int]] = {}
+# codes whose cell variables are parameters that arrive as cells (see the module docstring)
+CELLS_PASSED_IN: set[types.CodeType] = set()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -45,16 +57,17 @@ def resume_code(
     while rest and isinstance(rest[0], Instr) and rest[0].name in PROLOGUE_OPS:
         prologue.append(rest[0])
         rest = rest[1:]
-    stack_names = fresh_names(STACK_PREFIX, null_mask.count(False), set(local_names))
+    kept, cells = cells_as_parameters(code, prologue, rest)
+    stack_names = fresh_names(STACK_PREFIX, null_mask.count(False), set(local_names) | set(cells))
     values = iter(stack_names)
     setup = [
         Instr("PUSH_NULL") if is_null else Instr("LOAD_FAST", next(values)) for is_null in null_mask
     ]
     setup.append(Instr("JUMP_FORWARD", label))
 
-    resumed = Bytecode(prologue + setup + rest)
+    resumed = Bytecode(kept + setup + rest)
     resumed._copy_attr_from(original)
-    resumed.argnames = stack_names + list(local_names)
+    resumed.argnames = stack_names + list(local_names) + list(cells)
     resumed.argcount = len(resumed.argnames)
     resumed.posonlyargcount = 0
     resumed.kwonlyargcount = 0
@@ -65,8 +78,11 @@ def resume_code(
     # The jump lands past the TryBegin of a block it resumes inside, so the stack depths of
     # the exception table cannot be recomputed along the flow: they are the original's (the
     # stack at the target is the original's), and so is the room the handlers need.
+    resumed.cellvars = list(cells)
+    resumed.freevars = []
     new_code = resumed.to_code(stacksize=code.co_stacksize, compute_exception_stack_depths=False)
-    RESUME_ORIGINS[new_code] = (code, len(setup))
+    RESUME_ORIGINS[new_code] = (code, len(setup) - (len(prologue) - len(kept)))
+    CELLS_PASSED_IN.add(new_code)
     return new_code
 
 
@@ -75,7 +91,32 @@ def make_resume_function(
 ) -> types.FunctionType:
     code, target = original_position(fn.__code__, target)
     new_code = resume_code(code, target, null_mask, local_names)
-    return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)
+    return types.FunctionType(new_code, fn.__globals__, new_code.co_name)
+
+
+def cell_names(code: types.CodeType) -> tuple[str, ...]:
+    """The cells a resume function of ``code`` takes, in the order it takes them: the
+    original's cell variables then its free variables (a resume function's own cell
+    variables are exactly these, in this order, so this holds for it too)."""
+    return code.co_cellvars + code.co_freevars
+
+
+def cells_as_parameters(code: types.CodeType, prologue: list, body: list) -> tuple[list, tuple]:
+    """For a function made of ``code``'s ``body`` that takes ``code``'s cells as its last
+    parameters: the prologue without its cell setup, and the cells' names. Free variables
+    in ``body`` become cell variables (the instructions are changed in place); the new
+    code's ``cellvars`` must be set to the names and its ``freevars`` emptied."""
+    kept = [inst for inst in prologue if inst.name not in CELL_SETUP_OPS]
+    for inst in body:
+        if isinstance(inst, Instr) and isinstance(inst.arg, FreeVar):
+            inst.arg = CellVar(inst.arg.name)
+    return kept, cell_names(code)
+
+
+def passed_cells(code: types.CodeType) -> tuple[str, ...]:
+    """The parameters of ``code`` that are cells passed in (a resume function's, a
+    comprehension's cut out of a frame)."""
+    return code.co_cellvars if code in CELLS_PASSED_IN else ()
 
 
 def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:

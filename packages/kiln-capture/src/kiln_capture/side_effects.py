@@ -84,7 +84,8 @@ class SideEffects:
                 cg.store_attr(name)
         for cell, value in self.cell_stores.values():
             cg.reconstruct(value)
-            cg.load_const(cell.real_cell)
+            # a resume function's cell is its argument: a constant would be the first call's
+            cg.load_cell(cell)
             cg.store_attr("cell_contents")
         for f_globals, name, value in self.global_stores.values():
             cg.reconstruct(value)

@@ -67,6 +67,19 @@ class ClosureSource(Source):
 
 
 @dataclass(frozen=True)
+class PassedCellSource(Source):
+    """The contents of a cell that a resume function takes as an argument."""
+
+    name: str
+
+    def expr(self) -> str:
+        return f"{self.name}.cell_contents"
+
+    def emit(self, cg) -> None:
+        cg.load_deref(self.name)
+
+
+@dataclass(frozen=True)
 class AttrSource(Source):
     base: Source
     attr: str

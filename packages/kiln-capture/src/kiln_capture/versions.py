@@ -106,3 +106,19 @@ def for_iter_exit_instrs() -> list[Instr]:
 
 def return_const_instrs(value) -> list[Instr]:
     return [Instr("LOAD_CONST", value), Instr("RETURN_VALUE")]
+
+
+def make_function_instrs(flags: int) -> list[Instr]:
+    """MAKE_FUNCTION of the code on top of the stack, with the attributes ``flags`` names
+    pushed below it in flag order (defaults, kwdefaults, annotations, closure): 3.13 sets
+    them one by one, the last pushed first."""
+    if PY < (3, 13):
+        return [Instr("MAKE_FUNCTION", flags)]
+    attributes = [Instr("SET_FUNCTION_ATTRIBUTE", f) for f in (0x08, 0x04, 0x02, 0x01) if flags & f]
+    return [Instr("MAKE_FUNCTION"), *attributes]
+
+
+def load_closure_instr(var) -> Instr:
+    """Push the cell object of a cell or free variable (``CellVar``/``FreeVar``): 3.13 made
+    LOAD_CLOSURE a pseudo-instruction that is LOAD_FAST of the cell's slot."""
+    return Instr("LOAD_CLOSURE" if PY < (3, 13) else "LOAD_FAST", var)

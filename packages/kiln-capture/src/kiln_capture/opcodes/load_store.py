@@ -130,9 +130,10 @@ def store_global(tx, inst):
 @handles("MAKE_CELL")
 def make_cell(tx, inst):
     name = _var_name(inst.arg)
-    value = tx.locals.pop(name, None)
+    value = tx.locals.get(name)
     if value is not None and not isinstance(value, DeletedVariable):
         value = tx.realize_local(name, value)
+    tx.locals.pop(name, None)  # after realizing it, which stores the local again
     tx.cells[name] = CellVariable(contents=value)
 
 

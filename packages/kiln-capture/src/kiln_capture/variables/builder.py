@@ -149,6 +149,8 @@ def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = 
     if guard:
         if isinstance(value, types.MethodType):
             guards.method(source, value)
+        elif guarded_by_code(value, source):
+            guards.function_code(source, value)
         elif _identity_guarded(value):
             guards.identity(source, value)
         else:
@@ -197,6 +199,24 @@ def wrap_method_self(tx, method, source):
     from kiln_capture.sources import AttrSource
 
     return wrap(tx, method.__self__, AttrSource(source, "__self__"))
+
+
+def guarded_by_code(value, source) -> bool:
+    """A function a ``def`` or ``lambda`` made inside another function's run, with no
+    defaults (which a guard on its code would not cover), passed in as an argument (a
+    resume function's local made before the break): a new object at every call, guarded
+    on its code. The object differs from call to call, so it is never baked into the
+    generated code (``convert_frame.emit_callee``)."""
+    from kiln_capture.sources import LocalSource
+
+    return (
+        isinstance(value, types.FunctionType)
+        and "<locals>" in value.__qualname__
+        and value.__defaults__ is None
+        and value.__kwdefaults__ is None
+        and source is not None
+        and isinstance(source.root(), LocalSource)
+    )
 
 
 def _identity_guarded(value) -> bool:

@@ -7,6 +7,7 @@ import inspect
 import types
 
 import torch
+from bytecode import Instr
 
 from kiln_capture.exc import GraphBreak
 from kiln_capture.variables.base import Variable
@@ -44,6 +45,9 @@ class CellVariable(Variable):
         self.contents = value
         if self.real_cell is not None:
             tx.side_effects.store_cell(self, value)
+
+    def reconstruct(self, cg) -> None:
+        cg.load_cell(self)
 
 
 class BaseFunctionVariable(Variable):
@@ -119,6 +123,8 @@ class UserFunctionVariable(BaseFunctionVariable):
 class NestedFunctionVariable(BaseFunctionVariable):
     """A function made by MAKE_FUNCTION inside the captured code (a closure, a lambda)."""
 
+    mutable = True  # rebuilt once where it is used twice: one function object, as eagerly
+
     def __init__(self, code, qualname, defaults, kwdefaults, closure, globals_):
         self.code_object = code
         self.qualname = qualname
@@ -165,10 +171,6 @@ class NestedFunctionVariable(BaseFunctionVariable):
         return dict(zip(names, self.closure or (), strict=True))
 
     def reconstruct(self, cg) -> None:
-        if self.closure:
-            from kiln_capture.exc import CaptureFailed
-
-            raise CaptureFailed(f"cannot rebuild the closure {self.qualname} after the graph")
         flags = 0
         if self.defaults is not None:
             cg.reconstruct(self.defaults)
@@ -176,6 +178,11 @@ class NestedFunctionVariable(BaseFunctionVariable):
         if self.kwdefaults is not None:
             cg.reconstruct(self.kwdefaults)
             flags |= 0x02
+        if self.closure:  # over the real cells, shared with the frame and other closures
+            for cell in self.closure:
+                cg.reconstruct(cell)
+            cg.emit(Instr("BUILD_TUPLE", len(self.closure)))
+            flags |= 0x08
         cg.make_function(self.code_object, flags)
 
 
