@@ -20,10 +20,9 @@ class Wrapped(torch.nn.Module):
         self.head = torch.nn.Linear(16, 4)
 
     def forward(self, x):
-        offset = 1.0
-        shift = lambda t: t + offset  # noqa: E731  (a closure: forward has a cell)
-        os.getpid()  # a C call capture cannot trace: a break it cannot resume (the cell)
-        return shift(self.head(self.body(x))).tanh()
+        with torch.autocast("cpu", enabled=True):
+            os.getpid()  # a C call capture cannot trace: a break it cannot resume (autocast)
+        return (self.head(self.body(x)) + 1.0).tanh()
 
 
 def test_submodules_compile_when_the_frame_cannot(tmp_path):
@@ -73,10 +72,9 @@ def kept_eager(t):
 
 
 def unresumable(x):
-    offset = 1.0
-    shift = lambda t: t + offset  # noqa: E731  (a closure: the function has a cell)
-    os.getpid()  # a C call capture cannot trace: a break it cannot resume (the cell)
-    return shift(kept_eager(activate(projection(x))))
+    with torch.autocast("cpu", enabled=True):
+        os.getpid()  # a C call capture cannot trace: a break it cannot resume (autocast)
+    return kept_eager(activate(projection(x))) + 1.0
 
 
 class Graphs:
@@ -129,10 +127,9 @@ def test_the_rest_of_a_frame_that_runs_eagerly_calls_compiled_functions():
 
 class WithMethod(Wrapped):
     def encode(self, x):
-        offset = 1.0
-        shift = lambda t: t + offset  # noqa: E731
-        os.getpid()
-        return shift(self.body(x))
+        with torch.autocast("cpu", enabled=True):
+            os.getpid()
+        return self.body(x) + 1.0
 
 
 def test_a_method_of_a_module_compiles_its_submodules_when_its_frame_cannot():
