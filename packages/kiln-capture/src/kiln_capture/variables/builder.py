@@ -206,7 +206,7 @@ def guarded_by_code(value, source) -> bool:
     defaults (which a guard on its code would not cover), passed in as an argument (a
     resume function's local made before the break): a new object at every call, guarded
     on its code. The object differs from call to call, so it is never baked into the
-    generated code (``convert_frame.emit_callee``)."""
+    generated code (``native_calls.emit_callee``)."""
     from kiln_capture.sources import LocalSource
 
     return (
