@@ -13,6 +13,7 @@ compiles the backward graph the first time a gradient is needed. Both then
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -173,22 +174,25 @@ def _make_function(
 
 
 def fresh_outputs(parts: PartitionedGraphs, returned_index: Sequence[int]) -> frozenset[int]:
-    """Positions of what ``Function.forward`` returns whose graph value is a tensor of its
-    own: made by an op that is not a view, and not saved for the backward. A compiled
-    graph may hand such a value out as a view of memory it laid out for several values
-    (one allocation, or a buffer reused); eager's is no view, and a view made inside an
+    """Positions of what ``Function.forward`` returns whose memory belongs to it alone: a
+    value the graph computed (or a view of one) that no other output shares and the
+    backward does not save. A compiled graph may hand such a value out as a view (of memory
+    laid out for several values: one allocation, a reused buffer; or of the intermediate it
+    views, which nothing else reads); eager's is no view where the op made a tensor of its
+    own (a linear layer's ``_unsafe_view``), and a view made inside an
     ``autograd.Function`` may not be written in place (``out += 1`` raised)."""
     output = next(iter(reversed(parts.fw.graph.nodes)))
     values = list(output.args[0])
     fw_outs, saved = values[: parts.num_fw_outputs], values[parts.num_fw_outputs :]
     saved_roots = {_view_root(n) for n in saved if isinstance(n, torch.fx.Node)}
+    readers = Counter(_view_root(n) for n in fw_outs if isinstance(n, torch.fx.Node))
     return frozenset(
         p
         for p, k in enumerate(returned_index)
         if isinstance(node := fw_outs[k], torch.fx.Node)
-        and node.op == "call_function"
-        and not getattr(node.target, "is_view", False)
-        and node not in saved_roots
+        and (root := _view_root(node)).op == "call_function"
+        and root not in saved_roots
+        and readers[root] == 1
     )
 
 
