@@ -72,3 +72,21 @@ def test_attention_graph_holds_the_fused_kernel_eager_runs(mask):
     (got,) = graph.gm(q, k, v, m)[:1]
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_attention_under_autocast_casts_its_inputs_as_eager():
+    """The fused op runs on autocast's casts, as eager's call does: bfloat16 output, and
+    a float32 mask cast with the rest (the fused op rejects a mask of another dtype)."""
+    import kiln_autograd
+
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda") for _ in range(3))
+    m = torch.randn(2, 1, 128, 128, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        graph = kiln_autograd.trace_inference_graph(Attention(), [q, k, v, m])
+        (got,) = graph.gm(q, k, v, m)[:1]
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    targets = {str(n.target) for n in graph.gm.graph.nodes}
+    assert any(t.startswith("aten._scaled_dot_product_") for t in targets), targets
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

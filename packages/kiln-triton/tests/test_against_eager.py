@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kiln_loopir.lowering import matmul
 from kiln_loopir.testing import check_against_eager, check_sizes, compile_fn
 from kiln_loopir.testing.cases import SIZE_FAMILIES
 from kiln_triton import TritonCodegen
@@ -224,3 +225,22 @@ def test_non_contiguous_and_offset_inputs(device):
     z = base[3:33].view(6, 5)
     check_against_eager(lambda a, b, c: torch.softmax(a + b, 1) * a + c, [x, y, z],
                         codegen=TritonCodegen())  # fmt: skip
+
+
+def _stored_before_a_reduction(x, w, b, c):
+    a = torch.mm(x, w)  # an intermediate the fused kernel is the last to read
+    t = a * b
+    u = t + c  # stored (a later product reads it) before the row sum
+    return (t * c).sum(1, keepdim=True), u.to(torch.bfloat16), torch.mm(u, w)
+
+
+def test_a_store_before_a_reduction_keeps_what_the_later_loop_reads(device, monkeypatch):
+    # the looped variant computes u again after the sum, from a: u written over a's memory
+    # in the first loop would be read there in a's place
+    monkeypatch.setattr(matmul, "INLINE_MATMUL_MAX_MNK", 0)
+    force(monkeypatch, "looped", rblock=4)
+    x, w, b, c = (torch.randn(*s, device=device) for s in [(8, 16), (16, 16), (16,), (8, 16)])
+    compiled = check_against_eager(
+        _stored_before_a_reduction, [x, w, b, c], codegen=TritonCodegen()
+    )
+    assert "# in place" not in compiled.host_source

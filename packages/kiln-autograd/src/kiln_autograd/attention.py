@@ -9,6 +9,11 @@ the fused op eager calls (flash, memory-efficient or cuDNN attention), so a grap
 one attention kernel as eager runs it. Everything else keeps ATen's own path: other
 devices, dynamic sizes, dropout, grouped-query inputs, and masks the fused ops would need
 padded.
+
+The routing runs above the dispatcher, where autocast has not yet cast anything, and the
+fused ops have no autocast rule of their own: under autocast the inputs are cast first, as
+autocast casts ``scaled_dot_product_attention``'s (floating tensors of the autocast device,
+float64 excepted, to its lower precision).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def scaled_dot_product_attention(
     *,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
+    query, key, value, attn_mask = _autocast(query, key, value, attn_mask)
     args = (query, key, value, attn_mask, dropout_p, is_causal, scale)
     choice = _fused_choice(*args, enable_gqa) if _may_fuse(*args, enable_gqa) else None
     if attn_mask is not None and attn_mask.dtype == torch.bool and choice is not None:
@@ -66,6 +72,25 @@ def scaled_dot_product_attention(
     return torch._C._nn.scaled_dot_product_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
+
+
+def _autocast(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """``tensors`` as autocast casts the arguments of ``scaled_dot_product_attention``."""
+    device_type = tensors[0].device.type
+    if device_type != "cuda" or not torch.is_autocast_enabled(device_type):
+        return list(tensors)
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+        eligible = (
+            t is not None
+            and t.is_floating_point()
+            and t.dtype not in (torch.float64, dtype)
+            and t.device.type == device_type
+        )
+        return t.to(dtype) if eligible else t
+
+    return [cast(t) for t in tensors]
 
 
 def _may_fuse(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> bool:

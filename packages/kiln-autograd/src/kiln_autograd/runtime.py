@@ -37,7 +37,7 @@ class InferenceRunner:
     """Runs a compiled inference graph (no autograd), then writes back and regenerates views."""
 
     def __init__(self, compiled: Callable, meta: GraphMeta) -> None:
-        self.compiled = compiled
+        self.compiled = without_autocast(compiled)
         self.meta = meta
 
     def __call__(self, *args: object) -> object:
@@ -121,7 +121,9 @@ def _make_function(
     num_inputs = joint.num_inputs
     grad_inputs = joint.grad_inputs
     deps = parts.grad_tangent_deps
-    compiled_bws: list[Callable] = [compiled_bw] if compiled_bw is not None else []
+    autocast = torch._C._is_any_autocast_enabled()
+    compiled_fw = without_autocast(compiled_fw, autocast)
+    compiled_bws: list[Callable] = [without_autocast(compiled_bw, autocast)] if compiled_bw else []
     fresh = fresh_outputs(parts, returned_index)
 
     class CompiledFunction(torch.autograd.Function):
@@ -159,7 +161,8 @@ def _make_function(
             ]
             saved = [*ctx.saved_tensors, *ctx.symints]
             if not compiled_bws:
-                compiled_bws.append(bw_compiler(parts.bw, example_values(parts.bw)))
+                compiled = bw_compiler(parts.bw, example_values(parts.bw))
+                compiled_bws.append(without_autocast(compiled, autocast))
             with torch.no_grad():
                 grads = list(compiled_bws[0](*saved, *tangents))
             result: list[object] = [None] * num_inputs
@@ -171,6 +174,24 @@ def _make_function(
             return (None, *result)
 
     return CompiledFunction
+
+
+def without_autocast(compiled: Callable, autocast: bool | None = None) -> Callable:
+    """``compiled``, run with autocast off where the graph was traced under autocast
+    (``autocast``, default: whether it is on now; the guards hold that state at every call).
+
+    A traced graph holds autocast's casts already. Its ATen calls run again under
+    autocast would cast again: an op of a region the traced code ran with autocast off
+    (a rotary embedding's float32 product) would run in the lower precision, on inputs
+    the kernels beside it read as float32."""
+    if not (torch._C._is_any_autocast_enabled() if autocast is None else autocast):
+        return compiled
+
+    def run_without_autocast(*args: object) -> object:
+        with torch._C._DisableAutocast():
+            return compiled(*args)
+
+    return run_without_autocast
 
 
 def fresh_outputs(parts: PartitionedGraphs, returned_index: Sequence[int]) -> frozenset[int]:

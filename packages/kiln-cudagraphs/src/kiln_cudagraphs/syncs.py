@@ -18,6 +18,8 @@ from contextlib import contextmanager
 import torch
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
+# what torch says once when the mode is first set: the watch's own, never the user's
+MODE_NOTICE = "Synchronization debug mode is a prototype feature"
 _DEFAULT, _WARN = 0, 1  # torch.cuda.get_sync_debug_mode's values ("error" is 2)
 
 
@@ -28,7 +30,7 @@ def watching_host_syncs() -> Iterator[list[str]]:
     The previous sync debug mode comes back on exit. A mode the user set is respected:
     under ``"error"`` a synchronisation raises as it would without the watch; under
     ``"warn"`` its warnings are shown as well as recorded. Other warnings of the block are
-    shown as they would have been."""
+    shown as they would have been; torch's notice on setting the mode is not."""
     found: list[str] = []
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
@@ -40,6 +42,8 @@ def watching_host_syncs() -> Iterator[list[str]]:
         finally:
             torch.cuda.set_sync_debug_mode(previous)
     for warning in caught:
+        if previous == _DEFAULT and MODE_NOTICE in str(warning.message):
+            continue
         is_sync = SYNC_WARNING in str(warning.message)
         if is_sync:
             found.append(str(warning.message))

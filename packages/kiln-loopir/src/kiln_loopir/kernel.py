@@ -90,8 +90,8 @@ def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int
 
 
 class EventTrace(TraceHandler):
-    """A trace that also keeps the order of loads and stores: ``("load", name)``,
-    ``("store", name)``."""
+    """A trace that also keeps the order of loads, stores and reductions: ``("load", name)``,
+    ``("store", name)``, ``("reduction", type)``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +104,10 @@ class EventTrace(TraceHandler):
     def store(self, name, index, value, accumulate=False):
         self.events.append(("store", name))
         return super().store(name, index, value, accumulate)
+
+    def reduction(self, reduction_type, value, src_dtype):
+        self.events.append(("reduction", reduction_type))
+        return super().reduction(reduction_type, value, src_dtype)
 
 
 @dataclass(frozen=True, eq=False)

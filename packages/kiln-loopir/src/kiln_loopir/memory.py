@@ -52,15 +52,21 @@ def _same_storage(a: Buffer, b: Buffer) -> bool:
 
 
 def _in_place_ok(kernel: Kernel, new: str, old: str) -> bool:
-    """Whether ``kernel`` reads ``old`` only where it writes ``new`` (same point), and only
-    before it stores ``new``."""
+    """Whether ``kernel`` reads ``old`` only where it writes ``new`` (same point), only
+    before it stores ``new``, and stores ``new`` after its last reduction.
+
+    A reduction kernel runs as loops over the reduction range; what comes after a
+    reduction runs in a later loop, which computes again the values it needs, loads
+    included. A store of ``new`` before a reduction would be read back there in place of
+    ``old``."""
     traced = kernel.traced()
     events = traced.handler.events
     loads = [load for load in traced.handler.loads if load.buffer == old]
     if not loads or ("store", new) not in events:
         return False
     first_store = events.index(("store", new))
-    if ("load", old) in events[first_store:]:
+    later = events[first_store:]
+    if ("load", old) in later or any(kind == "reduction" for kind, _ in later):
         return False
     return all(
         not load.masked and sympy.expand(load.index - traced.stores[new]) == 0 for load in loads
