@@ -11,7 +11,13 @@ a throughput size:
   random weights) on 1x16 and 8x128 token ids, called as a user calls it (a ``ModelOutput``
   comes back).
 
-Inference: ``torch.no_grad()``, models in ``eval()``. Each variant (eager,
+Inference: ``torch.no_grad()``, models in ``eval()``. Then training steps, where the host
+path is also autograd's and the runtime's around the two graphs: ``zero_grad``, forward, the
+loss ``out.float().square().mean()``, ``backward()``, in ``train()`` (dropout off), for the
+BERT above with 12 layers (about 200 parameters) and a stack of 50 Conv2d(8, 8, 3) +
+BatchNorm2d + ReLU (150 BatchNorm buffers written back at every step), each at a small and
+a throughput size; each variant trains a copy of the model, and its loss and gradients are
+checked against eager's. Each variant (eager,
 ``torch.compile`` with inductor, ``kiln.compile``) is checked against eager, warmed up, and
 timed as the median of repeats in which the variants take turns. Kiln compiles with its
 RuntimeWarnings turned into errors and must leave a host program per graph (see
@@ -24,6 +30,7 @@ Run: ``python integration/bench.py call_path`` (or ``nox -s bench -- call_path``
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -85,6 +92,42 @@ def cases() -> list[tuple[str, Callable, list[torch.Tensor]]]:
     return found
 
 
+def conv_bn_stack(blocks: int = 50, width: int = 8) -> torch.nn.Module:
+    layers = []
+    for _ in range(blocks):
+        layers += [
+            torch.nn.Conv2d(width, width, 3, padding=1),
+            torch.nn.BatchNorm2d(width),
+            torch.nn.ReLU(),
+        ]
+    return torch.nn.Sequential(*layers)
+
+
+def training_cases() -> list[tuple[str, torch.nn.Module, list[torch.Tensor]]]:
+    """(name, module in train(), inputs) for training steps, built with a fixed seed."""
+    torch.manual_seed(0)
+    stack = conv_bn_stack().train()
+    found = [
+        ("step: Conv+BN x50, batch 2 8x8", stack, [torch.randn(2, 8, 8, 8)]),
+        ("step: Conv+BN x50, batch 32 32x32", stack, [torch.randn(32, 8, 32, 32)]),
+    ]
+    try:
+        from transformers import BertConfig, BertModel
+    except ImportError:
+        return found
+    config = BertConfig(
+        vocab_size=512, hidden_size=64, num_hidden_layers=12, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    bert = BertModel(config).train()
+    found += [
+        ("step: BERT 12 layers hidden 64, 1x16 tokens", bert, [torch.randint(0, 512, (1, 16))]),
+        ("step: BERT 12 layers hidden 64, 8x128 tokens", bert, [torch.randint(0, 512, (8, 128))]),
+    ]
+    return found
+
+
 def first_tensor(out: object) -> torch.Tensor:
     if hasattr(out, "last_hidden_state"):
         return out.last_hidden_state
@@ -116,17 +159,62 @@ def measure(fn: Callable, inputs: list[torch.Tensor]) -> tuple[dict[str, float],
     return {k: v * 1e6 for k, v in seconds.items()}, compiled.describe()
 
 
+def training_step(model: torch.nn.Module, fn: Callable, inputs: list[torch.Tensor]):
+    """One step: ``zero_grad``, forward, loss, backward; returns the loss."""
+    model.zero_grad(set_to_none=True)
+    loss = first_tensor(fn(*inputs)).float().square().mean()
+    loss.backward()
+    return loss.detach()
+
+
+def measure_training(
+    model: torch.nn.Module, inputs: list[torch.Tensor]
+) -> tuple[dict[str, float], str]:
+    """µs per training step of each variant (each on a copy of ``model``), and what Kiln
+    compiled. Each variant's loss and gradients are checked against eager's first."""
+    copies = {name: copy.deepcopy(model) for name in ("eager", "torch.compile", "kiln")}
+    expected = training_step(copies["eager"], copies["eager"], inputs)
+    grads = [p.grad.clone() for p in copies["eager"].parameters()]
+    kiln_model = copies["kiln"]
+    kiln_fn, compiled = compile_checked(
+        kiln_model, lambda k: training_step(kiln_model, k, inputs), calls=1
+    )
+    torch._dynamo.reset()
+    steps = {
+        "eager": (copies["eager"], copies["eager"]),
+        "torch.compile": (copies["torch.compile"], torch.compile(copies["torch.compile"])),
+        "kiln": (kiln_model, kiln_fn),
+    }
+    for name, (m, fn) in steps.items():
+        for _ in range(3):  # warm-up: compile, the backward's first run
+            loss = training_step(m, fn, inputs)
+        if name == "eager":
+            continue
+        torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+        for got, want in zip((p.grad for p in m.parameters()), grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    variants = {
+        name: (lambda m=m, fn=fn: training_step(m, fn, inputs)) for name, (m, fn) in steps.items()
+    }
+    seconds = take_turns(variants, repeats=REPEATS)
+    return {k: v * 1e6 for k, v in seconds.items()}, compiled.describe()
+
+
 def run_threads(threads: int) -> None:
     """In a child process: every case at ``threads`` threads, one ``ROW`` line each."""
     torch.set_num_threads(threads)
-    with torch.no_grad():
-        for name, fn, inputs in cases():
-            try:
-                us, note = measure(fn, inputs)
-                row = {"case": name, "threads": threads, "us": us, "note": note}
-            except Exception as exc:  # a failing case is a row, the others still run
-                row = {"case": name, "threads": threads, "us": None, "note": f"error: {exc!r}"}
-            print(ROW + json.dumps(row), flush=True)
+    runs = [(name, lambda fn=fn, x=x: measure(fn, x), True) for name, fn, x in cases()]
+    runs += [
+        (name, lambda m=m, x=x: measure_training(m, x), False) for name, m, x in training_cases()
+    ]
+    for name, run, inference in runs:
+        try:
+            with torch.set_grad_enabled(not inference):
+                us, note = run()
+            row = {"case": name, "threads": threads, "us": us, "note": note}
+        except Exception as exc:  # a failing case is a row, the others still run
+            row = {"case": name, "threads": threads, "us": None, "note": f"error: {exc!r}"}
+        print(ROW + json.dumps(row), flush=True)
 
 
 def thread_counts() -> list[int]:

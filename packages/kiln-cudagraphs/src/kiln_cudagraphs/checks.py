@@ -6,8 +6,8 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-# Attributes through which a compiled callable holds the one it wraps: Kiln's WithConstants
-# (compiled), its cached HostProgram (entry.host_source), functools.wraps (__wrapped__),
+# Attributes through which a compiled callable holds the one it wraps: a wrapper's
+# (compiled), Kiln's cached HostProgram (entry.host_source), functools.wraps (__wrapped__),
 # functools.partial (func).
 _WRAPPED = ("compiled", "inner", "entry", "__wrapped__", "func")
 # Kiln's host programs draw the seed of their random ops on the host (make_seed): a graph

@@ -3,12 +3,12 @@
 kiln-loopir's decomposition step re-traces a graph under its fake mode, where a real
 tensor read by a ``get_attr`` node is refused. Kiln hands it graphs whose constants are
 extra placeholders at the end, each with a fake value, and passes the constants at every
-call (:class:`WithConstants`).
+call (bound as the host program's last inputs: ``HostProgram.with_last_inputs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.fx
@@ -56,14 +56,3 @@ def lift_constants(
         fakes.append(fake)
     lifted.recompile()
     return lifted, [*example_inputs, *fakes], constants
-
-
-class WithConstants:
-    """Call ``compiled`` with the caller's inputs followed by the graph's constants."""
-
-    def __init__(self, compiled: Callable, constants: Sequence[torch.Tensor]) -> None:
-        self.compiled = compiled
-        self.constants = list(constants)
-
-    def __call__(self, *inputs: object):
-        return self.compiled(*inputs, *self.constants)

@@ -37,7 +37,7 @@ from kiln import logs, runtime
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
-from kiln.constants import WithConstants, lift_constants
+from kiln.constants import lift_constants
 from kiln.frames import Frame
 from kiln.signature_records import SignatureRecords
 from kiln_loopir import HostProgram
@@ -143,14 +143,14 @@ def _cache_key(gm, example_inputs, codegen, settings) -> str | None:
         return None
 
 
-def entry_point(program: HostProgram, constants: Sequence[torch.Tensor], kind: str) -> Callable:
-    """What runs a graph at each call. A forward graph's inputs are the captured graph's,
-    which capture's guards pin (sizes, strides, dtypes): its host program's ``call`` runs
-    with nothing in between, the constants bound as its last inputs. A backward graph's
-    inputs come from autograd (the incoming gradients): they are checked first."""
-    if kind == "forward":
-        return program.with_last_inputs(constants)
-    return WithConstants(program, constants) if constants else program
+def entry_point(program: HostProgram, constants: Sequence[torch.Tensor]) -> Callable:
+    """What runs a graph at each call: its host program's ``call``, with nothing in
+    between, the constants bound as its last inputs. The layouts of its inputs are pinned
+    before it runs: a forward graph's inputs are the captured graph's, which capture's
+    guards pin (sizes, strides, dtypes); a backward graph's are what the forward saved, as
+    the forward's host program laid them out, and the incoming gradients, which autograd
+    gives in the outputs' sizes and dtypes and kiln-autograd makes contiguous, as traced."""
+    return program.with_last_inputs(constants)
 
 
 def _steps(entry: Entry) -> int:
@@ -204,7 +204,7 @@ class AtenCompiler:
             _internal_error(frame, kind, "lowering and scheduling (kiln-loopir)", exc)
             return gm.forward
         self.show_generated(entry, codegen)  # 4
-        compiled = entry_point(program, constants, kind)
+        compiled = entry_point(program, constants)
         with frame.stage("runtime"):
             compiled = runtime.wrap_for_mode(  # 5
                 compiled,
