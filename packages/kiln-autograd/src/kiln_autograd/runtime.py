@@ -277,18 +277,22 @@ def _refuse_aliased_mutated_inputs(args: Sequence[object], meta: GraphMeta) -> N
 
 def _write_back(args: Sequence[object], meta: GraphMeta, values: Sequence[object]) -> None:
     """``copy_`` each new value into its input; under autograd where the value requires grad
-    (the input then carries the write's history, as in eager), else under ``no_grad``, all
-    in one multi-tensor copy (a model's BatchNorm statistics: a hundred buffers a step)."""
-    targets, sources = [], []
+    (the input then carries the write's history, as in eager), else under ``no_grad``, in
+    one multi-tensor copy per dtype and device (a model's BatchNorm statistics: a hundred
+    buffers a step, which one copy each made a hundred launches on the GPU)."""
+    groups: dict[tuple, tuple[list, list]] = {}
     for i, new in zip(meta.mutated_inputs, values, strict=True):
         if isinstance(new, torch.Tensor) and new.requires_grad:
             args[i].copy_(new)
-        else:
-            targets.append(args[i])
-            sources.append(new)
-    if targets:
+            continue
+        target = args[i]
+        targets, sources = groups.setdefault((target.dtype, target.device, new.dtype), ([], []))
+        targets.append(target)
+        sources.append(new)
+    if groups:
         with torch.no_grad():
-            torch._foreach_copy_(targets, sources)
+            for targets, sources in groups.values():
+                torch._foreach_copy_(targets, sources)
 
 
 def _user_outputs(
