@@ -27,7 +27,8 @@ RuntimeWarnings turned into errors and must leave a host program per graph (see
 build their OpenMP kernels for the count they see): one thread and every core, or the
 comma-separated counts of ``KILN_BENCH_THREADS``.
 
-Run: ``python integration/bench.py call_path`` (or ``nox -s bench -- call_path``).
+Run: ``python integration/bench.py call_path`` (or ``nox -s bench -- call_path``);
+``KILN_BENCH_CASES`` picks cases by parts of their names (comma-separated, e.g. ``step:``).
 """
 
 from __future__ import annotations
@@ -187,6 +188,9 @@ def measure_training(
         "torch.compile": (copies["torch.compile"], torch.compile(copies["torch.compile"])),
         "kiln": (kiln_model, kiln_fn),
     }
+    # a gradient that is zero but for rounding (a key projection's bias) is compared on
+    # the scale of the whole gradient
+    scale = torch.stack([g.norm() for g in grads if g is not None]).norm()
     for name, (m, fn) in steps.items():
         for _ in range(3):  # warm-up: compile, the backward's first run
             loss = training_step(m, fn, inputs)
@@ -195,7 +199,7 @@ def measure_training(
         torch.testing.assert_close(loss, expected, rtol=1e-3, atol=1e-5)
         for got, want in zip((p.grad for p in m.parameters()), grads, strict=True):
             assert (got is None) == (want is None), f"{name}: a gradient eager gives is missing"
-            if want is not None and (got - want).norm() > 5e-2 * want.norm():
+            if want is not None and (got - want).norm() > 5e-2 * want.norm() + 1e-4 * scale:
                 raise AssertionError(f"{name}: a gradient differs from eager's by over 5 %")
     variants = {
         name: (lambda m=m, fn=fn: training_step(m, fn, inputs)) for name, (m, fn) in steps.items()
@@ -211,7 +215,10 @@ def run_threads(threads: int) -> None:
     runs += [
         (name, lambda m=m, x=x: measure_training(m, x), False) for name, m, x in training_cases()
     ]
+    picked = [p for p in os.environ.get("KILN_BENCH_CASES", "").split(",") if p.strip()]
     for name, run, inference in runs:
+        if picked and not any(p.strip() in name for p in picked):
+            continue
         try:
             with torch.set_grad_enabled(not inference):
                 us, note = run()

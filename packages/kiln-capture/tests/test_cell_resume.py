@@ -283,14 +283,15 @@ def test_gpt2_with_hooked_blocks_keeps_the_code_around_the_blocks_in_graphs():
     calls = []
     for block in model.h:
         block.register_forward_hook(lambda m, args, out: calls.append(m))
+    batches = [torch.randint(0, 128, (2, 8)) for _ in range(2)]
+    with torch.no_grad():  # eager first: what its first call sets up is not a recompile
+        expected = [model(input_ids=ids).last_hidden_state for ids in batches]
     backend = Recorder()
     captured = capture(model, backend)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("error", RuntimeWarning)
-        for _ in range(2):
-            ids = torch.randint(0, 128, (2, 8))
-            out = captured(input_ids=ids).last_hidden_state
-            torch.testing.assert_close(out, model(input_ids=ids).last_hidden_state)
+        for ids, want in zip(batches, expected, strict=True):
+            torch.testing.assert_close(captured(input_ids=ids).last_hidden_state, want)
     assert len(calls) == 8, "each block's hook ran in the captured and the eager calls"
     # embeddings before the first block, each block's forward, the final norm after them
     sources = [g.meta["kiln_input_sources"] for g in backend.graphs]
