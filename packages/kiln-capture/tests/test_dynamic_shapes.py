@@ -302,3 +302,40 @@ def test_a_function_that_runs_eagerly_says_so_once():
     with pytest.warns(RuntimeWarning, match=r"fn eagerly: graph break inside an autocast"):
         torch.testing.assert_close(compiled(x), fn(x))
     torch.testing.assert_close(compiled(x), fn(x))  # no second warning (errors here)
+
+
+def at_offset(n: int, offset: int) -> torch.Tensor:
+    """A (2, n, 4) tensor that starts ``offset`` elements into a larger storage."""
+    return torch.randn(offset + 8 * n + 16)[offset : offset + 8 * n].view(2, n, 4)
+
+
+def grow(k, x):
+    return torch.cat([k, x], dim=1).sin()
+
+
+def test_an_input_at_an_offset_is_no_new_capture_where_the_graph_reads_no_offset():
+    # (a CUDA graph's outputs come as views at offsets into one block: a key/value cache
+    # fed back must not make generate() capture again)
+    backend = Recorder()
+    compiled = capture(grow, backend)
+    calls = [[torch.randn(2, n, 4), torch.randn(2, 1, 4)] for n in (3, 4)]
+    calls += [[at_offset(n, 40 + n), torch.randn(2, 1, 4)] for n in (5, 6)]
+    check(grow, compiled, calls)
+    assert len(backend.graphs) == 2, "one capture per size, then one for the family"
+
+
+def offset_read(k):
+    return k.sin() * k.storage_offset()
+
+
+def placed_view(k):
+    return torch.as_strided(k, (2, 3), (3, 1), 2).cos() + k.sum()
+
+
+@pytest.mark.parametrize("fn", [offset_read, placed_view])
+def test_a_graph_that_reads_offsets_is_guarded_on_them(fn):
+    backend = Recorder()
+    compiled = capture(fn, backend)
+    calls = [[torch.randn(2, n, 4)] for n in (3, 4)] + [[at_offset(5, 7)], [at_offset(6, 9)]]
+    check(fn, compiled, calls)
+    assert len(backend.graphs) == 3, "a capture for the first offset that is not 0"

@@ -255,3 +255,22 @@ def test_adaptive_avg_pool2d_trains_with_one_forward_and_backward(lowerings):
         (expected * weight).sum().backward()
         torch.testing.assert_close(x.grad, x_ref.grad)
     assert lowerings == [True, True]
+
+
+def _at_offset(n: int, offset: int) -> torch.Tensor:
+    """A (2, n, 8) tensor that starts ``offset`` elements into a larger storage."""
+    return torch.randn(offset + 16 * n + 16)[offset : offset + 16 * n].view(2, n, 8)
+
+
+def cache_update(k, x):
+    return torch.cat([k, x], dim=1).sin() * 2
+
+
+def test_an_input_at_an_offset_runs_the_graph_of_its_family(lowerings):
+    # a key/value cache that comes as views at offsets into one block (a CUDA graph's fresh
+    # outputs) runs the graph captured at offset 0, reading it where it starts
+    compiled = kiln.compile(cache_update)
+    calls = [[torch.randn(2, n, 8), torch.randn(2, 1, 8)] for n in (3, 4)]
+    calls += [[_at_offset(n, 24 + n), torch.randn(2, 1, 8)] for n in (5, 6, 7)]
+    _check_calls(cache_update, compiled, calls)
+    assert lowerings == [False, True]  # the first size alone, then its family

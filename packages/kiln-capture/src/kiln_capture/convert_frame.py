@@ -33,7 +33,7 @@ from kiln_capture.comprehensions import (
     comprehension_function,
     enclosing_comprehension,
 )
-from kiln_capture.dynamic_shapes import DynamicSizes
+from kiln_capture.dynamic_shapes import DynamicSizes, without_unread_offsets
 from kiln_capture.exc import CaptureFailed, GraphBreak, RestartAnalysis, Unsupported
 from kiln_capture.guards import GuardFunction, build_guard_function
 from kiln_capture.loop_breaks import emit_native_step, guard_native_steps
@@ -675,6 +675,7 @@ def shape_guards(output: OutputGraph) -> list[str]:
     except ConstraintViolationError as exc:  # a marked range the code does not keep
         warn_marked_dims_fixed(exc)
         found = output.shape_env.produce_guards(fakes, sources, ignore_static=False)
+    found = without_unread_offsets(found, output.graph, output.reads_storage_offsets)
     # the modules torch's printer names, as the guard's scope has them (a parameter of
     # the function may be called ``math``)
     return [MODULE_NAMES.sub(r"___\1.", code) for code in found]

@@ -10,6 +10,10 @@
 - ``mark_dynamic(t, dim, min=, max=)`` makes ``t``'s dimension symbolic wherever ``t`` is
   captured (within ``[min, max]``: the guard checks the range), ``mark_static(t, dim)``
   keeps it static whatever the setting.
+
+A symbolic tensor's storage offset of 0 or 1 is fixed by torch's shape environment, as
+sizes of 0 and 1 are; it is guarded only where the graph reads offsets
+(:func:`without_unread_offsets`).
 """
 
 from __future__ import annotations
@@ -132,3 +136,30 @@ def is_int_guard(failure: GuardFailure) -> bool:
         and guard.code.startswith(f"type({guard.subject}) is int and ")
         and type(failure.value) is int
     )
+
+
+# A dynamic input's storage offset of 0 or 1 is fixed by the shape environment and guarded.
+# A graph that never reads offsets (every compiled graph reads its inputs where they start)
+# needs no such guard: without it, an input that comes as a view at an offset (a CUDA
+# graph's outputs, one block for all) is no new capture.
+ZERO_ONE_OFFSET = re.compile(r"[\w.\[\]'\"]+\.storage_offset\(\) == [01]")
+# What reads where a tensor starts in its storage: an offset read, or a view placed at an
+# offset counted from the storage's start
+OFFSET_READERS = {"storage_offset", "as_strided", "as_strided_", "as_strided_scatter", "set_"}
+
+
+def without_unread_offsets(
+    guards: list[str], graph: torch.fx.Graph, read_by_code: bool
+) -> list[str]:
+    """``guards`` less those on a storage offset of 0 or 1, where neither the captured code
+    (``read_by_code``: it asked a tensor's offset, a number the graph keeps) nor ``graph``
+    reads one."""
+    if read_by_code:
+        return guards
+    for node in graph.nodes:
+        if node.op in ("call_method", "call_function"):
+            target = node.target
+            name = target if isinstance(target, str) else getattr(target, "__name__", "")
+            if name in OFFSET_READERS:
+                return guards
+    return [code for code in guards if not ZERO_ONE_OFFSET.fullmatch(code)]

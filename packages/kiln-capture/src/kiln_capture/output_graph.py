@@ -46,6 +46,7 @@ class OutputGraph:
         self.objects_by_id: dict = {}
         self.inputs: list[tuple[object, torch.Tensor, TensorVariable]] = []
         self.symbolic_contexts: dict[str, object] = {}  # expr -> how its fake was made
+        self.reads_storage_offsets = False  # whether code read a tensor's storage offset
         self.input_by_id: dict[int, TensorVariable] = {}
         self.cells: dict[int, Variable] = {}
         self.grad_mode_changes: list[bool] = []

@@ -101,6 +101,8 @@ class TensorVariable(Variable):
         raise GraphBreak(f"tensor attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "storage_offset":  # a number the graph keeps: the guards must hold it
+            tx.output.reads_storage_offsets = True
         if name == "numpy":
             from kiln_capture.variables.ndarray import tensor_numpy
 
