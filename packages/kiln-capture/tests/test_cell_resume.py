@@ -12,6 +12,19 @@ from recording import Recorder
 from kiln_capture import capture
 
 
+def graphs_of_two_calls(fn, shape) -> list:
+    """Capture ``fn``, call it twice on fresh inputs of ``shape`` (nothing may run eagerly),
+    each call compared with eager's; the graphs captured."""
+    backend = Recorder()
+    captured = capture(fn, backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            x = torch.randn(*shape)
+            torch.testing.assert_close(captured(x), fn(x))
+    return backend.graphs
+
+
 def unknown_call() -> int:
     """A C function capture does not trace: a graph break, with a constant result."""
     return zlib.crc32(b"kiln") % 3 + 1
@@ -212,14 +225,7 @@ def helper_closure_live_at_break(x):
 
 
 def test_a_closure_made_in_an_inlined_call_crosses_a_break():
-    backend = Recorder()
-    captured = capture(helper_closure_live_at_break, backend)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        for _ in range(2):
-            x = torch.randn(4)
-            torch.testing.assert_close(captured(x), helper_closure_live_at_break(x))
-    assert len(backend.graphs) == 2
+    assert len(graphs_of_two_calls(helper_closure_live_at_break, (4,))) == 2
 
 
 class Scale(torch.nn.Module):
@@ -253,16 +259,10 @@ def test_a_forward_with_a_closure_around_a_hooked_submodule():
     model = ClosureModel()
     seen = []
     model.hooked.register_forward_hook(lambda m, args, out: seen.append(out.shape))
-    backend = Recorder()
-    captured = capture(model, backend)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        for _ in range(2):
-            x = torch.randn(4, 8)
-            torch.testing.assert_close(captured(x), model(x))
+    graphs = graphs_of_two_calls(model, (4, 8))
     assert len(seen) == 4, "the hook ran for the captured and the eager calls"
     # before the hooked call, its forward (captured on its own), and after it
-    assert len(backend.graphs) == 3
+    assert len(graphs) == 3
 
 
 def test_gpt2_with_hooked_blocks_keeps_the_code_around_the_blocks_in_graphs():
@@ -322,12 +322,4 @@ class SuperAcrossBreaks(Doubling):
 
 
 def test_a_method_using_super_resumes_with_its_class_cell():
-    model = SuperAcrossBreaks()
-    backend = Recorder()
-    captured = capture(model, backend)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        for _ in range(2):
-            x = torch.randn(3)
-            torch.testing.assert_close(captured(x), model(x))
-    assert len(backend.graphs) == 3
+    assert len(graphs_of_two_calls(SuperAcrossBreaks(), (3,))) == 3
