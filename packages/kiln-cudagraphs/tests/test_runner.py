@@ -224,6 +224,20 @@ def test_inputs_that_keep_moving_end_in_eager_calls():
     assert any("moved" in reason for reason in s.reasons)
 
 
+def test_with_fresh_outputs_a_parameter_that_moved_ends_in_eager_calls():
+    # FSDP2 allocates its unsharded parameters anew at every all-gather: in the default
+    # mode the key's graph is dropped at the first move, not recorded again
+    r = runner(static_inputs=PARAMS, fresh_outputs=True)
+    x, b = torch.randn(4, 8), torch.randn(5)
+    ws = [torch.randn(8, 5) for _ in range(4)]
+    for w in [ws[0], *ws]:
+        torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    s = kiln_cudagraphs.stats(r)
+    assert (s.captures, s.replays, s.failed_captures, s.eager_calls) == (1, 0, 1, 2)
+    assert any("input 1 (a parameter or buffer read in place) moved" in r for r in s.reasons)
+    assert not r.num_graphs
+
+
 def test_pinned_inputs_compute_no_key():
     r = runner(static_inputs=PARAMS, pinned=True)
     w, b = torch.randn(8, 5), torch.randn(5)

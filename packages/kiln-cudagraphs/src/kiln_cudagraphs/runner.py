@@ -26,6 +26,14 @@ log = logging.getLogger("kiln.cudagraphs")
 
 MAX_GRAPHS = 8  # input keys per wrapper; a further key evicts the least recently used
 MAX_RECORDINGS = 4  # per key: recordings again (an input moved), then the key runs eagerly
+# kiln's default mode (fresh outputs), where nobody asked for graphs: a parameter or buffer
+# that moved keeps moving (FSDP2 allocates its unsharded parameters anew at every
+# all-gather), and recording again (a synchronize, a garbage collection, a checked replay:
+# milliseconds) would cost more than many replays save
+STATIC_INPUT_MOVED = (
+    "input {} (a parameter or buffer read in place) moved: the default mode records a graph "
+    "once (mode='reduce-overhead' records again)"
+)
 KEPT_ALIVE = (
     "saved tensors of an earlier call are still alive (a forward called again before the "
     "backward of the last call ran): the replay would overwrite them"
@@ -64,7 +72,8 @@ class CudaGraphRunner:
     the compiled callable does (one copy of the outputs' bytes per replay), and a key that
     runs without a graph is logged at INFO: the compiled callable is the default anyway. A
     key whose outputs take more than ``max_copy_bytes`` runs without a graph: copying them
-    would cost more than the replay saves. The ``saved_outputs`` (a forward graph's saved
+    would cost more than the replay saves, and a key whose static input moved runs without
+    a graph from then on. The ``saved_outputs`` (a forward graph's saved
     tensors, which only its backward reads) are not copied but handed out over graph
     memory; a call that would overwrite ones still alive (a second forward before the
     first one's backward) runs without a graph.
@@ -187,19 +196,27 @@ class CudaGraphRunner:
         """A static input moved (a parameter replaced: read at its new place), an input
         read from another graph left it (copied from now on), or a copied input is now
         another graph's output (read in place from now on)."""
+        moved_static = [i for i in moved if i in self.static_inputs]
+        if self.fresh_outputs and moved_static:
+            return self._drop(key, graph, inputs, STATIC_INPUT_MOVED.format(moved_static[0]))
         in_place = (set(graph.in_place) - set(moved)) | set(now_in_pool)
-        in_place |= {i for i in moved if i in self.static_inputs}
+        in_place |= set(moved_static)
         self.recordings[key] = self.recordings.get(key, 0) + 1
         if self.recordings[key] > MAX_RECORDINGS:
-            self.entries.pop(key)
-            graph.pool.remove(graph)
-            return self._give_up(
+            return self._drop(
                 key,
-                self.compiled(*inputs),
+                graph,
+                inputs,
                 f"inputs read in place moved {MAX_RECORDINGS} times: the graph would be "
                 "recorded at every call",
             )
         return self._record(key, inputs, in_place)
+
+    def _drop(self, key: tuple, graph: RecordedGraph, inputs: Sequence[object], reason: str):
+        """Drop ``key``'s graph: this call and the later ones of the key run eagerly."""
+        self.entries.pop(key)
+        graph.pool.remove(graph)
+        return self._give_up(key, self.compiled(*inputs), reason)
 
     def _in_place(self, inputs: Sequence[object], pool: GraphPool) -> set[int]:
         """Static inputs, and inputs that are outputs of a graph of the pool."""
