@@ -8,6 +8,7 @@ that ran in each step, and every "runs eagerly" warning.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -97,7 +98,8 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def train(eager, compiled, eager_params, compiled_params, rank, syncs=(True,) * STEPS):
     """Steps of SGD on both models; (largest loss and parameter differences, runs per step).
-    A step whose ``syncs`` entry is False runs under DDP's ``no_sync()``."""
+    A step whose ``syncs`` entry is False runs without gradient synchronization
+    (``without_gradient_sync``) and accumulates its gradients into the next step's."""
     opt_e = torch.optim.SGD(eager_params, lr=0.1)
     opt_c = torch.optim.SGD(compiled_params, lr=0.1)
     loss_diff, runs = 0.0, []
@@ -105,7 +107,7 @@ def train(eager, compiled, eager_params, compiled_params, rank, syncs=(True,) * 
         x = batch(rank, step)
         counted = COUNTER.runs
         for model, opt in ((eager, opt_e), (compiled, opt_c)):
-            context = model.no_sync() if not sync else _nothing()
+            context = without_gradient_sync(model) if not sync else contextlib.nullcontext()
             with context:
                 loss = model(x).square().mean()
                 loss.backward()
@@ -124,12 +126,18 @@ def train(eager, compiled, eager_params, compiled_params, rank, syncs=(True,) * 
     return loss_diff, param_diff, runs
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+@contextlib.contextmanager
+def without_gradient_sync(model):
+    """DDP's ``no_sync()``; for FSDP2, ``set_requires_gradient_sync(False)``."""
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 COUNTER = CountingBackend()
@@ -221,5 +229,7 @@ def fsdp_cases(rank: int, world: int, port: int, out: str, device: str = "cpu") 
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     blocks = build(Blocks, lambda m: [m.b0, m.b1, m.b2, m.b3], mp_policy=bf16)
     run_case("bf16 parameters", blocks, rank, results)
+    blocks = build(Blocks, lambda m: [m.b0, m.b1, m.b2, m.b3])
+    run_case("no gradient sync", blocks, rank, results, syncs=(False, False, True, True))
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
