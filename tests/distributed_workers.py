@@ -9,6 +9,7 @@ that ran in each step, and every "runs eagerly" warning.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import warnings
 
@@ -67,6 +68,7 @@ def stacked() -> torch.nn.Module:
 def init(rank: int, world: int, port: int, device: str) -> None:
     """gloo on the CPU, NCCL with one GPU per rank."""
     global DEVICE
+    faulthandler.enable()  # a rank that aborts prints where each of its threads was
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
