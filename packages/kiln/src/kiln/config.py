@@ -57,6 +57,9 @@ class Options:
     # "python" (always the Python one), "native" (fail where none can be built);
     # default: $KILN_HOST_PROGRAM, else "auto"
     host_program: str = "auto"
+    # channels-last activations around 2-D convolutions (kiln/layouts.py): None (inference
+    # graphs on CUDA), True (every graph, on the CPU too), False (never)
+    channels_last: bool | None = None
 
     def code_settings(self) -> dict[str, object]:
         """The options that change a graph's generated code: part of its cache key."""
@@ -124,9 +127,9 @@ def _check_option(name: str, value: object, default: object) -> None:
                 f"kiln.compile(options={{'partitioner': {value!r}}}): use one of {PARTITIONERS}"
             )
         return
-    if name == "cudagraphs":
+    if name in ("cudagraphs", "channels_last"):
         if value not in (None, True, False):
-            raise TypeError("kiln.compile(options={'cudagraphs': ...}) takes True, False or None")
+            raise TypeError(f"kiln.compile(options={{{name!r}: ...}}) takes True, False or None")
         return
     if name == "host_program":
         if value not in HOST_PROGRAMS:

@@ -33,7 +33,7 @@ import torch.fx
 
 import kiln_autograd
 import kiln_loopir
-from kiln import logs, runtime
+from kiln import layouts, logs, runtime
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
@@ -369,17 +369,34 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
     ``backend="kiln"``), so what it returns is kiln-autograd's guarded entry point: the
     forward's host program itself where autograd has nothing to add."""
 
+    def trace(gm: torch.fx.GraphModule, example_inputs: list[object]):
+        with frame.stage("autograd"):
+            return kiln_autograd.aot(
+                gm,
+                example_inputs,
+                fw_compiler=AtenCompiler(config, frame, "forward", generate),
+                bw_compiler=AtenCompiler(config, frame, "backward", generate),
+                partitioner=config.options.partitioner,
+                cache=signature_records(config, frame),
+            ).guarded()
+
     def backend(gm: torch.fx.GraphModule, example_inputs: list[object]):
+        laid_out = None
+        wanted, on_cpu = layouts.wanted(config.options.channels_last, example_inputs)
+        if wanted:
+            laid_out = layouts.channels_last(gm, on_cpu=on_cpu)
+        if laid_out is not None:
+            try:
+                return trace(laid_out, example_inputs)
+            except NoCodegen:
+                raise
+            except Exception as exc:  # e.g. a view that channels-last strides do not allow
+                logs.logger("fallbacks").info(
+                    "%s: tracing with channels-last convolution inputs failed; traced as "
+                    "captured", frame.describe(), exc_info=exc,
+                )  # fmt: skip
         try:
-            with frame.stage("autograd"):
-                compiled = kiln_autograd.aot(
-                    gm,
-                    example_inputs,
-                    fw_compiler=AtenCompiler(config, frame, "forward", generate),
-                    bw_compiler=AtenCompiler(config, frame, "backward", generate),
-                    partitioner=config.options.partitioner,
-                    cache=signature_records(config, frame),
-                )
+            return trace(gm, example_inputs)
         except NoCodegen:
             raise
         except Exception as exc:  # this graph runs as captured; the frame stays compiled
@@ -387,6 +404,5 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                 raise
             _internal_error(frame, "captured", "tracing to aten (kiln-autograd)", exc)
             return gm.forward
-        return compiled.guarded()
 
     return backend
