@@ -50,3 +50,62 @@ def test_kernels_that_store_inside_the_loop_do_not_split(device, small_splits):
     assert meta["split_parts"] == 0
     assert all(not c.variant.endswith("_split") for c in configs.candidates(meta, {
         "xnumel": 8, "rnumel": 1 << 20}))  # fmt: skip
+
+
+EPILOGUE_CASES = {
+    # statistics over the rows, then every element normalized by them: x along the columns
+    "normalize_columns": (
+        lambda a: (a - a.mean(0)) * torch.rsqrt(a.var(0, unbiased=False) + 1e-5),
+        [(300, 24)],
+        {},
+    ),
+    # a batch norm in training over NCHW: per channel, over the batch and the image
+    "batch_norm_nchw": (
+        lambda x: torch.nn.functional.batch_norm(x, None, None, training=True).relu(),
+        [(16, 6, 16, 16)],  # rows of 4096: two chunks of the row-major RBLOCK (2048)
+        {},
+    ),
+    # the same in channels-last layout: the channels are the innermost dimension
+    "batch_norm_channels_last": (
+        lambda x: torch.nn.functional.batch_norm(x, None, None, training=True).relu(),
+        [(16, 6, 5, 5)],
+        {"memory_format": torch.channels_last},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EPILOGUE_CASES))
+def test_a_loop_after_the_reduction_runs_split_in_chunks(name, device, small_splits):
+    fn, shapes, layout = EPILOGUE_CASES[name]
+    inputs = [torch.randn(s, device=device).contiguous(**layout) for s in shapes]
+    compiled = check_against_eager(fn, inputs, codegen=TritonCodegen())
+    kernel = next(k for k in compiled.kernels if k.fn.meta["split_parts"])
+    assert kernel.fn.meta["split_epilogue"]
+    launches = [la for la in kernel.fn._launches.values() if la]
+    assert any(la.split is not None and la.split.nsplit > 1 for la in launches)
+    assert all(la.split.grid == la.grid for la in launches if la.split is not None)
+
+
+def update_then_centre(a, b):
+    """A running average (another kernel's column sums of ``b``) updated with the column
+    means, stored per output, and the columns centred on their means (the loop after the
+    reduction)."""
+    average = b.sum(0)
+    mean = a.mean(0)
+    return a - mean, average * 0.9 + mean * 0.1
+
+
+def scale_by_the_old_average(a, b):
+    """The loop after the reduction reads the old average: had the memory plan put the new
+    one over it, the programs of later chunks would read the new one (they did)."""
+    average = b.sum(0)
+    mean = a.mean(0)
+    return (a - mean) * average, average * 0.9 + mean * 0.1
+
+
+@pytest.mark.parametrize("fn", [update_then_centre, scale_by_the_old_average])
+def test_results_stored_per_output_are_stored_once(fn, device, small_splits):
+    inputs = [torch.randn(300, 24, device=device), torch.randn(64, 24, device=device)]
+    compiled = check_against_eager(fn, inputs, codegen=TritonCodegen())
+    metas = [k.fn.meta for k in compiled.kernels]
+    assert any(m["split_epilogue"] for m in metas)

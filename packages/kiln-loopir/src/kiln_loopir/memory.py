@@ -53,13 +53,21 @@ def _same_storage(a: Buffer, b: Buffer) -> bool:
 
 def _in_place_ok(kernel: Kernel, new: str, old: str) -> bool:
     """Whether ``kernel`` reads ``old`` only where it writes ``new`` (same point), only
-    before it stores ``new``, and stores ``new`` after its last reduction.
+    before it stores ``new``, and stores ``new`` after its last reduction, once per
+    reduction's element where it has reductions.
 
     A reduction kernel runs as loops over the reduction range; what comes after a
     reduction runs in a later loop, which computes again the values it needs, loads
     included. A store of ``new`` before a reduction would be read back there in place of
-    ``old``."""
+    ``old``. A code generator may also split a reduction's range among programs that each
+    finish their own part (kiln-triton's split reductions): a value stored once per output
+    (a batch norm's statistics) is stored by one of them while the others may still read
+    ``old`` (these buffers are small: nothing is lost by giving them their own)."""
     traced = kernel.traced()
+    if kernel.reduction_ranges and not any(
+        s.name.startswith("r") for s in traced.stores[new].free_symbols
+    ):
+        return False
     events = traced.handler.events
     loads = [load for load in traced.handler.loads if load.buffer == old]
     if not loads or ("store", new) not in events:

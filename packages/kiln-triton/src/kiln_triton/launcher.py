@@ -65,7 +65,7 @@ class Launch:
         if s.workspace is None or s.workspace.device != device:
             s.workspace = torch.empty(s.workspace_size, dtype=torch.float32, device=device)
         self.fn[self.grid](*args, *self.numels, s.workspace, s.rsplit, **self.kwargs)
-        s.finish[s.grid](*args, *self.numels, s.workspace, s.nsplit, **s.kwargs)
+        s.finish[s.grid](*args, *self.numels, s.workspace, s.nsplit, s.rsplit, **s.kwargs)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -229,13 +229,16 @@ class TritonKernel:
         kwargs = {
             "XBLOCK": blocks["XBLOCK"],
             "SPLIT_BLOCK": next_pow2(nsplit),
+            "RBLOCK": rblock,
             "INDEX64": index64,
         }
         if not INTERPRET:
             kwargs["num_warps"] = 4
         finish = getattr(self.module, f"{self.meta['name']}_split_finish")
         size = self.meta["split_parts"] * nsplit * numels["xnumel"]
-        return SplitLaunch(finish, (xblocks,), kwargs, rsplit, nsplit, size)
+        # with a loop after the reduction, each chunk's program finishes its own chunk
+        grid = launch.grid if self.meta.get("split_epilogue") else (xblocks,)
+        return SplitLaunch(finish, grid, kwargs, rsplit, nsplit, size)
 
     def warmup(self, config: Config, numels: dict[str, int]) -> None:
         """Compile ``config`` for these (static) sizes without launching it."""

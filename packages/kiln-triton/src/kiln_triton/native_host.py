@@ -134,7 +134,7 @@ def _compile_split(launch, scratch: list[torch.Tensor]):
         launch.fn, [*scratch, *launch.numels, s.workspace, s.rsplit], launch.grid, launch.kwargs
     )
     finish = _compiled(
-        s.finish, [*scratch, *launch.numels, s.workspace, s.nsplit], s.grid, s.kwargs
+        s.finish, [*scratch, *launch.numels, s.workspace, s.nsplit, s.rsplit], s.grid, s.kwargs
     )
     return first, finish
 
@@ -218,7 +218,7 @@ class CudaLauncher:
             ),
             self._launch(
                 f"{kernel.name} (finish)", finish, s.grid, s.finish.arg_names,
-                [*kernel.args, *launch.numels, workspace, s.nsplit], s.kwargs,
+                [*kernel.args, *launch.numels, workspace, s.nsplit, s.rsplit], s.kwargs,
             ),
         ]  # fmt: skip
         self.functions.append(s.workspace.data_ptr())

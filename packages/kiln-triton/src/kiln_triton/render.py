@@ -35,7 +35,7 @@ from kiln_triton.literals import literal
 from kiln_triton.printer import texpr
 from kiln_triton.reductions import ReductionRendering
 from kiln_triton.scans import ScanRendering
-from kiln_triton.split import finish_function, split_function, split_parts
+from kiln_triton.split import finish_function, has_epilogue, split_function, split_parts
 from kiln_triton.tiling import Tiling, choose_tiling, column_major, merge_dims
 from kiln_triton.values import RecordingHandler, Store, Value, record
 
@@ -246,10 +246,13 @@ class KernelRenderer(ReductionRendering, ScanRendering):
         return fn(*(self._cast(x, operand) for x in v.args))
 
     # -- stores --------------------------------------------------------------------------------
-    def store_lines(self, s: Store) -> list[str]:
+    def store_lines(self, s: Store, guard: str | None = None) -> list[str]:
+        """The store ``s``; ``guard``: a condition the program must meet to store at all."""
         full = self._level(s.inner)
         ptr = self._pointer(self.pointer[s.buffer], s.index, self._index_groups(s.index), full)
         mask = self._mask(full)
+        if guard is not None:
+            mask = guard if mask is None else f"{mask} & ({guard})"
         dtype = self.rec.buffer_dtype(s.buffer)
         value = self._cast(s.value, dtype) if dtype not in LOW_PRECISION else s.value.name
         if (
@@ -336,28 +339,31 @@ class KernelRenderer(ReductionRendering, ScanRendering):
     ) -> tuple[list[str], list[str]]:
         """The signature and first lines of a reduction variant. ``split``: programs
         ``split * xblocks + pid`` each reduce chunk ``split`` of the reduction for output
-        block ``pid``; ``finish``: one program per output block, no reduction loop (see
-        :mod:`kiln_triton.split`)."""
+        block ``pid``; ``finish``: the same programs for a kernel whose second loop runs
+        after the reduction (:meth:`split_epilogue`), else one per output block, with no
+        loop (see :mod:`kiln_triton.split`)."""
         t = self.space.tiling
         numels, blocks = ["xnumel", "rnumel"], ["XBLOCK", "RBLOCK"]
         if split:
             numels += ["ws_ptr", "rsplit"]
         if finish:
-            numels, blocks = numels + ["ws_ptr", "nsplit"], ["XBLOCK", "SPLIT_BLOCK"]
+            numels += ["ws_ptr", "nsplit", "rsplit"]
+            blocks = ["XBLOCK", "SPLIT_BLOCK", "RBLOCK"]
         head = [self._signature(f"{self.name}_{suffix}", numels, blocks)]
         body = self._pid_lines()
-        if split:
+        if split or finish:  # a finish without an epilogue runs one program per block
             body += [
                 "xblocks = tl.cdiv(xnumel, XBLOCK)",
                 "split = pid // xblocks",
-                "nsplit = tl.num_programs(0) // xblocks",
                 "pid = pid % xblocks",
             ]
+        if split:
+            body.append("nsplit = tl.num_programs(0) // xblocks")
         body += [
             "xindex = pid * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
             "xmask = xindex < xnumel",
         ]
-        if not finish:
+        if not finish or self.split_epilogue():
             body += [
                 "rbase = tl.arange(0, RBLOCK)[None, :]",
                 "if INDEX64:",
@@ -377,6 +383,11 @@ class KernelRenderer(ReductionRendering, ScanRendering):
         body += ["rindex = rbase"] + self._rdefs()
         body += self._straight_body(self.persistent_reduction)
         return head + ["    " + line for line in body]
+
+    def split_epilogue(self) -> bool:
+        """Whether the split variant's second launch runs a loop after the reduction (see
+        :func:`kiln_triton.split.has_epilogue`)."""
+        return has_epilogue(self)
 
     def loop_plan(self) -> LoopPlan:
         """Where each value and store of the looped variant goes: loop ``k`` (odd position
@@ -423,8 +434,11 @@ class KernelRenderer(ReductionRendering, ScanRendering):
                      [after[v.name] for v in values if v.op == "reduction"])  # fmt: skip
         return LoopPlan(position, store_pos, loop, need, nloops)
 
-    def segment(self, plan: LoopPlan, k: int, finals: dict[str, list[str]]) -> list[str]:
-        """The outer values and stores that wait for loop ``k`` (0: before the first)."""
+    def segment(
+        self, plan: LoopPlan, k: int, finals: dict[str, list[str]], guard: str | None = None
+    ) -> list[str]:
+        """The outer values and stores that wait for loop ``k`` (0: before the first);
+        ``guard``: the condition on the program under which its stores are made."""
         values, stores = self.rec.values, self.rec.stores
         items = [
             (i, v) for i, v in enumerate(values) if not v.inner and plan.position[v.name] == 2 * k
@@ -434,7 +448,7 @@ class KernelRenderer(ReductionRendering, ScanRendering):
         lines: list[str] = []
         for _, item in sorted(items, key=lambda it: it[0]):
             if isinstance(item, Store):
-                lines += self.store_lines(item)
+                lines += self.store_lines(item, guard)
             elif item.op == "reduction":
                 lines += finals.pop(item.name)
             else:
@@ -456,7 +470,11 @@ class KernelRenderer(ReductionRendering, ScanRendering):
             )
         return head + ["    " + line for line in body]
 
-    def _loop(self, k, values, stores, store_pos, loop, need, done, finals) -> list[str]:
+    def _loop(
+        self, k, values, stores, store_pos, loop, need, done, finals,
+        span: str = "range(0, rnumel, RBLOCK)",
+    ) -> list[str]:  # fmt: skip
+        """Loop ``k`` over ``span`` (the whole reduction, or a split program's chunk)."""
         reductions = [v for v in values if v.op == "reduction" and need(v.args[0]) == k]
         loop_stores = [s for s, p in zip(stores, store_pos, strict=True) if p == 2 * k - 1]
         wanted: set[str] = set()
@@ -486,7 +504,7 @@ class KernelRenderer(ReductionRendering, ScanRendering):
         for _, item in sorted(items, key=lambda it: it[0]):
             inner += self.store_lines(item) if isinstance(item, Store) else self.value_lines(item)
         inner += update
-        return before + ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + x for x in inner]
+        return before + [f"for roffset in {span}:"] + ["    " + x for x in inner]
 
     # -- the module ----------------------------------------------------------------------------
     def meta(self, split_count: int = 0) -> dict:
@@ -506,6 +524,8 @@ class KernelRenderer(ReductionRendering, ScanRendering):
             "name": self.name,
             "kind": t.kind,
             "split_parts": split_count,
+            # the split variant's second launch also walks the reduction in chunks
+            "split_epilogue": bool(split_count) and self.split_epilogue(),
             "args": list(self.kernel.args),
             # what a compile ahead of the first launch passes for each argument
             "dtypes": [

@@ -9,24 +9,37 @@ partials in a fixed order, so the result does not depend on which program finish
 and computes what the kernel does after the reduction. Kernels qualify with one
 reduction loop, no stores inside it, and float sums, maxima, minima or Welford
 statistics.
+
+A kernel may also have a second loop after the reduction that stores elementwise results
+(a batch norm in training: per-channel statistics over the batch and the image, then the
+normalized tensor). Its finish runs as many programs as the first launch: each combines
+its output block's partials (every program the same, in the same order) and walks its own
+chunk of the second loop. The per-output results the kernel stores after the reduction
+(the statistics, a running average updated in place) are stored by the programs of the
+first chunk alone. Such a kernel qualifies when its second loop computes nothing from a
+buffer stored per output (a running average read after its update) and reads each buffer
+it stores only where it stores it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import sympy
+
 if TYPE_CHECKING:
     from kiln_triton.render import KernelRenderer
 
 SPLIT_KINDS = ("sum", "max", "min", "welford")
+CHUNK = "range(split * rsplit, tl.minimum(split * rsplit + rsplit, rnumel), RBLOCK)"
+FIRST_CHUNK = "first_chunk"  # the programs that store per-output results
 WELFORD_PARTS = ("mean", "m2", "n")
 
 
 def split_parts(r: KernelRenderer) -> list[tuple[str, str]]:
     """``(name, part)`` for each partial result the workspace holds (empty when the kernel
     does not qualify). ``name`` is the reduction's value, or ``wf_<input>`` for Welford."""
-    plan = r.loop_plan()
-    if plan.nloops != 1 or any(p % 2 for p in plan.store_pos):
+    if not _loops_qualify(r):
         return []
     parts: list[tuple[str, str]] = []
     for v in r.rec.values:
@@ -44,6 +57,42 @@ def split_parts(r: KernelRenderer) -> list[tuple[str, str]]:
     return parts
 
 
+def has_epilogue(r: KernelRenderer) -> bool:
+    """Whether the kernel's loop plan has a second loop, after its reductions."""
+    return r.loop_plan().nloops == 2
+
+
+def _loops_qualify(r: KernelRenderer) -> bool:
+    """One loop of reductions and no stores inside it, then at most one loop of stores
+    that chunks of programs can run apart (see the module's docstring)."""
+    plan = r.loop_plan()
+    if plan.nloops == 1:
+        return not any(p % 2 for p in plan.store_pos)
+    if plan.nloops != 2 or 1 in plan.store_pos:
+        return False
+    reductions = [v for v in r.rec.values if v.op == "reduction"]
+    if any(plan.position[v.name] != 2 for v in reductions):
+        return False  # a reduction in the second loop
+    epilogue = [st for st, p in zip(r.rec.stores, plan.store_pos, strict=True) if p == 3]
+    stored_per_output = {
+        st.buffer for st, p in zip(r.rec.stores, plan.store_pos, strict=True) if p % 2 == 0
+    }
+    tainted: set[str] = set()  # values computed from a buffer stored per output
+    for v in r.rec.values:
+        if (v.op == "load" and v.attrs["buffer"] in stored_per_output) or any(
+            a.name in tainted for a in v.args
+        ):
+            tainted.add(v.name)
+    for st in epilogue:
+        if any(v.name in tainted for v in (st.value, *st.deps)):
+            return False
+        for v in r.rec.values:
+            same = v.op == "load" and v.attrs["buffer"] == st.buffer
+            if same and not (v.inner and sympy.expand(v.attrs["index"] - st.index) == 0):
+                return False  # read elsewhere than where the chunk stores it
+    return True
+
+
 def _workspace_index(part: int, split: str) -> str:
     return f"ws_ptr + ({part} * nsplit + {split}) * xnumel + xindex"
 
@@ -54,9 +103,9 @@ def split_function(r: KernelRenderer, parts: list[tuple[str, str]]) -> list[str]
     plan = r.loop_plan()
     body += [line for line in r.segment(plan, 0, {}) if not line.startswith("tl.store(")]
     finals: dict[str, list[str]] = {}
-    loop = r._loop(1, r.rec.values, r.rec.stores, plan.store_pos, plan.loop, plan.need, {}, finals)
-    chunk = "range(split * rsplit, tl.minimum(split * rsplit + rsplit, rnumel), RBLOCK)"
-    body += [f"for roffset in {chunk}:" if x.startswith("for roffset") else x for x in loop]
+    body += r._loop(
+        1, r.rec.values, r.rec.stores, plan.store_pos, plan.loop, plan.need, {}, finals, CHUNK
+    )
     for lines in finals.values():
         body.append(lines[0])  # the block's reduction, before rounding to the result's type
     for i, (name, part) in enumerate(parts):
@@ -66,11 +115,14 @@ def split_function(r: KernelRenderer, parts: list[tuple[str, str]]) -> list[str]
 
 
 def finish_function(r: KernelRenderer, parts: list[tuple[str, str]]) -> list[str]:
-    """The second launch: each output's partials combined, then the rest of the kernel."""
+    """The second launch: each output's partials combined, then the rest of the kernel
+    (the second loop over this program's chunk, where there is one)."""
     head, body = r._reduction_head("split_finish", finish=True)
     body += ["sindex = tl.arange(0, SPLIT_BLOCK)[None, :]", "smask = sindex < nsplit"]
+    # a block like the masks it joins (Triton's interpreter takes no scalar in a mask)
+    body.append(f"{FIRST_CHUNK} = (split + tl.zeros([XBLOCK, 1], tl.int32)) == 0")
     plan = r.loop_plan()
-    body += r.segment(plan, 0, {})
+    body += r.segment(plan, 0, {}, FIRST_CHUNK)
     loaded = {}
     for i, (name, part) in enumerate(parts):
         ident = {"max": 'float("-inf")', "min": 'float("inf")'}.get(part, "0")
@@ -104,5 +156,10 @@ def finish_function(r: KernelRenderer, parts: list[tuple[str, str]]) -> list[str
             "min": f"tl.reduce({ws}, 1, kt.min_combine, keep_dims=True)",
         }[kind]
         finals[v.name] = [f"{v.name} = {combine}"] + r._round(v)
-    body += r.segment(plan, 1, finals)
+    body += r.segment(plan, 1, finals, FIRST_CHUNK)
+    if has_epilogue(r):
+        body += r._loop(
+            2, r.rec.values, r.rec.stores, plan.store_pos, plan.loop, plan.need, {}, {}, CHUNK
+        )
+        body += r.segment(plan, 2, {}, FIRST_CHUNK)
     return head + ["    " + line for line in body]
