@@ -1,6 +1,7 @@
 """capture(): caching, guards, recompiles, fullgraph, explain and the eager fallbacks."""
 
 import functools
+import logging
 import warnings
 
 import pytest
@@ -174,6 +175,51 @@ def test_shape_errors_surface_as_eager_raises_them():
     with pytest.raises(RuntimeError) as captured:
         capture(mismatch, Recorder())(x, y)
     assert str(captured.value) == str(eager.value)
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_a_shape_error_comes_alone_without_the_fake_tensor_log():
+    def mismatch(x, y):
+        return x @ y
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    records = Records()
+    fake_log.addHandler(records)
+    try:
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            capture(mismatch, Recorder())(torch.randn(2, 3), torch.randn(4, 5))
+        assert not any("failed while attempting to run meta" in m for m in records.messages)
+        # outside capture, fake tensors still log it
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(), pytest.raises(RuntimeError):
+            torch.randn(2, 3) @ torch.randn(4, 5)
+        assert any("failed while attempting to run meta" in m for m in records.messages)
+    finally:
+        fake_log.removeHandler(records)
+
+
+def test_a_call_with_wrong_arguments_names_the_users_function():
+    def mismatch(x, y):
+        return x @ y
+
+    captured = capture(mismatch, Recorder())
+    captured(torch.randn(2, 3), torch.randn(3, 4))  # the generated fast path from here on
+    for args, kwargs in (((torch.randn(2, 3),), {}), ((torch.randn(2, 3),) * 2, {"z": 1})):
+        with pytest.raises(TypeError) as eager:
+            mismatch(*args, **kwargs)
+        with pytest.raises(TypeError) as compiled:
+            captured(*args, **kwargs)
+        assert str(compiled.value) == str(eager.value)
+        assert str(compiled.value).startswith("test_a_call_with_wrong_arguments_names")
 
 
 def test_backend_errors_fall_back_to_eager_with_a_warning():

@@ -263,5 +263,8 @@ def make_call(fn, bound: bool, entries=()):
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatch {fn.__qualname__}>", "exec"), scope)  # noqa: S102
     call = scope["__call__"]
+    # a call with missing or unknown arguments is reported under the user's function's
+    # name ("f() missing 1 required positional argument: 'y'"), as calling it would be
+    call.__qualname__ = fn.__qualname__
     call.__kiln_source__ = source
     return call

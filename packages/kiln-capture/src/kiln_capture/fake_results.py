@@ -10,6 +10,9 @@ raises for want of data, and answers ``NotImplemented`` for a call that it canno
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 from collections.abc import Callable
 
 import torch
@@ -26,6 +29,35 @@ def register_fake_result(*targets: object) -> Callable[[Callable], Callable]:
         return fn
 
     return register
+
+
+class _MetaErrorsOfCapture(logging.Filter):
+    """Drops fake tensors' log of a meta kernel that raised while capture runs an op: the
+    error is the user's (a shape mismatch), and it reaches them as eager raises it, alone
+    (fake tensors logged it first, with a 20-line traceback)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        quiet = getattr(self.state, "depth", 0) > 0
+        return not (quiet and str(record.msg).startswith("failed while attempting to run meta"))
+
+
+_META_ERRORS = _MetaErrorsOfCapture()
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_META_ERRORS)
+
+
+@contextlib.contextmanager
+def meta_errors_unlogged():
+    """While capture runs an op on fake tensors: no log of the meta kernel raising."""
+    state = _META_ERRORS.state
+    state.depth = getattr(state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        state.depth -= 1
 
 
 def run_fake(kind: str, target, args: tuple, kwargs: dict):

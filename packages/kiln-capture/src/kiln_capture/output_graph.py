@@ -15,7 +15,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import GraphBreak, UserError
-from kiln_capture.fake_results import run_fake
+from kiln_capture.fake_results import meta_errors_unlogged, run_fake
 from kiln_capture.guards import GuardSet
 from kiln_capture.side_effects import SideEffects
 from kiln_capture.variables.base import Variable
@@ -131,7 +131,7 @@ class OutputGraph:
         fake_args = tuple(as_fake_arg(a) for a in args)
         fake_kwargs = {k: as_fake_arg(v) for k, v in kwargs.items()}
         try:
-            with self.fake_mode, self.symbolic_dispatch():
+            with self.fake_mode, self.symbolic_dispatch(), meta_errors_unlogged():
                 result = run_fake(kind, target, fake_args, fake_kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as exc:
             raise GraphBreak(
