@@ -425,3 +425,28 @@ def test_capture_leaves_garbage_collection_as_it_found_it():
         assert seen[-1][0] is False and not gc.isenabled()
     finally:
         gc.enable()
+
+
+def _scaled(y):
+    return y * 2  # an inlined call's own line
+
+
+def test_each_node_keeps_the_users_source_line():
+    def f(x):
+        y = x.sin()
+        return _scaled(y).cos()
+
+    recorder = Recorder()
+    capture(f, recorder)(torch.randn(4))
+    (gm,) = recorder.graphs
+    traces = {
+        n.name: n.meta.get("stack_trace", "")
+        for n in gm.graph.nodes
+        if n.op == "call_method" or n.op == "call_function"
+    }
+    sin = next(t for name, t in traces.items() if name.startswith("sin"))
+    assert f'File "{__file__}"' in sin and "in f\n" in sin and "y = x.sin()" in sin
+    mul = next(t for name, t in traces.items() if name.startswith("mul"))
+    # the call inlined: the caller's line first, the callee's last (innermost, as fx prints)
+    assert mul.index("return _scaled(y).cos()") < mul.index("return y * 2")
+    assert "# File: " in gm.print_readable(print_output=False)

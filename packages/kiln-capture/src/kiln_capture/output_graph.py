@@ -32,6 +32,9 @@ def placeholder_name(source) -> str:
 class OutputGraph:
     def __init__(self, f_globals: dict, closure, dynamic: DynamicSizes):
         self.graph = torch.fx.Graph()
+        # the translator whose instruction runs now (innermost inlined call): the nodes it
+        # records carry its user's source lines (node.meta["stack_trace"])
+        self.current = None
         # an op whose output shape depends on data (nonzero, a boolean mask, unique) breaks
         # the graph, as .item() does: it runs between two compiled graphs
         self.shape_env = ShapeEnv(allow_dynamic_output_shape_ops=False)
@@ -149,6 +152,8 @@ class OutputGraph:
                 raise GraphBreak(f"{describe_target(target)} has no fake implementation") from exc
             raise UserError(exc) from None
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        if self.current is not None:
+            node.meta["stack_trace"] = self.current.stack_trace()
         for arg in args:  # an in-place op returns its input: the same variable, so `is` holds
             if isinstance(arg, TensorVariable) and arg.example is result:
                 return arg
@@ -178,6 +183,8 @@ class OutputGraph:
             items = []
             for i, item in enumerate(result):
                 item_node = self.graph.call_function(operator.getitem, (node, i))
+                if "stack_trace" in node.meta:
+                    item_node.meta["stack_trace"] = node.meta["stack_trace"]
                 items.append(self.wrap_result(item_node, item))
             if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
                 return NamedTupleVariable(items, type(result))

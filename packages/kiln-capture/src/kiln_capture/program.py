@@ -70,6 +70,16 @@ def exception_handlers(code: types.CodeType, instrs: list[Instr]) -> list[Handle
     return handlers
 
 
+def traceback_lines(program: Program, index: int) -> str:
+    """An instruction's place as a traceback's two lines (file, line, function; code)."""
+    import linecache
+
+    lineno = program.instrs[index].lineno or 0
+    text = linecache.getline(program.code.co_filename, lineno).strip()
+    code = program.code
+    return f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n    {text}\n'
+
+
 def source_line(program: Program, index: int) -> str:
     """The user's source line of an instruction, for messages."""
     import linecache

@@ -110,6 +110,8 @@ class Translator:
         handler = HANDLERS.get(inst.name)
         if handler is None:
             raise GraphBreak(f"opcode {inst.name} is not supported")
+        output, previous = self.output, self.output.current
+        output.current = self
         try:
             handler(self, inst)
         except UserError as err:
@@ -127,6 +129,19 @@ class Translator:
                 exc.__kiln_where__ = True
                 exc.add_note(f"while capturing {inst.name} at {self.program.where(index)}")
             raise
+        finally:
+            output.current = previous
+
+    def stack_trace(self) -> str:
+        """The user's lines that run now, outermost call first, as a traceback writes them
+        (torch.fx prints the innermost with each node: ``# File: f.py:3 in f, code: ...``)."""
+        from kiln_capture.program import traceback_lines
+
+        chain, tx = [], self
+        while tx is not None:
+            chain.append(tx)
+            tx = tx.parent
+        return "".join(traceback_lines(t.program, t.current_index) for t in reversed(chain))
 
     def handle_exception(self, index: int, err: UserError) -> None:
         """Jump to the handler covering instruction ``index``, as CPython would."""
