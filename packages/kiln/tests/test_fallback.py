@@ -32,6 +32,8 @@ def test_missing_compiler_falls_back_to_eager(no_compiler):
     backward = [m for m in messages if "frame000 (Block.forward) backward graph runs eagerly" in m]
     assert forward and backward, messages
     assert "cpp could not build the kernels: CppCompileError" in forward[0]
+    # each points at the user's line that led to it (the call, the backward), not at Kiln
+    assert {w.filename for w in caught if "runs eagerly" in str(w.message)} == {__file__}
     expected = reference(x)
     expected.sum().backward()
     torch.testing.assert_close(out, expected)

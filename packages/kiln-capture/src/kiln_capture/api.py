@@ -28,6 +28,7 @@ from kiln_capture.module_calls import (
     compile_hooked_submodules,
     runs_wrapped_module,
 )
+from kiln_capture.user_frames import user_stacklevel
 from kiln_capture.variables.objects import has_hooks
 
 log = logging.getLogger("kiln.capture")
@@ -208,7 +209,7 @@ class CapturedFunction:
         warnings.warn(
             f"kiln-capture runs {self.fn.__qualname__} eagerly: {reason}",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         return result
 
@@ -230,7 +231,7 @@ class CapturedFunction:
                 f"{message}{part}; KILN_LOGS=graph_breaks (kiln) or the kiln.capture logger "
                 "says more",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         return self.eager_fn(*args, **kwargs)
 
@@ -259,7 +260,7 @@ class CapturedFunction:
             "(torch.where(mask, x, 0) instead of x[mask]), keep numbers as tensors, or "
             "compile the code that uses the result",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
     def over_limit(self, failed, args, kwargs):
@@ -270,7 +271,7 @@ class CapturedFunction:
                 f"({self.recompile_limit}); the last guard to fail was: {failed}. It now runs "
                 f"eagerly for inputs no cached capture accepts.",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         return self.fn(*args, **kwargs)
 

@@ -687,13 +687,15 @@ MODULE_NAMES = re.compile(r"(?<![\w.'\"])(math|torch)\.")
 def warn_marked_dims_fixed(exc: Exception) -> None:
     import warnings
 
+    from kiln_capture.user_frames import user_stacklevel
+
     detail = str(exc).strip().splitlines()
     warnings.warn(
         "kiln-capture: a dimension marked with mark_dynamic cannot be symbolic here: "
         f"{' '.join(line.strip() for line in detail[:6])} The graph is compiled for the "
         "size the code needs, and guarded on it; mark_dynamic only dimensions that vary",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=user_stacklevel(),
     )
 
 

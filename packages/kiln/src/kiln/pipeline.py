@@ -40,6 +40,7 @@ from kiln.config import Config, cache_root
 from kiln.constants import lift_constants
 from kiln.frames import Frame
 from kiln.signature_records import SignatureRecords
+from kiln_capture.user_frames import user_stacklevel
 from kiln_loopir import HostProgram
 from kiln_loopir.compile import graph_device
 
@@ -114,7 +115,7 @@ def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
         f"kiln: {frame.describe()} {kind} graph runs eagerly (ATen kernels, no generated "
         f"code): {reason}",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=user_stacklevel(),
     )
 
 

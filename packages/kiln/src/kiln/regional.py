@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from kiln_capture.callees import global_names, with_redirected_globals
+from kiln_capture.user_frames import user_stacklevel
 
 
 def compile_submodules(
@@ -142,15 +143,3 @@ def where(code: types.CodeType, resumed_at) -> str:
     index = int(resumed_at.group(1))
     line = instrs[index].lineno if index < len(instrs) else None
     return f", from line {line}" if line else ""
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` of the first frame outside Kiln (the user's call), for a warning
-    issued from the function that calls this."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and (
-        str(frame.f_globals.get("__name__", "")).split(".")[0] in KILN_PACKAGES
-        or frame.f_code.co_filename.startswith("<kiln")  # a generated dispatcher
-    ):
-        frame, level = frame.f_back, level + 1
-    return level

@@ -33,6 +33,7 @@ import torch
 
 from kiln import tensor_views
 from kiln._plugins import RUNTIME_GROUP, load_plugins
+from kiln_capture.user_frames import user_stacklevel
 
 MIN_GRAPH_STEPS = 8  # kernels and extern calls from which the default mode replays a graph
 # the most output bytes per step the default mode copies after a replay: a launch costs
@@ -55,7 +56,7 @@ def _warn_once(message: str) -> None:
         if message in _warned:
             return
         _warned.add(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    warnings.warn(message, RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def find_runtime(device_type: str) -> tuple[object | None, str]:
