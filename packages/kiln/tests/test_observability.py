@@ -155,6 +155,24 @@ def test_stage_times_and_progress(records, monkeypatch):
     progress = by_kind(records, "progress")
     assert any("lowering and scheduling" in m for m in progress)
     assert any("building" in m and "kernels with cpp" in m for m in progress)
+    # every stage said to start says when it ended
+    started = [m for m in progress if ": done in " not in m]
+    assert all(any(m.startswith(s + ": done in ") for m in progress) for s in started)
+
+
+def test_progress_says_what_happens_on_a_hit_and_counts_right(records, monkeypatch, tmp_path):
+    monkeypatch.setattr(frames, "PROGRESS_AFTER_S", 0.0)
+    options = {"cache_dir": str(tmp_path / "cache")}
+    kiln.compile(lambda x: x.sin() + 1, options=options)(torch.randn(8))  # one kernel
+    first = by_kind(records, "progress")
+    assert any("building 1 kernel with cpp" in m for m in first), first
+    records.clear()
+    kiln.reset()  # a new process would find the graph in the cache
+    kiln.compile(lambda x: x.sin() + 1, options=options)(torch.randn(8))
+    second = by_kind(records, "progress")
+    assert any("loading 1 kernel with cpp" in m for m in second), second
+    assert not any("building" in m or "lowering" in m for m in second), second
+    assert not any("1 kernels" in m for m in first + second)
 
 
 def test_nested_stages_are_counted_once(monkeypatch):

@@ -157,7 +157,8 @@ class Frame:
         if self._running:  # pause the enclosing stage
             outer = self._running[-1]
             self._charge(outer[0], now - outer[1])
-        if what and now - self.started > PROGRESS_AFTER_S:
+        told = bool(what) and now - self.started > PROGRESS_AFTER_S
+        if told:
             logs.logger("progress").info("%s (%s): %s", self.name, self.function, what)
         self._running.append([stage, now])
         try:
@@ -168,6 +169,10 @@ class Frame:
             self._charge(name, end - started)
             if self._running:  # resume the enclosing stage
                 self._running[-1][1] = end
+            if told:  # a stage said to start says when it ended, and how long it took
+                logs.logger("progress").info(
+                    "%s (%s): %s: done in %.2f s", self.name, self.function, what, end - now
+                )
 
     def log_perf(self, what: str) -> None:
         """Log the stage times since the last call (then start counting afresh)."""

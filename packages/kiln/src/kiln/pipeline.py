@@ -94,8 +94,13 @@ class ObservedCodegen:
                     f"{self.name} could not render {item.name}: {type(exc).__name__}: {exc}"
                 ) from exc
 
-    def compile(self, sources: Sequence[str], host: object = None) -> list[Callable]:
-        what = f"{self.kind}: building {len(sources)} kernels with {self.name}"
+    def compile(
+        self, sources: Sequence[str], host: object = None, cached: bool = False
+    ) -> list[Callable]:
+        """The code generator's callables for ``sources``; ``cached``: the graph came from
+        the cache (the kernels are loaded: built again only where a cache lost them)."""
+        verb = "loading" if cached else "building"
+        what = f"{self.kind}: {verb} {_count(len(sources), 'kernel')} with {self.name}"
         if host is not None:
             what += " and the native host program"
         with self.frame.stage("build", what):
@@ -107,6 +112,10 @@ class ObservedCodegen:
                 raise CodegenFailed(
                     f"{self.name} could not build the kernels: {type(exc).__name__}: {exc}"
                 ) from exc
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
@@ -263,14 +272,14 @@ class AtenCompiler:
             raise kiln_autograd.NeedsTrace("the graph cache is off")
         lifted, lifted_inputs, constants = lift_constants(gm, example_inputs)
         if cache is not None:
-            with self.frame.stage("cache_load", f"{self.kind}: loading from the cache"):
+            with self.frame.stage("cache_load", f"{self.kind}: looking in the graph cache"):
                 entry = cache.load(key)
                 if entry is not None:
                     # a native host program is built with the kernels (load_host), or
                     # after them, from them (rebuild_host)
                     load = getattr(observed, "load_host", None)
                     native = self.cached_native_host(entry, load, "failed", logging.WARNING)
-                    fns = observed.compile(entry.kernel_sources, host=native)
+                    fns = observed.compile(entry.kernel_sources, host=native, cached=True)
                     rebuild = getattr(observed, "rebuild_host", None)
                     if native is not None:
                         native.program = fns.pop()
