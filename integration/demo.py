@@ -219,9 +219,18 @@ def main() -> None:
     total = sum(stages.values())
     where = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
     print(f"\nkiln's compile stages in the first process ({total:.1f} s in all): {where}")
-    frames = sorted(p.name for p in debug_dir.iterdir())
-    files = sorted(p.name for p in (debug_dir / frames[0]).iterdir())
-    print(f"debug dump: {debug_dir}  ({len(frames)} frame(s); {frames[0]}: {', '.join(files)})")
+    print(dump_summary(debug_dir))
+
+
+def dump_summary(debug_dir: pathlib.Path) -> str:
+    """Where the debug dump went, and the files of every frame in it."""
+    frames = sorted(p for p in debug_dir.iterdir() if p.is_dir())
+    count = f"{len(frames)} frame" + ("" if len(frames) == 1 else "s")
+    lines = [f"debug dump: {debug_dir}  ({count})"]
+    for frame in frames:
+        files = sorted(p.name for p in frame.iterdir())
+        lines.append(f"  {frame.name}: {', '.join(files)}")
+    return "\n".join(lines)
 
 
 def first_calls_main() -> None:

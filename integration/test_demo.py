@@ -26,3 +26,17 @@ def test_demo_runs_and_checks_against_eager():
     dump = pathlib.Path(out.split("debug dump: ")[1].split()[0])
     assert (dump / "frame000" / "forward_kernels.cpp").exists()
     assert "runs eagerly" not in done.stderr, "no graph fell back to eager"
+
+
+def test_the_dump_summary_lists_every_frames_files(tmp_path):
+    sys.path.insert(0, str(DEMO.parent))
+    import demo
+
+    for frame, files in (("frame000", ["forward_aten.py", "guards.py"]), ("frame001", ["x.py"])):
+        (tmp_path / frame).mkdir()
+        for name in files:
+            (tmp_path / frame / name).write_text("")
+    text = demo.dump_summary(tmp_path)
+    assert text.splitlines()[0] == f"debug dump: {tmp_path}  (2 frames)"
+    assert "  frame000: forward_aten.py, guards.py" in text
+    assert "  frame001: x.py" in text
