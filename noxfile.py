@@ -1,4 +1,5 @@
-"""Development sessions: tests per package, end-to-end, slow, integration, lint, demo, bench.
+"""Development sessions: tests per package, end-to-end, slow, integration, lint, demo, bench,
+wheels, and the README's commands (readme).
 
 Every session builds its own virtual environment and installs what it needs, so each one
 works on a fresh machine: torch comes from the CPU build that pip finds on local disk.
@@ -149,3 +150,28 @@ def gpu_wheels(session: nox.Session) -> None:
         str(out),
         *GPU_THIRD_PARTY,
     )
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """The wheel of every package, as a release would upload them, into dist/."""
+    out = ROOT / "dist"
+    out.mkdir(exist_ok=True)
+    for old in out.glob("*.whl"):
+        old.unlink()
+    session.install("pip")
+    for dist in PACKAGES:
+        session.run("pip", "wheel", "--no-deps", "-q", "-w", str(out), f"packages/{dist}")
+    session.log(f"{len(list(out.glob('*.whl')))} wheels in {out}")
+
+
+@nox.session
+def readme(session: nox.Session) -> None:
+    """The README's install commands for one package alone and its example, as written, in
+    a fresh environment."""
+    session.install(TORCH)
+    session.run("python", "-m", "pip", "install", "./packages/kiln-capture")
+    session.run("python", "-m", "pip", "install", "./packages/kiln-autograd")
+    text = (ROOT / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    session.run("python", "-c", example)
