@@ -220,6 +220,10 @@ def main() -> None:
     where = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
     print(f"\nkiln's compile stages in the first process ({total:.1f} s in all): {where}")
     print(dump_summary(debug_dir))
+    print(
+        f"kiln's cache for this run: {caches['KILN_CACHE_DIR']} (yours is ~/.cache/kiln: "
+        "python -m kiln cache info shows it, python -m kiln cache clear empties it)"
+    )
 
 
 def dump_summary(debug_dir: pathlib.Path) -> str:

@@ -25,6 +25,7 @@ def test_demo_runs_and_checks_against_eager():
         assert row in out
     dump = pathlib.Path(out.split("debug dump: ")[1].split()[0])
     assert (dump / "frame000" / "forward_kernels.cpp").exists()
+    assert "python -m kiln cache info" in out  # how to see (and clear) the cache
     assert "runs eagerly" not in done.stderr, "no graph fell back to eager"
 
 
