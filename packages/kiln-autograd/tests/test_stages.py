@@ -256,3 +256,16 @@ def test_tangents_take_the_layouts_analyze_found():
     dynamic = kiln_autograd.trace_joint_graph(gm, inputs, dynamic=True)
     assert dynamic.meta.tangent_layouts is None  # symbolic sizes: found by running fn
     assert len([n for n in dynamic.gm.graph.nodes if n.name.startswith("tangents")]) == 1
+
+
+def test_aten_nodes_keep_the_source_lines_of_the_nodes_they_come_from():
+    gm = torch.fx.symbolic_trace(BNLinear().train())
+    for node in gm.graph.nodes:  # as kiln-capture records them
+        if node.op in ("call_function", "call_module"):
+            node.meta["stack_trace"] = f'  File "model.py", line 7, in forward\n    {node.name}\n'
+    joint = kiln_autograd.trace_joint_graph(gm, [torch.randn(3, 4)])
+    forward_ops = [
+        n for n in joint.gm.graph.nodes if n.target in (aten.addmm.default, aten.gelu.default)
+    ]
+    assert forward_ops and all("model.py" in n.meta.get("stack_trace", "") for n in forward_ops)
+    assert "# File: model.py:7 in forward, code: gelu" in joint.gm.print_readable(False)

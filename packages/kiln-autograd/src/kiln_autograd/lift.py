@@ -14,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+from torch.nn.utils.stateless import _reparametrize_module
 
 from kiln_autograd.pre_autograd import PreAutogradDecompositions
 
@@ -40,10 +43,18 @@ class LiftedModule:
         return [_get_attr(self.module, name) for name in self.names]
 
     def call_raw(self, *args: object) -> object:
-        """Run the module on ``(*state, *user_inputs)`` and return what it returns."""
+        """Run the module on ``(*state, *user_inputs)`` and return what it returns. While a
+        trace keeps node metadata (``torch.fx.traceback.preserve_node_meta``), a graph
+        module runs node by node, so that each op traced from a node carries that node's
+        user source lines."""
         state = dict(zip(self.names, args[: self.num_state], strict=True))
         user = tuple(args[self.num_state :])
         with PreAutogradDecompositions():
+            if isinstance(self.module, torch.fx.GraphModule) and (
+                fx_traceback.has_preserved_node_meta()
+            ):
+                with _reparametrize_module(self.module, state, tie_weights=False):
+                    return torch.fx.Interpreter(self.module).run(*user)
             return torch.func.functional_call(self.module, state, user, tie_weights=False)
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
@@ -187,6 +188,7 @@ def _make_fx(
     static = fake_mode.shape_env is None or fake_mode.static_shapes
     tracing_mode = "fake" if static else "symbolic"
     with (
+        fx_traceback.preserve_node_meta(),  # each aten node keeps its user source lines
         explain_unsupported(),
         enable_python_dispatcher(),
         FunctionalTensorMode(),
