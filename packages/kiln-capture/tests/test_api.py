@@ -214,7 +214,12 @@ def test_a_call_with_wrong_arguments_names_the_users_function():
 
     captured = capture(mismatch, Recorder())
     captured(torch.randn(2, 3), torch.randn(3, 4))  # the generated fast path from here on
-    for args, kwargs in (((torch.randn(2, 3),), {}), ((torch.randn(2, 3),) * 2, {"z": 1})):
+    calls = (
+        ((torch.randn(2, 3),), {}),  # missing
+        ((torch.randn(2, 3),) * 2, {"z": 1}),  # unknown keyword
+        ((torch.randn(2, 3),) * 3, {}),  # too many: counted as the user's function counts
+    )
+    for args, kwargs in calls:
         with pytest.raises(TypeError) as eager:
             mismatch(*args, **kwargs)
         with pytest.raises(TypeError) as compiled:

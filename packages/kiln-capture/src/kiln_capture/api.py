@@ -194,7 +194,8 @@ class CapturedFunction:
 
     def rebuild_dispatch(self) -> None:
         if self.fast_call:
-            type(self).__call__ = make_call(self.fn, self.bound_self is not None, self.entries)
+            bound = self.bound_self is not None
+            type(self).__call__ = make_call(self.fn, self, bound, self.entries)
 
     def dispatch_source(self) -> str:
         """The generated ``__call__`` (guards of every cache entry inlined), as source."""

@@ -1,10 +1,15 @@
 """The per-call fast path: a generated ``__call__`` with the captured function's own
 parameters and every cache entry's guards inlined, newest first.
 
-    def __call__(___captured, x, y, *, scale=___d2):
-        if (___e0_grad_enabled() is True) and (type(x) is ___e0_T5 and x.dtype is ...):
-            return ___run0(x, y, scale=scale)
-        return ___captured.cache_miss((x, y), {'scale': scale})
+    def ___bind(___captured):
+        def __call__(x, y, *, scale=___d2):
+            if (___e0_grad_enabled() is True) and (type(x) is ___e0_T5 and ...):
+                return ___run0(x, y, scale=scale)
+            return ___captured.cache_miss((x, y), {'scale': scale})
+        return __call__
+
+(a module's ``forward`` is dispatched by ``def __call__(___captured, x)``, ``___captured``
+standing where ``self`` stands).
 
 The graph of an entry is called from here, on the inputs the guards have read (bound to
 names as they are read: ``(___r0_1 := self._parameters['weight'])``), and the rest of
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 
@@ -225,16 +231,23 @@ def graph_call(
     return f"___epilogue{n}({graph}, {sig.call_args()})"
 
 
-def make_call(fn, bound: bool, entries=()):
-    """``__call__`` for a captured ``fn`` over its cache ``entries`` (newest first); with
-    ``bound``, the first parameter is the object the capture is bound to. None when the
-    signature cannot be written out (the generic path is used)."""
+def make_call(fn, captured, bound: bool, entries=()):
+    """The ``__call__`` of ``captured`` (the capture of ``fn``) over its cache ``entries``
+    (newest first), as its class holds it; with ``bound``, the first parameter is the object
+    the capture is bound to. None when the signature cannot be written out (the generic path
+    is used).
+
+    A bound capture's dispatcher takes ``___captured`` where the method takes ``self``; an
+    unbound one is a static method that reads it from its closure, so that a call with too
+    many arguments counts them as calling ``fn`` would ("f() takes 2 positional arguments
+    but 3 were given")."""
     sig = read_signature(fn, bound)
     if sig is None:
         return None
     scope = dict(sig.scope)
     call_args = sig.call_args()
-    lines = [f"def __call__(___captured, {', '.join(sig.declared)}):"]
+    params = ", ".join(["___captured", *sig.declared] if bound else sig.declared)
+    lines = [f"def __call__({params}):"]
     if sig.first is not None:
         lines.append(f"    {sig.first} = ___captured.bound_self")
     for n, entry in enumerate(entries):
@@ -260,11 +273,15 @@ def make_call(fn, bound: bool, entries=()):
     args_tuple = f"({', '.join(sig.positional)},)" if sig.positional else "()"
     kwargs_dict = "{" + ", ".join(sig.keywords) + "}"
     lines.append(f"    return ___captured.cache_miss({args_tuple}, {kwargs_dict})")
+    if not bound:  # ___captured from a closure: the dispatcher takes fn's parameters only
+        lines = ["def ___bind(___captured):", *("    " + line for line in lines)]
+        lines.append("    return __call__")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kiln dispatch {fn.__qualname__}>", "exec"), scope)  # noqa: S102
-    call = scope["__call__"]
-    # a call with missing or unknown arguments is reported under the user's function's
-    # name ("f() missing 1 required positional argument: 'y'"), as calling it would be
+    # a weak reference: the class holding the dispatcher must not keep its capture alive
+    call = scope["__call__"] if bound else scope["___bind"](weakref.proxy(captured))
+    # a call with wrong arguments is reported under the user's function's name ("f()
+    # missing 1 required positional argument: 'y'"), as calling it would be
     call.__qualname__ = fn.__qualname__
     call.__kiln_source__ = source
-    return call
+    return call if bound else staticmethod(call)
