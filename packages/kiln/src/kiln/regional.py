@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from kiln_capture import user_frames
 from kiln_capture.callees import global_names, with_redirected_globals
 from kiln_capture.user_frames import user_stacklevel
 
@@ -53,10 +54,9 @@ def compile_submodules(
     return compiled
 
 
-KILN_PACKAGES = ("kiln", "kiln_capture", "kiln_autograd", "kiln_loopir", "kiln_cpp", "kiln_triton")
 # Modules whose functions are not compiled on their own: the stack itself, torch, NumPy
 # and the standard library (a function there is not the user's program).
-NOT_THE_USERS = (*KILN_PACKAGES, "kiln_cudagraphs", "torch", "numpy")
+NOT_THE_USERS = (*user_frames.NOT_THE_USERS, "numpy")
 
 
 def compile_callees(captured, config, reason: str) -> list[str]:
