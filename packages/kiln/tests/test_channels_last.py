@@ -121,8 +121,8 @@ def test_on_cuda_inference_is_laid_out_by_default_and_training_is_not(tmp_path):
     forward = aten_source(tmp_path / "inference", "forward")
     assert forward.count("memory_format = torch.channels_last") == 1
 
-    model.train(), twin.train()
-    trained = kiln.compile(twin, options={"debug_dir": str(tmp_path / "training")})
+    fresh = copy.deepcopy(model).train()
+    trained = kiln.compile(fresh, options={"debug_dir": str(tmp_path / "training")})
     trained(x).float().square().mean().backward()
     assert "memory_format = torch.channels_last" not in aten_source(
         tmp_path / "training", "forward"
