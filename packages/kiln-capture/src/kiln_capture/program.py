@@ -70,20 +70,22 @@ def exception_handlers(code: types.CodeType, instrs: list[Instr]) -> list[Handle
     return handlers
 
 
-def traceback_lines(program: Program, index: int) -> str:
-    """An instruction's place as a traceback's two lines (file, line, function; code)."""
+def _line(program: Program, index: int) -> tuple[int | None, str]:
+    """An instruction's line number and the text of that line of the user's source."""
     import linecache
 
-    lineno = program.instrs[index].lineno or 0
-    text = linecache.getline(program.code.co_filename, lineno).strip()
+    lineno = program.instrs[index].lineno
+    return lineno, linecache.getline(program.code.co_filename, lineno or 0).strip()
+
+
+def traceback_lines(program: Program, index: int) -> str:
+    """An instruction's place as a traceback's two lines (file, line, function; code)."""
+    lineno, text = _line(program, index)
     code = program.code
-    return f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n    {text}\n'
+    return f'  File "{code.co_filename}", line {lineno or 0}, in {code.co_name}\n    {text}\n'
 
 
 def source_line(program: Program, index: int) -> str:
     """The user's source line of an instruction, for messages."""
-    import linecache
-
-    lineno = program.instrs[index].lineno
-    text = linecache.getline(program.code.co_filename, lineno or 0).strip()
+    lineno, text = _line(program, index)
     return f"{program.code.co_filename}:{lineno} in {program.code.co_name}: {text}"
