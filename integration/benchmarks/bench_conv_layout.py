@@ -1,17 +1,19 @@
 """Convolution layouts on the GPU: Kiln with and without channels-last convolution inputs,
 against eager and torch.compile, in one run.
 
-For each timm convnet (random weights, bf16, 224x224 images, batch ``KILN_BENCH_BATCH``):
-inference under ``torch.no_grad()`` in four variants — eager, ``torch.compile``,
-``kiln.compile(options={"channels_last": False})`` (activations as captured, NCHW) and
-``kiln.compile`` (its default: channels-last convolution inputs for inference graphs on
-CUDA) — and for the models in ``KILN_BENCH_TRAIN`` a training step
-(``zero_grad(set_to_none=True)``, forward, ``out.float().square().mean().backward()``) with
-``channels_last`` False and True. Per call: wall µs (30 back-to-back calls between two
-synchronizes, after warm-up; Kiln's default mode replays CUDA graphs), GPU-busy µs and
-kernels (``torch.profiler`` over 5 calls after ``WARMUP`` calls, so that no CUDA graph is
-recorded inside the profile; see ``gpu_timing``), and the largest difference
-from eager's output relative to its largest magnitude.
+For each timm convnet (random weights, batch norms given random statistics and weights,
+bf16, 224x224 images, batch ``KILN_BENCH_BATCH``): inference under ``torch.no_grad()`` in
+five variants — eager, ``torch.compile``, ``kiln.compile(options={"channels_last": False,
+"freezing": False})`` (activations as captured, NCHW), ``{"freezing": False}``
+(channels-last convolution inputs) and ``kiln.compile`` (its default: channels-last inputs,
+batch norms folded into the convolutions, weights laid out once) — and for the models in
+``KILN_BENCH_TRAIN`` a training step (``zero_grad(set_to_none=True)``, forward,
+``out.float().square().mean().backward()``) with ``channels_last`` False and True.
+Per call: wall µs (30 back-to-back calls between two synchronizes, after warm-up; Kiln's
+default mode replays CUDA graphs), GPU-busy µs and kernels (``torch.profiler`` over 5
+calls after ``WARMUP`` calls, so that no CUDA graph is recorded inside the profile; see
+``gpu_timing``), and the largest difference from eager's output relative to its largest
+magnitude.
 
 Environment: ``KILN_BENCH_MODELS`` (default ``resnet50,convnext_tiny,mobilenetv3_large_100``),
 ``KILN_BENCH_BATCH`` (8), ``KILN_BENCH_TRAIN`` (``resnet50``; ``none`` for no training row).
@@ -42,19 +44,38 @@ def wall_us(fn, calls: int = 30) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def randomized_norms(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with random batch-norm statistics and affine weights: timm starts the last
+    norm of each residual block at zero, which would hide a wrong result in its branch."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                if m.weight is not None:
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.normal_(0, 0.1)
+    return model
+
+
 def inference_rows(name: str, batch: int) -> list[list[object]]:
     import timm
 
     import kiln
 
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False).cuda().to(torch.bfloat16).eval()
+    model = timm.create_model(name, pretrained=False)
+    model = randomized_norms(model).cuda().to(torch.bfloat16).eval()
     x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    unfrozen = {"freezing": False}
     variants = {
         "eager": model,
         "torch.compile": torch.compile(copy.deepcopy(model)),
-        "kiln, NCHW": kiln.compile(copy.deepcopy(model), options={"channels_last": False}),
-        "kiln (channels-last)": kiln.compile(copy.deepcopy(model)),
+        "kiln, NCHW": kiln.compile(
+            copy.deepcopy(model), options={"channels_last": False, **unfrozen}
+        ),
+        "kiln, channels-last": kiln.compile(copy.deepcopy(model), options=unfrozen),
+        "kiln (default: channels-last, frozen)": kiln.compile(copy.deepcopy(model)),
     }
     rows = []
     with torch.no_grad():

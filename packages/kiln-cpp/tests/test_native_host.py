@@ -326,3 +326,14 @@ def test_empty_int_lists_and_sparse_results_pass_through_extern_calls():
     torch.testing.assert_close(got[0], want[0])
     assert got[1].layout == torch.sparse_coo
     torch.testing.assert_close(got[1].to_dense(), want[1].to_dense())
+
+
+def test_out_overloads_are_used_only_where_the_device_has_a_kernel_for_them():
+    from kiln_cpp.host.externs import out_variant
+
+    aten = torch.ops.aten
+    assert out_variant(aten.addmm.default, "cpu") is aten.addmm.out
+    # ATen's generated convolution.out computes a new tensor, then copies it into out
+    assert out_variant(aten.convolution.default) is aten.convolution.out
+    assert out_variant(aten.convolution.default, "cpu") is None
+    assert out_variant(aten.convolution.default, "cuda") is None

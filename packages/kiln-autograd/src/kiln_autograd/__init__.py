@@ -38,6 +38,7 @@ from kiln_autograd.static_inputs import (
     saved_outputs,
     static_inputs,
     unused_seed_inputs,
+    unwritten_state,
 )
 from kiln_autograd.trace import JointGraph, TracedGraph
 
@@ -63,5 +64,6 @@ __all__ = [
     "trace_inference_graph",
     "trace_joint_graph",
     "unused_seed_inputs",
+    "unwritten_state",
     "verify_op_set",
 ]

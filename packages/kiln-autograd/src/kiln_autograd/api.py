@@ -32,6 +32,7 @@ from kiln_autograd.static_inputs import (
     captured_state_inputs,
     note_saved_outputs,
     note_static_inputs,
+    note_unwritten_state,
 )
 from kiln_autograd.trace import (
     JointGraph,
@@ -227,6 +228,7 @@ def compile_signature(
         verify_op_set(graph.gm, "inference graph")
         log.debug("inference graph:\n%s", graph)
         note_static_inputs(graph.gm, set(static_inputs))
+        note_unwritten_state(graph.gm, set(static_inputs), meta.mutated_inputs)
         data = encode_record(key, encode_inference, graph.gm, meta)
         compile_fw = store_after(options.fw_compiler, options, key, data)
         return InferenceRunner(compile_fw(graph.gm, example_values(graph.gm)), meta)

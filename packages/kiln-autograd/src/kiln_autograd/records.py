@@ -36,7 +36,7 @@ from kiln_autograd.analyze import GraphMeta, OutputInfo, OutputKind
 from kiln_autograd.partition import PartitionedGraphs
 from kiln_autograd.trace import JointGraph
 
-FORMAT = 1
+FORMAT = 2  # 2: inference graphs note the state they only read (unwritten_state)
 # gm.meta[RESTORED] is True on a graph rebuilt from a record (see is_restored)
 RESTORED = "kiln_autograd_restored"
 

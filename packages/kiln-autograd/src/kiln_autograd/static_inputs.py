@@ -8,11 +8,13 @@ constants): the same tensors at every call, which a runtime may read in place.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 
 import torch.fx
 
 STATIC_INPUTS = "kiln_static_inputs"
 SAVED_OUTPUTS = "kiln_saved_outputs"
+UNWRITTEN_STATE = "kiln_unwritten_state"
 
 
 def static_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...] | None:
@@ -49,6 +51,21 @@ def note_static_inputs(gm: torch.fx.GraphModule, state: set[int] | set[str]) -> 
     gm.meta[STATIC_INPUTS] = tuple(
         i for i, name in enumerate(placeholders) if i in state or name in state
     )
+
+
+def note_unwritten_state(gm: torch.fx.GraphModule, state: set[int], written: Sequence[int]) -> None:
+    """Note, on an inference graph, which of its state inputs (indices ``state``) it does
+    not write (``written``: the inputs whose new values it returns to be written back)."""
+    gm.meta[UNWRITTEN_STATE] = tuple(sorted(set(state) - set(written)))
+
+
+def unwritten_state(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Indices of an inference graph's inputs that are module state it only reads: the same
+    values at every call until someone writes them, so a compiler may compute what depends
+    on them alone once (it must notice the writes). Empty for other graphs (a training
+    forward's parameters change at every optimizer step, which autograd must see)."""
+    meta = getattr(gm, "meta", None)
+    return meta.get(UNWRITTEN_STATE, ()) if isinstance(meta, dict) else ()
 
 
 def note_saved_outputs(gm: torch.fx.GraphModule, saved: range) -> None:

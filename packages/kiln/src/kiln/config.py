@@ -60,6 +60,11 @@ class Options:
     # channels-last activations around 2-D convolutions (kiln/layouts.py): None (inference
     # graphs on CUDA), True (every graph, on the CPU too), False (never)
     channels_last: bool | None = None
+    # inference graphs read their parameters and buffers as constants (kiln/freezing.py):
+    # what depends on them alone (batch norms folded into convolutions, laid-out weights,
+    # casts) is computed once, and again after they are written in place; False reads
+    # them at every call (a write through tensor.data is not seen by the first)
+    freezing: bool = True
 
     def code_settings(self) -> dict[str, object]:
         """The options that change a graph's generated code: part of its cache key."""

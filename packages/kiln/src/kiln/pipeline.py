@@ -7,12 +7,16 @@ pipeline for one aten graph, top to bottom:
 
 1. write the aten graph to the log and the debug folder;
 2. pick the code generator for the graph's device;
-3. load the graph from the on-disk cache, or lower, schedule and generate it
+3. freeze an inference graph: split off what its parameters and buffers alone compute
+   (batch norms folded into convolutions, weights laid out), computed once
+   (:mod:`kiln.freezing`);
+4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
    kiln-autograd rebuilt from its record (a warm start, :mod:`kiln.signature_records`) is
    only loaded: one not in the cache raises ``kiln_autograd.NeedsTrace``, and is traced;
-4. write the loop IR, the kernels and the host program to the log and the debug folder;
-5. wrap it for the mode (``reduce-overhead``: the ``kiln.runtime`` plug-in).
+5. write the loop IR, the kernels and the host program to the log and the debug folder;
+6. wrap it for the mode (``reduce-overhead``: the ``kiln.runtime`` plug-in), and a frozen
+   graph in what feeds it its state's values.
 
 A failure costs one graph, never the frame: a graph that kiln-autograd cannot trace runs
 as captured (torch ops, eager autograd), and an aten graph that cannot be lowered or whose
@@ -33,12 +37,13 @@ import torch.fx
 
 import kiln_autograd
 import kiln_loopir
-from kiln import layouts, logs, runtime
+from kiln import freezing, layouts, logs, runtime
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
 from kiln.constants import lift_constants
 from kiln.frames import Frame
+from kiln.freezing import FrozenGraph, WithFrozenState
 from kiln.signature_records import SignatureRecords
 from kiln_capture.user_frames import user_stacklevel
 from kiln_loopir import HostProgram
@@ -199,8 +204,11 @@ class AtenCompiler:
         codegen = self.pick_codegen(device)  # 2
         if codegen is None:
             return gm.forward
+        frozen = self.freeze(gm, example_inputs)  # 3
+        if frozen is not None:
+            gm, example_inputs = frozen.graph, frozen.example_inputs
         try:
-            program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 3
+            program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 4
         except kiln_autograd.NeedsTrace:
             raise
         except CodegenFailed as exc:
@@ -213,10 +221,10 @@ class AtenCompiler:
                 raise
             _internal_error(frame, kind, "lowering and scheduling (kiln-loopir)", exc)
             return gm.forward
-        self.show_generated(entry, codegen)  # 4
+        self.show_generated(entry, codegen)  # 5
         compiled = entry_point(program, constants)
         with frame.stage("runtime"):
-            compiled = runtime.wrap_for_mode(  # 5
+            compiled = runtime.wrap_for_mode(  # 6
                 compiled,
                 example_inputs,
                 self.options,
@@ -227,6 +235,8 @@ class AtenCompiler:
                 steps=_steps(entry),
                 saved_outputs=kiln_autograd.saved_outputs(gm),
             )
+        if frozen is not None:
+            compiled = WithFrozenState(compiled, frozen)
         if kind == "backward":  # compiled at the first backward, after capture finished
             frame.log_perf("backward compiled")
         return compiled
@@ -239,6 +249,31 @@ class AtenCompiler:
         code = gm.print_readable(print_output=False)
         logs.logger("graph").info("%s %s aten graph:\n%s", self.frame.describe(), self.kind, code)
         self.frame.dump(self.frame.file_name(f"{self.kind}_aten.py"), code)
+
+    def freeze(self, gm: torch.fx.GraphModule, example_inputs) -> FrozenGraph | None:
+        """An inference graph with what its unwritten state alone computes split off
+        (:mod:`kiln.freezing`), or None (nothing to split, ``freezing`` off, or it failed:
+        logged on ``kiln.fallbacks``, the graph is compiled as it is)."""
+        if not self.options.freezing:
+            return None
+        try:
+            frozen = freezing.freeze(gm, example_inputs)
+        except Exception as exc:  # noqa: BLE001 - the graph is compiled unfrozen
+            if not self.options.fallback:
+                raise
+            logs.logger("fallbacks").info(
+                "%s %s graph: freezing failed; compiled as traced",
+                self.frame.describe(), self.kind, exc_info=exc,
+            )  # fmt: skip
+            return None
+        if frozen is not None:
+            logs.logger("graph").info(
+                "%s %s graph, frozen (%d batch norms folded, %d weights laid out):\n%s",
+                self.frame.describe(), self.kind, frozen.folded_batch_norms,
+                frozen.laid_out_weights, frozen.source(),
+            )  # fmt: skip
+            self.frame.dump(self.frame.file_name(f"{self.kind}_frozen.py"), frozen.source())
+        return frozen
 
     def pick_codegen(self, device: torch.device) -> object | None:
         """The code generator for ``device``; with ``backend="auto"`` and none installed,

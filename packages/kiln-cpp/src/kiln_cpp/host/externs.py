@@ -55,9 +55,14 @@ class ExternCall:
             raise HostNotRendered(f"{self.op_name}: {exc}") from exc
 
 
-def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+def out_variant(
+    op: torch._ops.OpOverload, device_type: str | None = None
+) -> torch._ops.OpOverload | None:
     """``op``'s ``out=`` overload where it takes the same arguments plus one ``out`` tensor
-    and returns it (``aten.addmm.out`` for ``aten.addmm.default``), else None."""
+    and returns it (``aten.addmm.out`` for ``aten.addmm.default``), else None. With
+    ``device_type``, only where that device has a kernel of its own for it: ATen's generated
+    ``out=`` overloads (``convolution.out``, say) compute a new tensor and copy it into
+    ``out``, a copy the plain call does not make."""
     if len(op._schema.returns) != 1 or op._overloadname != "default":
         return None
     if any(layout in op._schema.name for layout in NOT_STRIDED):
@@ -70,7 +75,16 @@ def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     last = out_args[-1] if len(out_args) == len(args) + 1 else None
     if not same or last is None or last.name != "out" or not last.kwarg_only:
         return None
+    if device_type is not None and not _has_own_kernel(out, device_type):
+        return None
     return out
+
+
+def _has_own_kernel(op: torch._ops.OpOverload, device_type: str) -> bool:
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    if key is None:
+        return True
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
 
 
 def extern_call(

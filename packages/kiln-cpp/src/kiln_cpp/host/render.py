@@ -424,6 +424,8 @@ def fills_out(step) -> str | None:
     """The buffer an extern step fills through its op's ``out=`` overload, if it does."""
     if not isinstance(step, ExternNode) or not isinstance(step.target, torch._ops.OpOverload):
         return None
-    if out_variant(step.target) is None or len(step.outputs) != 1 or step.outputs[0] is None:
+    if len(step.outputs) != 1 or step.outputs[0] is None:
+        return None
+    if out_variant(step.target, step.outputs[0].device.type) is None:
         return None
     return step.outputs[0].name

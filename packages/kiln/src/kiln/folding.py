@@ -1,0 +1,176 @@
+"""Rewrites of an inference graph that turn per-call work into work on its state alone.
+
+Both run on an aten graph before :mod:`kiln.freezing` splits off what depends only on the
+state (parameters and buffers the graph reads and never writes), so what they add is
+computed once, not at every call:
+
+- :func:`fold_batch_norms`: a batch norm in evaluation mode right after a convolution is
+  an affine map per output channel, so it folds into the convolution's weight and bias
+  (computed in float32, then cast to the weight's dtype);
+- :func:`lay_out_weights`: a convolution whose input is channels-last reads a weight laid
+  out the same way, which cuDNN would otherwise convert at every call.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Collection
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+CONVOLUTION = aten.convolution.default
+BATCH_NORM = aten._native_batch_norm_legit_no_training.default
+
+
+def fold_batch_norms(graph: torch.fx.Graph, state: Collection[torch.fx.Node]) -> int:
+    """Fold each evaluation-mode batch norm whose input is a convolution (used by nothing
+    else) into that convolution, where the weights, bias and statistics are all ``state``.
+    Returns how many were folded."""
+    folded = 0
+    for norm in list(graph.find_nodes(op="call_function", target=BATCH_NORM)):
+        conv = norm.args[0]
+        if _foldable(conv, norm, state):
+            _fold(graph, conv, norm)
+            folded += 1
+    return folded
+
+
+def lay_out_weights(graph: torch.fx.Graph, state: Collection[torch.fx.Node]) -> int:
+    """Give each 2-D convolution whose input is channels-last (and whose weight is
+    ``state``, or computed from it) a channels-last weight. Returns how many."""
+    changed = 0
+    for conv in list(graph.find_nodes(op="call_function", target=CONVOLUTION)):
+        x, weight = conv.args[0], conv.args[1]
+        x_val, w_val = _val(x), _val(weight)
+        if x_val is None or w_val is None or x_val.dim() != 4 or w_val.dim() != 4:
+            continue
+        if not _channels_last(x_val) or w_val.is_contiguous(memory_format=torch.channels_last):
+            continue
+        if not _from_state(weight, state):
+            continue
+        with graph.inserting_before(conv):
+            laid_out = _call(graph, aten.clone.default, weight, memory_format=torch.channels_last)
+        conv.replace_input_with(weight, laid_out)
+        changed += 1
+    return changed
+
+
+# --- batch norm --------------------------------------------------------------------------
+
+
+def _foldable(conv: object, norm: torch.fx.Node, state: Collection[torch.fx.Node]) -> bool:
+    if not isinstance(conv, torch.fx.Node) or conv.target is not CONVOLUTION:
+        return False
+    if set(conv.users) != {norm} or conv.args[6]:  # used elsewhere, or transposed
+        return False
+    if any(user.target is not operator.getitem or user.args[1] != 0 for user in norm.users):
+        return False  # the batch's statistics (empty in evaluation mode) are read
+    weight, bias = conv.args[1], conv.args[2]
+    gamma, beta, mean, var = norm.args[1:5]
+    given = [weight, mean, var, *(x for x in (bias, gamma, beta) if x is not None)]
+    out = _val(conv)
+    return (
+        out is not None
+        and out.is_floating_point()
+        and all(isinstance(x, torch.fx.Node) and x in state for x in given)
+    )
+
+
+def _fold(graph: torch.fx.Graph, conv: torch.fx.Node, norm: torch.fx.Node) -> None:
+    """``conv`` with weight ``W·s`` and no bias, then ``+ (b - mean)·s + beta`` (float32,
+    rounded once, as eager's batch norm does), where ``s = gamma / sqrt(var + eps)``, in
+    place of ``norm``'s result. The addition fuses into the kernel after it; a bias given to
+    the convolution is a kernel of its own on CUDA (ATen adds it after cuDNN)."""
+    weight, bias = conv.args[1], conv.args[2]
+    gamma, beta, mean, var, _momentum, eps = norm.args[1:7]
+    dtype = _val(weight).dtype
+    with graph.inserting_before(conv):
+        scale = _call(
+            graph, aten.rsqrt.default, _call(graph, aten.add.Tensor, _f32(graph, var), eps)
+        )
+        if gamma is not None:
+            scale = _call(graph, aten.mul.Tensor, _f32(graph, gamma), scale)
+        ndim = _val(weight).dim()
+        new_weight = _call(
+            graph,
+            aten.mul.Tensor,
+            _f32(graph, weight),
+            _call(graph, aten.view.default, scale, [-1] + [1] * (ndim - 1)),
+        )
+        if bias is None:
+            centred = _call(graph, aten.neg.default, _f32(graph, mean))
+        else:
+            centred = _call(graph, aten.sub.Tensor, _f32(graph, bias), _f32(graph, mean))
+        shift = _call(graph, aten.mul.Tensor, centred, scale)
+        if beta is not None:
+            shift = _call(graph, aten.add.Tensor, shift, _f32(graph, beta))
+        args = list(conv.args)
+        args[1], args[2] = _cast(graph, new_weight, dtype), None
+    with graph.inserting_after(conv):
+        folded = _call(graph, CONVOLUTION, *args)
+    folded.meta = {**conv.meta, "val": folded.meta["val"]}
+    with graph.inserting_after(folded):
+        per_channel = _call(graph, aten.view.default, shift, [-1] + [1] * (ndim - 2))
+    with graph.inserting_after(per_channel):
+        shifted = _call(graph, aten.add.Tensor, folded, per_channel)
+    with graph.inserting_after(shifted):
+        result = _cast(graph, shifted, _val(folded).dtype)
+    for user in list(norm.users):
+        user.replace_all_uses_with(result)
+        graph.erase_node(user)
+    graph.erase_node(norm)
+    graph.erase_node(conv)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _val(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _channels_last(val: torch.Tensor) -> bool:
+    return val.is_contiguous(memory_format=torch.channels_last) and not val.is_contiguous()
+
+
+def _from_state(node: torch.fx.Node, state: Collection[torch.fx.Node]) -> bool:
+    """Whether ``node`` is ``state`` or computed from it alone."""
+    if node in state:
+        return True
+    if node.op != "call_function" or not node.all_input_nodes:
+        return False
+    return all(_from_state(x, state) for x in node.all_input_nodes)
+
+
+def _f32(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
+    return _cast(graph, node, torch.float32)
+
+
+def _cast(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    if _val(node).dtype == dtype:
+        return node
+    return _call(graph, aten._to_copy.default, node, dtype=dtype)
+
+
+def _call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
+    """A new node of ``graph`` calling ``target``, its fake value computed from its inputs'."""
+    node = graph.call_function(target, args, kwargs)
+    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    with _fake_mode(vals):
+        node.meta["val"] = target(*vals[0], **vals[1])
+    return node
+
+
+def _is_fake(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and hasattr(value, "fake_mode")
+
+
+def _fake_mode(values: object):
+    found = []
+    torch.fx.node.map_aggregate(values, lambda v: found.append(v) if _is_fake(v) else None)
+    if not found:
+        raise ValueError("no fake tensor among a new node's inputs")
+    return found[0].fake_mode
