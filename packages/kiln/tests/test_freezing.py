@@ -196,3 +196,37 @@ def test_on_cuda_folded_weights_are_laid_out_as_their_channels_last_inputs(tmp_p
     state_part = frozen_source(tmp_path).split("# run at every call")[0]
     assert "memory_format = torch.channels_last" in state_part
     assert "_native_batch_norm_legit_no_training" not in frozen_source(tmp_path)
+
+
+class DepthwiseThenNorm(torch.nn.Module):
+    """ConvNeXt's pattern: a depthwise convolution with a bias, then a layer norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.conv(x).permute(0, 2, 3, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("grad", [False, True])
+def test_on_cuda_a_convolution_bias_is_added_by_the_kernel_after_it(tmp_path, grad):
+    torch.manual_seed(0)
+    model = DepthwiseThenNorm().cuda()
+    twin = copy.deepcopy(model)
+    compiled = compile_with_dumps(twin, tmp_path)
+    x = torch.randn(2, 16, 12, 12, device="cuda")
+    with torch.set_grad_enabled(grad):
+        expected = model(x)
+        actual = call_without_fallback(compiled, x)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    if grad:
+        expected.sum().backward()
+        actual.sum().backward()
+        torch.testing.assert_close(twin.conv.bias.grad, model.conv.bias.grad)
+    (loop_ir,) = tmp_path.glob("frame*/forward_loopir.txt")
+    convs = [line for line in loop_ir.read_text().splitlines() if "aten.convolution" in line]
+    assert convs and all(", None, [1, 1], [3, 3]" in line for line in convs)

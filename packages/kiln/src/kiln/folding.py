@@ -9,6 +9,10 @@ computed once, not at every call:
   (computed in float32, then cast to the weight's dtype);
 - :func:`lay_out_weights`: a convolution whose input is channels-last reads a weight laid
   out the same way, which cuDNN would otherwise convert at every call.
+
+:func:`biases_after_convolutions` applies to any forward graph on CUDA: ATen adds a
+convolution's bias after cuDNN in a kernel of its own, which as an addition in the graph
+fuses into the kernel that reads the convolution's output.
 """
 
 from __future__ import annotations
@@ -55,6 +59,32 @@ def lay_out_weights(graph: torch.fx.Graph, state: Collection[torch.fx.Node]) -> 
         conv.replace_input_with(weight, laid_out)
         changed += 1
     return changed
+
+
+def biases_after_convolutions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+    """A copy of ``gm`` whose convolutions on CUDA with a bias run without it, followed by
+    ``+ bias`` (per channel); None where there is none."""
+    convs = [
+        n
+        for n in gm.graph.find_nodes(op="call_function", target=CONVOLUTION)
+        if n.args[2] is not None and _val(n) is not None and _val(n).device.type == "cuda"
+    ]
+    if not convs:
+        return None
+    graph = torch.fx.Graph()
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    for conv in (copies[n] for n in convs):
+        bias, ndim = conv.args[2], _val(conv).dim()
+        conv.update_arg(2, None)
+        with graph.inserting_after(conv):
+            per_channel = _call(graph, aten.view.default, bias, [-1] + [1] * (ndim - 2))
+        with graph.inserting_after(per_channel):
+            biased = _call(graph, aten.add.Tensor, conv, per_channel)
+        conv.replace_all_uses_with(biased, delete_user_cb=lambda user, b=biased: user is not b)
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta.update(gm.meta)
+    return new
 
 
 # --- batch norm --------------------------------------------------------------------------

@@ -9,7 +9,8 @@ pipeline for one aten graph, top to bottom:
 2. pick the code generator for the graph's device;
 3. freeze an inference graph: split off what its parameters and buffers alone compute
    (batch norms folded into convolutions, weights laid out), computed once
-   (:mod:`kiln.freezing`);
+   (:mod:`kiln.freezing`); give convolution biases on CUDA to the kernel after them
+   (:func:`kiln.folding.biases_after_convolutions`);
 4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
    kiln-autograd rebuilt from its record (a warm start, :mod:`kiln.signature_records`) is
@@ -37,7 +38,7 @@ import torch.fx
 
 import kiln_autograd
 import kiln_loopir
-from kiln import freezing, layouts, logs, runtime
+from kiln import folding, freezing, layouts, logs, runtime
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
@@ -207,6 +208,8 @@ class AtenCompiler:
         frozen = self.freeze(gm, example_inputs)  # 3
         if frozen is not None:
             gm, example_inputs = frozen.graph, frozen.example_inputs
+        if kind == "forward":
+            gm = folding.biases_after_convolutions(gm) or gm
         try:
             program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 4
         except kiln_autograd.NeedsTrace:
