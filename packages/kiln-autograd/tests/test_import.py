@@ -30,6 +30,7 @@ def test_public_api_is_pinned():
         "trace_inference_graph",
         "trace_joint_graph",
         "unused_seed_inputs",
+        "unwritten_state",
         "verify_op_set",
     ]
 

@@ -230,3 +230,23 @@ def test_on_cuda_a_convolution_bias_is_added_by_the_kernel_after_it(tmp_path, gr
     (loop_ir,) = tmp_path.glob("frame*/forward_loopir.txt")
     convs = [line for line in loop_ir.read_text().splitlines() if "aten.convolution" in line]
     assert convs and all(", None, [1, 1], [3, 3]" in line for line in convs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_on_cuda_a_write_to_the_state_reaches_the_replayed_graph(tmp_path, mode):
+    torch.manual_seed(0)
+    model = randomized(ConvBlock()).cuda()
+    compiled = kiln.compile(model, mode=mode, options={"cache": False})
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):  # compiled, recorded, replayed
+            before = call_without_fallback(compiled, x).clone()
+        model.conv.weight.mul_(-0.5)
+        model.norm.running_mean.add_(1.0)
+        expected = model.forward(x)
+        actual = compiled(x).clone()
+    assert (expected - before).abs().max() > 0.1  # the write changes the result
+    # cuDNN computes float32 convolutions in TF32 by default, differently per layout
+    torch.testing.assert_close(actual, expected, rtol=1e-2, atol=5e-3)
