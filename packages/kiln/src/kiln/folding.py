@@ -23,6 +23,8 @@ from collections.abc import Collection
 import torch
 import torch.fx
 
+from kiln.graph_edits import call, copy_module, value
+
 aten = torch.ops.aten
 CONVOLUTION = aten.convolution.default
 BATCH_NORM = aten._native_batch_norm_legit_no_training.default
@@ -47,7 +49,7 @@ def lay_out_weights(graph: torch.fx.Graph, state: Collection[torch.fx.Node]) -> 
     changed = 0
     for conv in list(graph.find_nodes(op="call_function", target=CONVOLUTION)):
         x, weight = conv.args[0], conv.args[1]
-        x_val, w_val = _val(x), _val(weight)
+        x_val, w_val = value(x), value(weight)
         if x_val is None or w_val is None or x_val.dim() != 4 or w_val.dim() != 4:
             continue
         if not _channels_last(x_val) or w_val.is_contiguous(memory_format=torch.channels_last):
@@ -55,35 +57,34 @@ def lay_out_weights(graph: torch.fx.Graph, state: Collection[torch.fx.Node]) -> 
         if not _from_state(weight, state):
             continue
         with graph.inserting_before(conv):
-            laid_out = _call(graph, aten.clone.default, weight, memory_format=torch.channels_last)
+            laid_out = call(graph, aten.clone.default, weight, memory_format=torch.channels_last)
         conv.replace_input_with(weight, laid_out)
         changed += 1
     return changed
 
 
 def biases_after_convolutions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
-    """A copy of ``gm`` whose convolutions on CUDA with a bias run without it, followed by
-    ``+ bias`` (per channel); None where there is none."""
+    """A copy of ``gm`` whose convolutions with a bias run without it, followed by
+    ``+ bias`` (per channel); None where there is none. (For graphs on CUDA: on the CPU,
+    oneDNN adds the bias inside the convolution.)"""
     convs = [
         n
         for n in gm.graph.find_nodes(op="call_function", target=CONVOLUTION)
-        if n.args[2] is not None and _val(n) is not None and _val(n).device.type == "cuda"
+        if n.args[2] is not None and value(n) is not None
     ]
     if not convs:
         return None
-    graph = torch.fx.Graph()
-    copies: dict[torch.fx.Node, torch.fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, copies))
+    new, copies = copy_module(gm)
+    graph = new.graph
     for conv in (copies[n] for n in convs):
-        bias, ndim = conv.args[2], _val(conv).dim()
+        bias, ndim = conv.args[2], value(conv).dim()
         conv.update_arg(2, None)
         with graph.inserting_after(conv):
-            per_channel = _call(graph, aten.view.default, bias, [-1] + [1] * (ndim - 2))
+            per_channel = call(graph, aten.view.default, bias, [-1] + [1] * (ndim - 2))
         with graph.inserting_after(per_channel):
-            biased = _call(graph, aten.add.Tensor, conv, per_channel)
+            biased = call(graph, aten.add.Tensor, conv, per_channel)
         conv.replace_all_uses_with(biased, delete_user_cb=lambda user, b=biased: user is not b)
-    new = torch.fx.GraphModule(gm, graph)
-    new.meta.update(gm.meta)
+    new.recompile()
     return new
 
 
@@ -100,7 +101,7 @@ def _foldable(conv: object, norm: torch.fx.Node, state: Collection[torch.fx.Node
     weight, bias = conv.args[1], conv.args[2]
     gamma, beta, mean, var = norm.args[1:5]
     given = [weight, mean, var, *(x for x in (bias, gamma, beta) if x is not None)]
-    out = _val(conv)
+    out = value(conv)
     return (
         out is not None
         and out.is_floating_point()
@@ -115,38 +116,36 @@ def _fold(graph: torch.fx.Graph, conv: torch.fx.Node, norm: torch.fx.Node) -> No
     the convolution is a kernel of its own on CUDA (ATen adds it after cuDNN)."""
     weight, bias = conv.args[1], conv.args[2]
     gamma, beta, mean, var, _momentum, eps = norm.args[1:7]
-    dtype = _val(weight).dtype
+    dtype = value(weight).dtype
     with graph.inserting_before(conv):
-        scale = _call(
-            graph, aten.rsqrt.default, _call(graph, aten.add.Tensor, _f32(graph, var), eps)
-        )
+        scale = call(graph, aten.rsqrt.default, call(graph, aten.add.Tensor, _f32(graph, var), eps))
         if gamma is not None:
-            scale = _call(graph, aten.mul.Tensor, _f32(graph, gamma), scale)
-        ndim = _val(weight).dim()
-        new_weight = _call(
+            scale = call(graph, aten.mul.Tensor, _f32(graph, gamma), scale)
+        ndim = value(weight).dim()
+        new_weight = call(
             graph,
             aten.mul.Tensor,
             _f32(graph, weight),
-            _call(graph, aten.view.default, scale, [-1] + [1] * (ndim - 1)),
+            call(graph, aten.view.default, scale, [-1] + [1] * (ndim - 1)),
         )
         if bias is None:
-            centred = _call(graph, aten.neg.default, _f32(graph, mean))
+            centred = call(graph, aten.neg.default, _f32(graph, mean))
         else:
-            centred = _call(graph, aten.sub.Tensor, _f32(graph, bias), _f32(graph, mean))
-        shift = _call(graph, aten.mul.Tensor, centred, scale)
+            centred = call(graph, aten.sub.Tensor, _f32(graph, bias), _f32(graph, mean))
+        shift = call(graph, aten.mul.Tensor, centred, scale)
         if beta is not None:
-            shift = _call(graph, aten.add.Tensor, shift, _f32(graph, beta))
+            shift = call(graph, aten.add.Tensor, shift, _f32(graph, beta))
         args = list(conv.args)
         args[1], args[2] = _cast(graph, new_weight, dtype), None
     with graph.inserting_after(conv):
-        folded = _call(graph, CONVOLUTION, *args)
+        folded = call(graph, CONVOLUTION, *args)
     folded.meta = {**conv.meta, "val": folded.meta["val"]}
     with graph.inserting_after(folded):
-        per_channel = _call(graph, aten.view.default, shift, [-1] + [1] * (ndim - 2))
+        per_channel = call(graph, aten.view.default, shift, [-1] + [1] * (ndim - 2))
     with graph.inserting_after(per_channel):
-        shifted = _call(graph, aten.add.Tensor, folded, per_channel)
+        shifted = call(graph, aten.add.Tensor, folded, per_channel)
     with graph.inserting_after(shifted):
-        result = _cast(graph, shifted, _val(folded).dtype)
+        result = _cast(graph, shifted, value(folded).dtype)
     for user in list(norm.users):
         user.replace_all_uses_with(result)
         graph.erase_node(user)
@@ -155,11 +154,6 @@ def _fold(graph: torch.fx.Graph, conv: torch.fx.Node, norm: torch.fx.Node) -> No
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-def _val(node: object) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _channels_last(val: torch.Tensor) -> bool:
@@ -180,27 +174,6 @@ def _f32(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
 
 
 def _cast(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
-    if _val(node).dtype == dtype:
+    if value(node).dtype == dtype:
         return node
-    return _call(graph, aten._to_copy.default, node, dtype=dtype)
-
-
-def _call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
-    """A new node of ``graph`` calling ``target``, its fake value computed from its inputs'."""
-    node = graph.call_function(target, args, kwargs)
-    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-    with _fake_mode(vals):
-        node.meta["val"] = target(*vals[0], **vals[1])
-    return node
-
-
-def _is_fake(value: object) -> bool:
-    return isinstance(value, torch.Tensor) and hasattr(value, "fake_mode")
-
-
-def _fake_mode(values: object):
-    found = []
-    torch.fx.node.map_aggregate(values, lambda v: found.append(v) if _is_fake(v) else None)
-    if not found:
-        raise ValueError("no fake tensor among a new node's inputs")
-    return found[0].fake_mode
+    return call(graph, aten._to_copy.default, node, dtype=dtype)

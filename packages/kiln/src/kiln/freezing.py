@@ -30,6 +30,7 @@ import torch.fx
 
 import kiln_autograd
 from kiln import folding
+from kiln.graph_edits import copy_module
 
 
 @dataclasses.dataclass
@@ -60,9 +61,8 @@ def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Frozen
     state_indices = kiln_autograd.unwritten_state(gm)
     if not state_indices:
         return None
-    graph = torch.fx.Graph()
-    copies: dict[torch.fx.Node, torch.fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, copies))
+    frozen, _ = copy_module(gm)
+    graph = frozen.graph
     placeholders = list(graph.find_nodes(op="placeholder"))
     state = {placeholders[i] for i in state_indices}
     folded = folding.fold_batch_norms(graph, state)
@@ -75,8 +75,7 @@ def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Frozen
     state_graph, read = _state_graph(graph, needed, derived, state)
     _read_as_inputs(graph, derived, needed, constant)
     graph.lint()
-    frozen = torch.fx.GraphModule(gm, graph)
-    frozen.meta.update(gm.meta)
+    frozen.recompile()
     n_inputs = len(placeholders)
     static = kiln_autograd.static_inputs(gm) or ()
     frozen.meta[kiln_autograd.STATIC_INPUTS] = (

@@ -7,7 +7,9 @@ pipeline for one aten graph, top to bottom:
 
 1. write the aten graph to the log and the debug folder;
 2. pick the code generator for the graph's device;
-3. freeze an inference graph: split off what its parameters and buffers alone compute
+3. on CUDA, pad 16-bit matrix products whose rows are not 16-byte aligned where that is
+   faster (:mod:`kiln.padding`); freeze an inference graph: split off what its
+   parameters and buffers alone compute
    (batch norms folded into convolutions, weights laid out), computed once
    (:mod:`kiln.freezing`); give convolution biases on CUDA to the kernel after them
    (:func:`kiln.folding.biases_after_convolutions`);
@@ -38,7 +40,7 @@ import torch.fx
 
 import kiln_autograd
 import kiln_loopir
-from kiln import folding, freezing, layouts, logs, runtime
+from kiln import folding, freezing, layouts, logs, padding, runtime
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
@@ -205,11 +207,7 @@ class AtenCompiler:
         codegen = self.pick_codegen(device)  # 2
         if codegen is None:
             return gm.forward
-        frozen = self.freeze(gm, example_inputs)  # 3
-        if frozen is not None:
-            gm, example_inputs = frozen.graph, frozen.example_inputs
-        if kind == "forward":
-            gm = folding.biases_after_convolutions(gm) or gm
+        gm, example_inputs, frozen = self.rewrite(gm, example_inputs, device)  # 3
         try:
             program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 4
         except kiln_autograd.NeedsTrace:
@@ -252,6 +250,27 @@ class AtenCompiler:
         code = gm.print_readable(print_output=False)
         logs.logger("graph").info("%s %s aten graph:\n%s", self.frame.describe(), self.kind, code)
         self.frame.dump(self.frame.file_name(f"{self.kind}_aten.py"), code)
+
+    def rewrite(self, gm: torch.fx.GraphModule, example_inputs, device: torch.device):
+        """``(graph, example inputs, frozen graph or None)``: on CUDA, badly aligned
+        products padded where faster; an inference graph frozen; on CUDA, convolution
+        biases added by the kernel after the convolution. A graph these changed is dumped
+        as ``<kind>_aten_rewritten.py``."""
+        original = gm
+        if device.type == "cuda":
+            gm = padding.padded_products(gm) or gm
+        frozen = self.freeze(gm, example_inputs)
+        if frozen is not None:
+            gm, example_inputs = frozen.graph, frozen.example_inputs
+        if device.type == "cuda" and self.kind == "forward":
+            gm = folding.biases_after_convolutions(gm) or gm
+        if gm is not original and (self.frame.folder is not None or logs.enabled("graph")):
+            code = gm.print_readable(print_output=False)
+            logs.logger("graph").info(
+                "%s %s graph, rewritten:\n%s", self.frame.describe(), self.kind, code
+            )
+            self.frame.dump(self.frame.file_name(f"{self.kind}_aten_rewritten.py"), code)
+        return gm, example_inputs, frozen
 
     def freeze(self, gm: torch.fx.GraphModule, example_inputs) -> FrozenGraph | None:
         """An inference graph with what its unwritten state alone computes split off

@@ -1,0 +1,51 @@
+"""Small edits of aten graphs that keep each node's fake value (``meta["val"]``), which
+the passes after them read: shared by :mod:`kiln.folding`, :mod:`kiln.freezing` and
+:mod:`kiln.padding`."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+
+def value(node: object) -> torch.Tensor | None:
+    """A node's fake tensor, or None (not a node, or not a tensor)."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
+    """A new node of ``graph`` (at its insertion point) calling ``target``, its fake value
+    computed from its inputs'."""
+    node = graph.call_function(target, args, kwargs)
+    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    with _fake_mode(vals):
+        node.meta["val"] = target(*vals[0], **vals[1])
+    return node
+
+
+def copy_module(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
+    """A copy of ``gm`` (its graph, its ``meta``) to edit, and each node's copy."""
+    graph = torch.fx.Graph()
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta.update(gm.meta)
+    return new, copies
+
+
+def _fake_mode(values: object):
+    found: list[torch.Tensor] = []
+    torch.fx.node.map_aggregate(
+        values,
+        lambda v: (
+            found.append(v) if isinstance(v, torch.Tensor) and hasattr(v, "fake_mode") else None
+        ),
+    )
+    if not found:
+        raise ValueError("no fake tensor among a new node's inputs")
+    return found[0].fake_mode
+
+
+def _is_fake(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and hasattr(value, "fake_mode")
