@@ -65,6 +65,9 @@ class Options:
     # casts) is computed once, and again after they are written in place; False reads
     # them at every call (a write through tensor.data is not seen by the first)
     freezing: bool = True
+    # hand-written attention (softmax(q @ k.T * scale + mask) @ v) rewritten to the fused
+    # attention op (kiln/attention.py): None (graphs on CUDA), True (on the CPU too), False
+    fused_attention: bool | None = None
 
     def code_settings(self) -> dict[str, object]:
         """The options that change a graph's generated code: part of its cache key."""
@@ -132,7 +135,7 @@ def _check_option(name: str, value: object, default: object) -> None:
                 f"kiln.compile(options={{'partitioner': {value!r}}}): use one of {PARTITIONERS}"
             )
         return
-    if name in ("cudagraphs", "channels_last"):
+    if name in ("cudagraphs", "channels_last", "fused_attention"):
         if value not in (None, True, False):
             raise TypeError(f"kiln.compile(options={{{name!r}: ...}}) takes True, False or None")
         return

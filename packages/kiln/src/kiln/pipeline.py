@@ -40,7 +40,7 @@ import torch.fx
 
 import kiln_autograd
 import kiln_loopir
-from kiln import folding, freezing, layouts, logs, padding, runtime
+from kiln import attention, folding, freezing, layouts, logs, padding, runtime
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
@@ -53,6 +53,7 @@ from kiln_loopir import HostProgram
 from kiln_loopir.compile import graph_device
 
 cache_log = logging.getLogger("kiln.cache")
+REWRITES = "kiln_rewrites"  # on a rewritten captured graph: which rewrites, for the log
 KERNEL_SUFFIX = {"cpp": ".cpp", "triton": ".py", "reference": ".py"}
 
 
@@ -448,19 +449,18 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
             ).guarded()
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[object]):
-        laid_out = None
-        wanted, on_cpu = layouts.wanted(config.options.channels_last, example_inputs)
-        if wanted:
-            laid_out = layouts.channels_last(gm, on_cpu=on_cpu)
-        if laid_out is not None:
+        for rewritten in rewrites(gm, example_inputs):  # the captured graph rewritten
+            if frame.folder is not None:
+                code = rewritten.print_readable(print_output=False)
+                frame.dump(frame.file_name("captured_rewritten.py"), code)
             try:
-                return trace(laid_out, example_inputs)
+                return trace(rewritten, example_inputs)
             except NoCodegen:
                 raise
             except Exception as exc:  # e.g. a view that channels-last strides do not allow
                 logs.logger("fallbacks").info(
-                    "%s: tracing with channels-last convolution inputs failed; traced as "
-                    "captured", frame.describe(), exc_info=exc,
+                    "%s: tracing the rewritten graph (%s) failed; tried with fewer rewrites",
+                    frame.describe(), rewritten.meta.get(REWRITES), exc_info=exc,
                 )  # fmt: skip
         try:
             return trace(gm, example_inputs)
@@ -471,5 +471,22 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                 raise
             _internal_error(frame, "captured", "tracing to aten (kiln-autograd)", exc)
             return gm.forward
+
+    def rewrites(gm: torch.fx.GraphModule, example_inputs: list[object]):
+        """The captured graph with hand-written attention fused, then also with
+        channels-last convolution inputs, most rewritten first (each where it applies)."""
+        options, found = config.options, []
+        fused = None
+        if options.fused_attention is not False:
+            fused = attention.fused_attention(gm, on_cpu=bool(options.fused_attention))
+            if fused is not None:
+                fused.meta[REWRITES] = "fused attention"
+                found.append(fused)
+        wanted, on_cpu = layouts.wanted(options.channels_last, example_inputs)
+        laid_out = layouts.channels_last(fused or gm, on_cpu=on_cpu) if wanted else None
+        if laid_out is not None:
+            laid_out.meta[REWRITES] = "channels-last" + (", fused attention" if fused else "")
+            found.insert(0, laid_out)
+        return found
 
     return backend

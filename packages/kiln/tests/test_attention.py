@@ -1,0 +1,95 @@
+"""Hand-written attention rewritten to the fused attention op (kiln/attention.py): on the
+CPU with ``options={"fused_attention": True}`` (the default rewrites graphs on CUDA only;
+the GPU test runs there)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import kiln
+
+
+def masked(q, k, v, mask):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores + mask, dim=-1) @ v
+
+
+def scaled(q, k, v):
+    weights = torch.matmul(q, k.transpose(2, 3)) * 0.125
+    return torch.matmul(weights.softmax(-1), v)
+
+
+def unscaled_with_weights(q, k, v):
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return weights @ v, weights  # the weights are returned: the chain stays
+
+
+def mask_after_scale_outside(q, k, v, mask):
+    scores = (q @ k.transpose(-2, -1) + mask) * 0.25  # scaled after the mask: not SDPA's
+    return scores.softmax(-1) @ v
+
+
+def inputs(device="cpu", dtype=torch.float32, grad=False):
+    q, k, v = (
+        torch.randn(2, 4, 16, 32, device=device, dtype=dtype, requires_grad=grad) for _ in range(3)
+    )
+    return q, k, v, torch.randn(2, 1, 16, 16, device=device, dtype=dtype)
+
+
+def compiled_aten(fn, args, tmp_path, **options):
+    options = {"debug_dir": str(tmp_path), "cache": False, **options}
+    compiled = kiln.compile(fn, options=options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a graph that runs eagerly warns
+        result = compiled(*args)
+    (aten,) = tmp_path.glob("frame*/forward_aten.py")
+    return result, aten.read_text()
+
+
+@pytest.mark.parametrize("fn", [masked, scaled])
+def test_hand_written_attention_runs_the_fused_op(fn, tmp_path):
+    q, k, v, mask = inputs()
+    args = (q, k, v, mask) if fn is masked else (q, k, v)
+    actual, aten = compiled_aten(fn, args, tmp_path, fused_attention=True)
+    torch.testing.assert_close(actual, fn(*args), rtol=1e-5, atol=1e-5)
+    assert "scaled_dot_product" in aten and "aten.bmm" not in aten
+
+
+def test_gradients_through_the_fused_op_equal_eager(tmp_path):
+    q, k, v, mask = inputs(grad=True)
+    actual, aten = compiled_aten(masked, (q, k, v, mask), tmp_path, fused_attention=True)
+    grads = torch.autograd.grad(actual.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(masked(q, k, v, mask).square().sum(), (q, k, v))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert "scaled_dot_product" in aten
+
+
+@pytest.mark.parametrize("fn", [unscaled_with_weights, mask_after_scale_outside])
+def test_chains_that_are_not_attention_as_sdpa_computes_it_stay(fn, tmp_path):
+    q, k, v, mask = inputs()
+    args = (q, k, v) if fn is unscaled_with_weights else (q, k, v, mask)
+    actual, aten = compiled_aten(fn, args, tmp_path, fused_attention=True)
+    torch.testing.assert_close(actual, fn(*args), rtol=1e-5, atol=1e-5)
+    assert "scaled_dot_product" not in aten
+
+
+def test_by_default_graphs_on_the_cpu_keep_their_attention(tmp_path):
+    q, k, v, mask = inputs()
+    actual, aten = compiled_aten(masked, (q, k, v, mask), tmp_path)
+    torch.testing.assert_close(actual, masked(q, k, v, mask), rtol=1e-5, atol=1e-5)
+    assert "scaled_dot_product" not in aten
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_hand_written_attention_runs_a_fused_kernel(tmp_path):
+    q, k, v, mask = inputs("cuda", torch.bfloat16)
+    actual, aten = compiled_aten(masked, (q, k, v, mask), tmp_path)
+    expected = masked(q.float(), k.float(), v.float(), mask.float())
+    assert (actual.float() - expected).abs().max() < 3e-2
+    assert "scaled_dot_product" in aten
