@@ -155,6 +155,12 @@ def test_compile_checked_sees_the_compiled_graph(tmp_path, monkeypatch):
 def test_compile_checked_refuses_a_function_that_compiles_nothing():
     x = torch.randn(4)
     with pytest.raises(RuntimeError, match="kiln compiled no graph"):
+        kiln_checks.compile_checked(lambda a: a, lambda f: f(x))
+
+
+def test_compile_checked_refuses_a_function_that_runs_eagerly():
+    x = torch.randn(4)
+    with pytest.raises(RuntimeWarning, match="kiln-capture runs .* eagerly"):
         kiln_checks.compile_checked(lambda a: a.tolist(), lambda f: f(x))
 
 

@@ -23,7 +23,7 @@ from collections.abc import Collection
 import torch
 import torch.fx
 
-from kiln.graph_edits import call, copy_module, value
+from kiln.graph_edits import call, computed_from, copy_module, value
 
 aten = torch.ops.aten
 CONVOLUTION = aten.convolution.default
@@ -54,7 +54,7 @@ def lay_out_weights(graph: torch.fx.Graph, state: Collection[torch.fx.Node]) -> 
             continue
         if not _channels_last(x_val) or w_val.is_contiguous(memory_format=torch.channels_last):
             continue
-        if not _from_state(weight, state):
+        if not computed_from(weight, state):
             continue
         with graph.inserting_before(conv):
             laid_out = call(graph, aten.clone.default, weight, memory_format=torch.channels_last)
@@ -158,15 +158,6 @@ def _fold(graph: torch.fx.Graph, conv: torch.fx.Node, norm: torch.fx.Node) -> No
 
 def _channels_last(val: torch.Tensor) -> bool:
     return val.is_contiguous(memory_format=torch.channels_last) and not val.is_contiguous()
-
-
-def _from_state(node: torch.fx.Node, state: Collection[torch.fx.Node]) -> bool:
-    """Whether ``node`` is ``state`` or computed from it alone."""
-    if node in state:
-        return True
-    if node.op != "call_function" or not node.all_input_nodes:
-        return False
-    return all(_from_state(x, state) for x in node.all_input_nodes)
 
 
 def _f32(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:

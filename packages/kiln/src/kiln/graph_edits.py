@@ -4,6 +4,8 @@ the passes after them read: shared by :mod:`kiln.folding`, :mod:`kiln.freezing` 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 import torch.fx
 
@@ -22,6 +24,15 @@ def call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
     with _fake_mode(vals):
         node.meta["val"] = target(*vals[0], **vals[1])
     return node
+
+
+def computed_from(node: torch.fx.Node, inputs: Collection[torch.fx.Node]) -> bool:
+    """Whether ``node`` is one of ``inputs`` or computed from them alone."""
+    if node in inputs:
+        return True
+    if node.op != "call_function" or not node.all_input_nodes:
+        return False
+    return all(computed_from(x, inputs) for x in node.all_input_nodes)
 
 
 def copy_module(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:

@@ -23,7 +23,7 @@ import torch
 import torch.fx
 
 import kiln_autograd
-from kiln.graph_edits import call, copy_module, value
+from kiln.graph_edits import call, computed_from, copy_module, value
 
 aten = torch.ops.aten
 ALIGN = 8  # elements: 16 bytes of a 16-bit dtype
@@ -65,7 +65,7 @@ def _padding(node: torch.fx.Node, state: set[torch.fx.Node]) -> tuple[int, int] 
     pad_n, pad_k = -n % ALIGN, -k % ALIGN
     if not (pad_n or pad_k) or m * n * k < SMALLEST:
         return None
-    weight = _from(b, state)
+    weight = computed_from(b, state)
     shape = (m, n, k, a_val.stride(), b_val.stride(), out.dtype, out.device)
     if not _faster(*shape, pad_n, pad_k, weight):
         return None
@@ -122,15 +122,6 @@ def _faster(m, n, k, a_stride, b_stride, dtype, device, pad_n, pad_k, weight) ->
         return False
     log.info("product %dx%dx%d %s: plain %.3f ms, padded %.3f ms", m, n, k, dtype, plain, padded_ms)
     return padded_ms < 0.9 * plain
-
-
-def _from(node: torch.fx.Node, state: set[torch.fx.Node]) -> bool:
-    """Whether ``node`` is computed from ``state`` alone."""
-    if node in state:
-        return True
-    if node.op != "call_function" or not node.all_input_nodes:
-        return False
-    return all(_from(x, state) for x in node.all_input_nodes)
 
 
 def _strided_random(size, stride, dtype, device) -> torch.Tensor:
