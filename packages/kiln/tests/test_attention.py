@@ -93,3 +93,33 @@ def test_on_cuda_hand_written_attention_runs_a_fused_kernel(tmp_path):
     expected = masked(q.float(), k.float(), v.float(), mask.float())
     assert (actual.float() - expected).abs().max() < 3e-2
     assert "scaled_dot_product" in aten
+
+
+def boolean_masked(q, k, v, where):
+    scores = (q @ k.transpose(-2, -1) * 0.125).masked_fill(where, float("-inf"))
+    return torch.nn.functional.dropout(scores.softmax(-1), p=0.1, training=False) @ v
+
+
+def test_a_boolean_mask_and_dropout_outside_training_run_the_fused_op(tmp_path):
+    q, k, v, _ = inputs()
+    where = torch.rand(2, 1, 16, 16) > 0.7
+    where[..., 0] = False  # no row fully masked
+    actual, aten = compiled_aten(boolean_masked, (q, k, v, where), tmp_path, fused_attention=True)
+    torch.testing.assert_close(actual, boolean_masked(q, k, v, where), rtol=1e-5, atol=1e-5)
+    assert "scaled_dot_product" in aten and "aten.bmm" not in aten
+
+
+def dropped_out(q, k, v):
+    probs = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1)
+    return torch.nn.functional.dropout(probs, p=0.5, training=True) @ v
+
+
+def test_dropout_in_training_becomes_the_fused_ops_dropout(tmp_path):
+    q, k, v, _ = inputs()
+    actual, aten = compiled_aten(dropped_out, (q, k, v), tmp_path, fused_attention=True)
+    (rewritten,) = tmp_path.glob("frame*/captured_rewritten.py")
+    assert "dropout_p = 0.5" in rewritten.read_text()
+    # the random draws differ from eager's: the mean over many keys is what they share
+    expected = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1) @ v
+    assert actual.shape == expected.shape and not torch.equal(actual, expected)
+    assert (actual.mean() - expected.mean()).abs() < 0.1

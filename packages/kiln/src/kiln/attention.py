@@ -10,9 +10,12 @@ to the kernel eager would pick: ``kiln_autograd``'s attention routing), and repl
 
 The chain is matched as the user wrote it: ``@``/``torch.matmul``; a scale by ``*`` or
 ``/`` with a number (none: a scale of 1); an optional ``+ mask`` whose dtype is the
-queries' (additive float masks; a boolean ``masked_fill`` is not matched); ``softmax``
-over the last dimension (function or method); 4-D floating queries, keys and values of
-one dtype. Every intermediate result must be used by the next step alone (a model that
+queries' (an additive mask) or ``.masked_fill(m, -inf)`` with a boolean ``m`` (SDPA's
+``attn_mask=~m``; another fill value is not SDPA's masking: a fully masked row would
+differ); ``softmax`` over the last dimension (function or method); an optional dropout
+of the probabilities (``dropout_p`` in training; the random numbers then differ from
+eager's, as any two dropout draws do); 4-D floating queries, keys and values of one
+dtype. Every intermediate result must be used by the next step alone (a model that
 also returns its attention weights keeps its chain). By default only graphs on CUDA are
 rewritten (``options={"fused_attention": True}``: on the CPU too; ``False``: never).
 """
@@ -27,6 +30,8 @@ import torch.fx
 MATMUL = (operator.matmul, torch.matmul)
 SOFTMAX = (torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax)
 TRANSPOSE = (torch.transpose, torch.Tensor.transpose)
+MASKED_FILL = (torch.masked_fill, torch.Tensor.masked_fill)
+DROPOUT = (torch.dropout, torch.nn.functional.dropout)
 _NEUTRAL = {("dtype", None), ("_stacklevel", 3), ("_stacklevel", 5)}  # F.softmax's defaults
 
 
@@ -42,12 +47,13 @@ def fused_attention(gm: torch.fx.GraphModule, on_cpu: bool = False) -> torch.fx.
         found = _match(out, on_cpu)
         if found is None:
             continue
-        q, k, v, mask, scale = found
+        q, k, v, mask, scale, dropout_p = found
         with graph.inserting_before(out):
+            if isinstance(mask, tuple):  # masked_fill(where, -inf): attend where it is False
+                mask = graph.call_function(torch.logical_not, (mask[1],))
+            kwargs = {"attn_mask": mask, "dropout_p": dropout_p, "scale": scale}
             fused = graph.call_function(
-                torch.nn.functional.scaled_dot_product_attention,
-                (q, k, v),
-                {"attn_mask": mask, "scale": scale},
+                torch.nn.functional.scaled_dot_product_attention, (q, k, v), kwargs
             )
         fused.meta = dict(out.meta)
         out.replace_all_uses_with(fused)
@@ -58,11 +64,15 @@ def fused_attention(gm: torch.fx.GraphModule, on_cpu: bool = False) -> torch.fx.
 
 
 def _match(out: torch.fx.Node, on_cpu: bool):
-    """``(q, k, v, mask, scale)`` where ``out`` ends a hand-written attention, else None."""
+    """``(q, k, v, mask, scale, dropout_p)`` where ``out`` ends a hand-written attention,
+    else None; a boolean mask ``m`` of ``masked_fill(m, -inf)`` comes as ``("not", m)``."""
     if not _calls(out, MATMUL) or len(out.args) != 2 or out.kwargs:
         return None
     probs, v = out.args
-    if not _calls(probs, SOFTMAX) or not _last_dim_softmax(probs) or len(probs.users) != 1:
+    probs, dropout_p = _dropped_out(probs)
+    if probs is None or not _calls(probs, SOFTMAX) or not _last_dim_softmax(probs):
+        return None
+    if len(_live_users(probs)) != 1:
         return None
     scores = probs.args[0]
     mask = None
@@ -70,6 +80,11 @@ def _match(out: torch.fx.Node, on_cpu: bool):
         scores, mask = scores.args
         if not isinstance(mask, torch.fx.Node) or not isinstance(scores, torch.fx.Node):
             return None
+    elif _calls(scores, MASKED_FILL) and len(scores.users) == 1 and len(scores.args) == 3:
+        scores, where, fill = scores.args
+        if not isinstance(where, torch.fx.Node) or fill != float("-inf"):
+            return None
+        mask = ("not", where)
     scores, scale = _scaled(scores)
     if scores is None or not _calls(scores, MATMUL) or len(scores.users) != 1:
         return None
@@ -77,7 +92,30 @@ def _match(out: torch.fx.Node, on_cpu: bool):
     k = _transposed(k_t)
     if k is None or not _qualify(q, k, v, mask, on_cpu):
         return None
-    return q, k, v, mask, scale
+    return q, k, v, mask, scale, dropout_p
+
+
+def _dropped_out(node: object) -> tuple[torch.fx.Node | None, float]:
+    """``(x, p)`` for ``dropout(x, p)`` in training, ``(x, 0.0)`` for ``x`` or a dropout
+    outside training; ``(None, 0.0)`` for anything else."""
+    if not isinstance(node, torch.fx.Node):
+        return None, 0.0
+    if not _calls(node, DROPOUT):
+        return node, 0.0
+    names = ("input", "p", "train" if node.target is torch.dropout else "training")
+    bound = dict(zip(names, node.args, strict=False)) | node.kwargs
+    p, training = bound.get("p", 0.5), bound.get("train", bound.get("training", True))
+    if len(node.users) != 1 or bound.get("inplace") or not isinstance(p, (int, float)):
+        return None, 0.0
+    if not isinstance(training, bool):
+        return None, 0.0
+    return bound["input"], float(p) if training else 0.0
+
+
+def _live_users(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """``node``'s users but dropouts whose result nothing reads (capture keeps the call of
+    a dropout outside training and reads its input instead)."""
+    return [u for u in node.users if u.users or not _calls(u, DROPOUT)]
 
 
 def _scaled(node: object) -> tuple[torch.fx.Node | None, float]:
@@ -115,8 +153,10 @@ def _qualify(q, k, v, mask, on_cpu: bool) -> bool:
         return False
     if mask is None:
         return True
-    mv = _val(mask)
-    return mv is not None and mv.dtype == qv.dtype and mv.dim() <= 4
+    boolean = isinstance(mask, tuple)
+    mv = _val(mask[1] if boolean else mask)
+    dtype = torch.bool if boolean else qv.dtype
+    return mv is not None and mv.dtype == dtype and mv.dim() <= 4
 
 
 def _last_dim_softmax(node: torch.fx.Node) -> bool:
@@ -148,6 +188,8 @@ def _erase_chain(graph: torch.fx.Graph, out: torch.fx.Node) -> None:
     todo = [out]
     while todo:
         node = todo.pop()
+        for dead in [u for u in node.users if not u.users and _calls(u, DROPOUT)]:
+            graph.erase_node(dead)
         if node.users or node.op != "call_function" and node.op != "call_method":
             continue
         inputs = node.all_input_nodes
