@@ -250,3 +250,18 @@ def test_on_cuda_a_write_to_the_state_reaches_the_replayed_graph(tmp_path, mode)
     assert (expected - before).abs().max() > 0.1  # the write changes the result
     # cuDNN computes float32 convolutions in TF32 by default, differently per layout
     torch.testing.assert_close(actual, expected, rtol=1e-2, atol=5e-3)
+
+
+def test_a_graph_whose_frozen_values_would_take_too_much_memory_is_not_frozen(
+    tmp_path, monkeypatch
+):
+    from kiln import freezing
+
+    monkeypatch.setattr(freezing, "MAX_DERIVED_BYTES", 100)  # the fold takes more
+    torch.manual_seed(0)
+    model = randomized(ConvBlock())
+    compiled = compile_with_dumps(copy.deepcopy(model), tmp_path)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(call_without_fallback(compiled, x), model(x))
+    assert not list(tmp_path.glob("frame*/forward_frozen.py"))

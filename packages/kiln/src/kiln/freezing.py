@@ -15,13 +15,16 @@ place since (its version counter moved). It writes the new values over the old o
 their addresses, which CUDA graphs may have recorded, stay valid. Pure views of the
 state (``weight.t()``) stay in the graph that runs: they cost nothing.
 
-Torch does not count a write through ``tensor.data`` in the version counter, so such a
-write goes unseen here: ``options={"freezing": False}`` reads the state at every call.
+A graph whose frozen values would take more than ``MAX_DERIVED_BYTES`` is compiled as it
+is: they live beside the parameters. Torch does not count a write through ``tensor.data``
+in the version counter, so such a write goes unseen here: ``options={"freezing": False}``
+reads the state at every call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
 from collections.abc import Callable, Sequence
 
@@ -31,6 +34,11 @@ import torch.fx
 import kiln_autograd
 from kiln import folding
 from kiln.graph_edits import copy_module
+
+# the most memory a graph's frozen values may take: they live beside the parameters, and
+# a model cast under autocast would otherwise keep a second copy of all its weights
+MAX_DERIVED_BYTES = 2 * 2**30
+log = logging.getLogger("kiln.freezing")
 
 
 @dataclasses.dataclass
@@ -69,7 +77,9 @@ def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Frozen
     laid_out = folding.lay_out_weights(graph, state)
     constant = _constant_nodes(graph, state)
     derived = [n for n in constant if _computes(n, constant) and _used_outside(n, constant)]
-    if not derived:
+    if not derived or _bytes(derived) > MAX_DERIVED_BYTES:
+        if derived:
+            log.info("not frozen: it would keep %.1f GiB of values", _bytes(derived) / 2**30)
         return None
     needed = _ancestors(derived, constant)
     state_graph, read = _state_graph(graph, needed, derived, state)
@@ -191,6 +201,11 @@ def _used_outside(node: torch.fx.Node, constant: list[torch.fx.Node]) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor) and any(
         user not in members for user in node.users
     )
+
+
+def _bytes(nodes: list[torch.fx.Node]) -> int:
+    vals = [n.meta["val"] for n in nodes]
+    return sum(v.numel() * v.element_size() for v in vals)
 
 
 def _ancestors(nodes: list[torch.fx.Node], constant: list[torch.fx.Node]) -> set[torch.fx.Node]:
