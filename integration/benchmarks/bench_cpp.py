@@ -6,7 +6,11 @@ Face models (small configs, random weights, inference) with
 compiled with ``kiln_loopir.compile_fx(..., codegen="cpp")``. Every variant runs with the
 same ``torch.set_num_threads``, is warmed up, and is timed as the median of several
 repeats; the variants take turns within each repeat so a busy machine slows them alike.
-The last row is the geometric mean of the speedups.
+Each thread count runs in a child process of its own (inductor and kiln-cpp build their
+OpenMP kernels for the count they see): one thread and every core by default, or the
+comma-separated counts of ``KILN_BENCH_THREADS``. ``KILN_BENCH_MODELS=0`` leaves the
+Hugging Face models out. The last rows are the geometric means of the speedups, over all
+cases and over the micro cases, per thread count.
 
 Run: ``cd integration && python bench.py cpp`` (or ``python benchmarks/bench_cpp.py``).
 """
@@ -14,9 +18,12 @@ Run: ``cd integration && python bench.py cpp`` (or ``python benchmarks/bench_cpp
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -27,9 +34,6 @@ import kiln_autograd
 import kiln_loopir
 from kiln_loopir.testing import trace_aten
 
-# one thread by default: on a small machine shared with other work, OpenMP threads that
-# wait for a busy core distort every variant
-THREADS = int(os.environ.get("KILN_BENCH_THREADS", "1"))
 REPEATS = 15
 TARGET_S = 0.02  # each timing calls the function for about this long
 
@@ -39,6 +43,9 @@ def _micro_cases() -> dict[str, tuple[Callable, list[torch.Tensor]]]:
     x, y = torch.randn(n, n), torch.randn(n, n)
     w, b = torch.randn(n), torch.randn(n)
     index = torch.randint(0, n, (n, 256))
+    u, v = torch.randn(n * n), torch.randn(n * n)
+    small_a, small_b = torch.randn(256, 1, 64), torch.randn(1, 256, 64)
+    m1, m2, bias = torch.randn(256, 512), torch.randn(512, 512), torch.randn(512)
     return {
         "pointwise chain (a*b+1).relu().sigmoid()": (
             lambda a, c: torch.sigmoid(torch.relu(a * c + 1)) * a,
@@ -51,6 +58,24 @@ def _micro_cases() -> dict[str, tuple[Callable, list[torch.Tensor]]]:
         "var_mean rows": (lambda a: torch.var_mean(a, -1), [x]),
         "transpose + add": (lambda a, c: a.t() + c, [x, y]),
         "gather rows": (lambda a, i: torch.gather(a, 1, i) * 2, [x, index]),
+        "sin(x)*cos(x) + exp(x)*0.5 (1M)": (
+            lambda a: torch.sin(a) * torch.cos(a) + torch.exp(a) * 0.5,
+            [u],
+        ),
+        "cat([x.sin(), y.cos()]) * 3 (2 x 1M)": (
+            lambda a, c: torch.cat([a.sin(), c.cos()]) * 3,
+            [u, v],
+        ),
+        "row centring x - x.mean(-1)": (lambda a: a - a.mean(-1, keepdim=True), [x]),
+        "gather + relu": (lambda a, i: torch.relu(torch.gather(a, 1, i)), [x, index]),
+        "mm + bias + gelu (256x512 @ 512x512)": (
+            lambda a, w, b: F.gelu(a @ w + b),
+            [m1, m2, bias],
+        ),
+        "broadcast product-sum (256,1,64)*(1,256,64)": (
+            lambda a, c: (a * c).sum(-1),
+            [small_a, small_b],
+        ),
     }
 
 
@@ -177,35 +202,83 @@ def _measure(fn: Callable, kiln: Callable, inputs: list) -> dict[str, float]:
     return _time({"eager": fn, "torch.compile": inductor, "kiln": kiln}, inputs)
 
 
-def measure() -> list[tuple[str, dict[str, float]]]:
-    torch.set_num_threads(THREADS)
-    rows = []
+ROW = "ROW "  # a child process's result lines start with this
+
+
+def run_threads(threads: int) -> None:
+    """Measure every case with ``threads`` threads; print one ``ROW`` json line each."""
+    torch.set_num_threads(threads)
+    cases = [(name, fn, inputs, False) for name, (fn, inputs) in _micro_cases().items()]
+    if os.environ.get("KILN_BENCH_MODELS", "1") != "0":
+        cases += [(name, m, inputs, True) for name, (m, inputs) in _models().items()]
     with torch.no_grad():
-        for name, (fn, inputs) in _micro_cases().items():
-            rows.append((name, _measure(fn, _kiln_micro(fn, inputs), inputs)))
-        for name, (module, inputs) in _models().items():
-            rows.append((name, _measure(module, _kiln_model(module, inputs), inputs)))
+        for name, fn, inputs, model in cases:
+            kiln = _kiln_model(fn, inputs) if model else _kiln_micro(fn, inputs)
+            row = {"case": name, "threads": threads, "model": model}
+            row["ms"] = _measure(fn, kiln, inputs)
+            print(ROW + json.dumps(row), flush=True)
+
+
+def thread_counts() -> list[int]:
+    given = os.environ.get("KILN_BENCH_THREADS", "")
+    if given:
+        return [int(t) for t in given.split(",") if t.strip()]
+    return sorted({1, os.cpu_count() or 1})
+
+
+def measure() -> list[dict]:
+    rows = []
+    for threads in thread_counts():
+        proc = subprocess.run(
+            [sys.executable, __file__, "--threads", str(threads)], capture_output=True, text=True
+        )
+        found = [
+            json.loads(ln[len(ROW) :]) for ln in proc.stdout.splitlines() if ln.startswith(ROW)
+        ]
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"the run with {threads} thread(s) failed: {last}")
+        rows += found
     return rows
 
 
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(v) for v in values))
+
+
 def main() -> str:
+    load_before = os.getloadavg()[0]
     rows = measure()
     lines = [
-        f"threads: {THREADS}, median of {REPEATS} repeats; speedup = time of the other / kiln",
+        f"torch {torch.__version__}, {os.cpu_count()} cores (load average {load_before:.1f} "
+        f"before, {os.getloadavg()[0]:.1f} after), median of {REPEATS} repeats; "
+        "speedup = time of the other / kiln",
         "",
-        "| case | eager ms | torch.compile ms | kiln ms | vs eager | vs torch.compile |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| case | threads | eager ms | torch.compile ms | kiln ms | vs eager | vs torch.compile |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, t in rows:
+    for row in rows:
+        t = row["ms"]
         lines.append(
-            f"| {name} | {t['eager']:.3f} | {t['torch.compile']:.3f} | {t['kiln']:.3f} "
-            f"| {t['eager'] / t['kiln']:.2f}x | {t['torch.compile'] / t['kiln']:.2f}x |"
+            f"| {row['case']} | {row['threads']} | {t['eager']:.3f} | {t['torch.compile']:.3f} "
+            f"| {t['kiln']:.3f} | {t['eager'] / t['kiln']:.2f}x "
+            f"| {t['torch.compile'] / t['kiln']:.2f}x |"
         )
-    geo_eager = math.exp(statistics.mean(math.log(t["eager"] / t["kiln"]) for _, t in rows))
-    geo_ic = math.exp(statistics.mean(math.log(t["torch.compile"] / t["kiln"]) for _, t in rows))
-    lines.append(f"| geometric mean | | | | {geo_eager:.2f}x | {geo_ic:.2f}x |")
+    for threads in thread_counts():
+        for label, chosen in (("all cases", lambda r: True), ("micro", lambda r: not r["model"])):
+            ts = [r["ms"] for r in rows if r["threads"] == threads and chosen(r)]
+            if not ts:
+                continue
+            geo_eager = _geomean([t["eager"] / t["kiln"] for t in ts])
+            geo_ic = _geomean([t["torch.compile"] / t["kiln"] for t in ts])
+            lines.append(
+                f"| geometric mean, {label} | {threads} | | | | {geo_eager:.2f}x | {geo_ic:.2f}x |"
+            )
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(main())
+    if sys.argv[1:2] == ["--threads"]:
+        run_threads(int(sys.argv[2]))
+    else:
+        print(main())

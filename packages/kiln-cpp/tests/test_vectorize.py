@@ -25,7 +25,8 @@ def test_row_reductions_reduce_across_lanes():
     compiled = check_against_eager(
         lambda a: (a.sum(-1), a.amax(-1), a.amin(-1), a.prod(-1) * 0 + 1), [x], codegen=CppCodegen()
     )
-    assert "#pragma omp simd reduction(+:" in _source(compiled)
+    # the float sum adds in lanes of its own, the others through clauses
+    assert "_lanes[r0 - r0_block] += " in _source(compiled)
     assert "reduction(max:" in _source(compiled)
 
 
@@ -94,6 +95,15 @@ def test_transposing_pointwise_kernels_run_in_tiles(shape):
     assert "_tile" in _source(compiled)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_whole_tiles_are_transposed_in_blocks(dtype):
+    x = torch.randn(128, 192).mul(100).to(dtype)
+    y = torch.randn(192, 128).mul(100).to(dtype)
+    compiled = check_against_eager(lambda a, b: a.t() + b * 3, [x, y], codegen=CppCodegen())
+    source = _source(compiled)
+    assert "_tile0_block[8][8];" in source and "#pragma GCC unroll 8" in source
+
+
 def test_transposing_batched_kernel():
     x, y = torch.randn(3, 40, 17), torch.randn(3, 17, 40)
     check_against_eager(lambda a, b: a.transpose(1, 2) * b + 1, [x, y], codegen=CppCodegen())
@@ -149,7 +159,8 @@ def test_softmax_reuses_the_exponentials_of_its_sum(n):
     x = _with_nans(torch.randn(6, n), 997) if n > 100 else torch.randn(6, n)
     compiled = check_against_eager(lambda a: torch.softmax(a, -1), [x], codegen=CppCodegen())
     source = _source(compiled)
-    assert "_xs[" in source and source.count("kiln::exp_f(") == 1
+    last_read = source.rindex("_xs[r0]")  # the output loop reads the sum loop's values
+    assert "kiln::exp_f(" in source and "kiln::exp_f(" not in source[last_read:]
 
 
 def test_values_reused_across_welford_and_sum_loops():
@@ -172,3 +183,17 @@ def test_layer_norm_of_a_sum_makes_one_pass_for_its_statistics():
     source = _source(compiled)
     # mean and variance of the sum (stored per point for the output) in one Welford pass
     assert source.count("WelfordLanes<") == 1 and "_spill[" in source
+
+
+@pytest.mark.parametrize("n", [64, 70, 1024, 4099])
+def test_short_float_sums_add_in_float_lanes_and_long_ones_in_double(n):
+    x = torch.randn(24, n) + 0.5  # an offset: the sum grows along the lanes
+    compiled = check_against_eager(
+        lambda a: (a.sum(-1), (a * a).mean(-1)), [x], codegen=CppCodegen()
+    )
+    source = _source(compiled)
+    if n <= 1024:
+        assert "float acc" in source and "double acc" not in source
+        assert "_lanes[32] = {};" in source and "_lanes[kiln_l + 16];" in source
+    else:
+        assert "double acc" in source and "omp simd reduction(+:" in source

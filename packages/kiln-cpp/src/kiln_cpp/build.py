@@ -66,6 +66,21 @@ LINK_FLAGS = ("-shared", "-fPIC", "-fopenmp")
 # costs the same (its time is in the runtime's calls)
 HOST_FLAGS = (*(f for f in OBJECT_FLAGS if f != "-O3"), "-Og")
 BUILD_THREADS = max(1, min(8, os.cpu_count() or 1))
+_SIN_PROBE = (
+    'extern "C" __attribute__((simd("notinbranch"), const)) float kiln_probe(float) '
+    'noexcept __asm__("sinf");\n'
+    'extern "C" void f(const float* a, float* o) {\n'
+    "  for (int i = 0; i < 64; ++i) o[i] = kiln_probe(a[i]);\n}\n"
+)
+# flags kept where the compiler builds the probe with them: (compile flags, link flags, probe)
+OPTIONAL_FLAGS = (
+    # glibc's vector math library, declared to the compiler by kiln_cpp.vecmath
+    (("-DKILN_LIBMVEC",), ("-lmvec",), _SIN_PROBE),
+    # GCC's tuning leaves gather instructions out on CPUs with the gather data sampling fix:
+    # an indexed load (gather, embedding) then runs scalar with its selects as branches, 3x
+    # to 8x slower than with gathers on a 1024 x 256 gather + relu
+    (("-mtune-ctrl=use_gather",), (), 'extern "C" int f() { return 0; }\n'),
+)
 LIBRARY = "kernels.so"
 
 
@@ -120,12 +135,34 @@ def cpu_features(path: str) -> str:
     return platform.machine() + " " + platform.processor()
 
 
+@functools.cache
+def optional_flags(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(compile flags, link flags)`` of :data:`OPTIONAL_FLAGS` that the compiler accepts
+    here (``KILN_LIBMVEC``: glibc's ``libmvec`` links, see :mod:`kiln_cpp.vecmath`)."""
+    compile_flags: tuple[str, ...] = ()
+    link_flags: tuple[str, ...] = ()
+    with tempfile.TemporaryDirectory(prefix="kiln-cpp-probe") as folder:
+        for k, (flags, libs, probe) in enumerate(OPTIONAL_FLAGS):
+            src, lib = Path(folder) / f"probe{k}.cpp", Path(folder) / f"probe{k}.so"
+            src.write_text(probe)
+            command = [path, *CXX_FLAGS, *flags, str(src), "-o", str(lib), *libs]
+            try:
+                subprocess.run(command, capture_output=True, check=True)
+            except (OSError, subprocess.CalledProcessError):
+                continue
+            compile_flags += flags
+            link_flags += libs
+    return compile_flags, link_flags
+
+
 def cache_key(source: str | Sequence[str], cxx: str, host: str | None = None) -> str:
     """The entry of a library of ``source`` (one translation unit, or several linked) and
     the ``host`` program's unit."""
     units = [source] if isinstance(source, str) else list(source)
     h = hashlib.sha256()
+    extra_flags, extra_libs = optional_flags(cxx)
     parts = (*units, " ".join(CXX_FLAGS), _compiler_version(cxx), cpu_features(cxx))
+    parts += (" ".join(extra_flags + extra_libs),)
     if len(units) > 1 or host is not None:  # the object and link steps' flags too
         parts += (" ".join(OBJECT_FLAGS), " ".join(LINK_FLAGS))
     if host is not None:
@@ -204,12 +241,25 @@ def build(source: str | Sequence[str], host: str | None = None) -> tuple[Path, b
 def _compile(cxx: str, source: str | Sequence[str], host: str | None, entry: Path) -> None:
     entry.mkdir(mode=0o700, exist_ok=True)
     units = [source] if isinstance(source, str) else list(source)
+    extra_flags, extra_libs = optional_flags(cxx)
     fd, tmp = tempfile.mkstemp(dir=entry, prefix=LIBRARY + ".tmp", suffix=".so")
     os.close(fd)
     try:
         if len(units) == 1 and host is None:
             (entry / "kernels.cpp").write_text(units[0])
-            _run([[cxx, *CXX_FLAGS, str(entry / "kernels.cpp"), "-o", tmp]])
+            _run(
+                [
+                    [
+                        cxx,
+                        *CXX_FLAGS,
+                        *extra_flags,
+                        str(entry / "kernels.cpp"),
+                        "-o",
+                        tmp,
+                        *extra_libs,
+                    ]
+                ]
+            )
         else:
             named = [(f"kernels{k}", unit, OBJECT_FLAGS) for k, unit in enumerate(units)]
             named += [("host", host, HOST_FLAGS)] if host is not None else []
@@ -217,10 +267,12 @@ def _compile(cxx: str, source: str | Sequence[str], host: str | None, entry: Pat
             for name, text, flags in named:
                 (entry / f"{name}.cpp").write_text(text)
                 objects.append(str(entry / f"{name}.o"))
-                commands.append([cxx, *flags, str(entry / f"{name}.cpp"), "-o", objects[-1]])
+                commands.append(
+                    [cxx, *flags, *extra_flags, str(entry / f"{name}.cpp"), "-o", objects[-1]]
+                )
             try:
                 _run(commands)
-                _run([[cxx, *LINK_FLAGS, *objects, "-o", tmp]])
+                _run([[cxx, *LINK_FLAGS, *objects, "-o", tmp, *extra_libs]])
             finally:
                 for obj in objects:
                     if os.path.exists(obj):

@@ -21,12 +21,16 @@ import torch
 from kiln_cpp import ops_table
 from kiln_cpp.dtypes import convert_expr, load_expr, storage_type, store_expr, value_type
 from kiln_cpp.errors import CppCodegenError
+from kiln_cpp.index_facts import IndexFacts
 from kiln_cpp.printer import cexpr
 from kiln_cpp.vecmath import vector_function
 from kiln_cpp.vectorize import Accumulation
 from kiln_loopir.ir import Scatter
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.ops import BINARY_OPS, UNARY_OPS, result_dtype
+
+# float sums over at most this many points accumulate in float (see CppOpsHandler._sum_type)
+FLOAT_SUM_MAX = 1024
 
 
 @dataclass
@@ -77,8 +81,13 @@ class CppOpsHandler:
     """Renders one kernel's body; ``items`` is the body of the outer loops (lines and
     :class:`ReductionLoop` s), ``buffer_dtypes`` the dtype of every buffer it touches."""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(
+        self, kernel: Kernel, bounds: dict[sympy.Symbol, tuple[int, int]] | None = None
+    ) -> None:
+        """``bounds``: loop variables known to lie in ``[lo, hi)`` (a piece of the space,
+        see :mod:`kiln_cpp.index_facts`)."""
         self.kernel = kernel
+        self.facts = IndexFacts(dict(bounds or {}))
         self.levels = kernel.levels()
         self.nodes = kernel.nodes
         self.buffer_dtypes: dict[str, torch.dtype] = {n.name: n.buffer.dtype for n in kernel.nodes}
@@ -96,6 +105,7 @@ class CppOpsHandler:
         self._reduced = False
         self._count = 0
         self._spilled: set[str] = set()
+        self._dead = 0  # inside a masked body whose mask is known false: no lines
 
     # -- where lines go --------------------------------------------------------------------
     def _place(self) -> tuple[list[str | ReductionLoop] | list[str], int]:
@@ -121,10 +131,12 @@ class CppOpsHandler:
                 return self._cse[key]
         var = f"tmp{self._count}"
         self._count += 1
+        self.dtypes[var] = dtype
+        if self._dead:  # a value never computed: not written, not reused
+            return var
         target.append(f"const {value_type(dtype)} {var} = {rhs};")
         self._cse[(scope, rhs)] = var
         self._scope[var] = scope
-        self.dtypes[var] = dtype
         return var
 
     def _visible(self, var: str) -> str:
@@ -165,11 +177,17 @@ class CppOpsHandler:
         return self._emit(element, dtype)
 
     def constant(self, value: object, dtype: torch.dtype) -> str:
-        return self._emit(literal(value, dtype), dtype)
+        var = self._emit(literal(value, dtype), dtype)
+        if not dtype.is_floating_point:
+            self.facts.constant(var, value)
+        return var
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
         rhs = f"static_cast<{value_type(dtype)}>({cexpr(sympy.expand(expr))})"
-        return self._emit(rhs, dtype)
+        var = self._emit(rhs, dtype)
+        if not dtype.is_floating_point:
+            self.facts.index_value(var, sympy.expand(expr))
+        return var
 
     def to_dtype(self, x: str, dtype: torch.dtype) -> str:
         src = self.dtypes[x]
@@ -179,12 +197,24 @@ class CppOpsHandler:
 
     def where(self, cond: str, a: str, b: str) -> str:
         dtype = result_dtype("where", self.dtypes[a], self.dtypes[b])
+        if cond in self.facts.known:  # decided for this piece of the space
+            return self.to_dtype(a if self.facts.known[cond] else b, dtype)
         vt = value_type(dtype)
         return self._emit(f"({cond} ? static_cast<{vt}>({a}) : static_cast<{vt}>({b}))", dtype)
 
     def masked(self, mask: str, body: Callable[[], str], other: object) -> str:
         if self._masks:
             mask = self.logical_and(self._masks[-1], mask)
+        known = self.facts.known.get(mask)
+        if known is True:
+            return body()
+        if known is False:  # traced for its dtype only
+            self._dead += 1
+            try:
+                value = body()
+            finally:
+                self._dead -= 1
+            return self.constant(other, self.dtypes[value])
         self._masks.append(mask)
         try:
             value = body()
@@ -202,7 +232,8 @@ class CppOpsHandler:
         ok = self._emit(f"({wrapped} >= 0 && {wrapped} < {size_c})", torch.bool)
         guard = f"{self._masks[-1]} && !{ok}" if self._masks else f"!{ok}"
         target, _ = self._place()
-        target.append(f"if ({guard}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);")
+        if not self._dead:
+            target.append(f"if ({guard}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);")
         var = self._emit(f"({ok} ? {wrapped} : 0)", torch.int64)
         return sympy.Symbol(var, integer=True)
 
@@ -228,7 +259,13 @@ class CppOpsHandler:
                                                  src_dtype)  # fmt: skip
         loop.prologue += pro
         loop.body += upd
-        loop.reductions.append(Accumulation(reduction_type, acc, value, src_dtype, upd))
+        # a sum kept in its own type may add in vector lanes (vectorize.reduction_loop)
+        in_lanes = is_float and (
+            reduction_type == "dot" or (reduction_type == "sum" and self._sum_type(vt) == vt)
+        )
+        loop.reductions.append(
+            Accumulation(reduction_type, acc, value, src_dtype, upd, vt if in_lanes else None)
+        )
         loop.closed = True
         self._reduced = True
         return self._emit(f"static_cast<{value_type(out_dtype)}>({result})", out_dtype)
@@ -287,7 +324,7 @@ class CppOpsHandler:
         if kind == "dot":  # a matrix product's sum: in float, as BLAS accumulates
             return [f"{vt} {acc} = 0;"], [f"{acc} += {v};"], acc
         if kind == "sum":
-            at = "double" if is_float else vt
+            at = self._sum_type(vt) if is_float else vt
             if is_bool:
                 return [f"bool {acc} = false;"], [f"{acc} = {acc} || {v};"], acc
             return [f"{at} {acc} = 0;"], [f"{acc} += {v};"], acc
@@ -333,6 +370,13 @@ class CppOpsHandler:
             return [f"kiln::Welford<{vt}> {acc};"], [f"{acc}.update({v});"], result
         raise CppCodegenError(f"kiln-cpp does not render reduction {kind!r} yet")
 
+    def _sum_type(self, vt: str) -> str:
+        """A float sum's accumulator: in its own type over at most :data:`FLOAT_SUM_MAX`
+        points (each vector lane adds a few dozen to a few hundred of them, as ATen's
+        vectorised sums keep float lanes), in double over more or unknown sizes."""
+        points = sympy.expand(math.prod(self.kernel.reduction_ranges))
+        return vt if points.is_Integer and int(points) <= FLOAT_SUM_MAX else "double"
+
     def _rlinear(self) -> str:
         """The row-major position in the reduction ranges of the current point."""
         out = sympy.S.Zero
@@ -358,6 +402,13 @@ class CppOpsHandler:
         arity = 1 if name in UNARY_OPS else 2
 
         def op(*args: str) -> str:
+            decided = self.facts.decide(name, args)
+            if isinstance(decided, bool):
+                var = self._emit("true" if decided else "false", torch.bool)
+                self.facts.known[var] = decided
+                return var
+            if decided is not None and self.dtypes[decided] == torch.bool:
+                return decided
             dtypes = [self.dtypes[a] for a in args]
             dtype = result_dtype(name, *dtypes)
             operand = result_dtype("add", *dtypes)

@@ -1,7 +1,9 @@
 """A kernel as one ``extern "C"`` C++ function (returning 1 when an indirect index was out of
 range): the outer loops (parallel with OpenMP above a size threshold), the reduction loops
 inside them, and the body the handler rendered; the innermost loop is vectorised
-(:mod:`kiln_cpp.vectorize`)."""
+(:mod:`kiln_cpp.vectorize`). A pointwise kernel whose body compares a loop variable with
+constants (``cat``, padding) runs as one loop nest per piece of that loop, each rendered
+with the comparisons decided (:mod:`kiln_cpp.index_facts`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sympy
 
 from kiln_cpp.dtypes import value_type
 from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
+from kiln_cpp.index_facts import pieces
 from kiln_cpp.printer import cexpr
 from kiln_cpp.vectorize import (
     column_reduction,
@@ -27,16 +30,17 @@ from kiln_cpp.vectorize import (
 )
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.launch import LaunchGroup
-from kiln_loopir.symbols import reduction_vars
+from kiln_loopir.symbols import index_vars, reduction_vars
 
 # below this many points of the whole iteration space a kernel runs on one thread
 PARALLEL_MIN_POINTS = 32768
 
 
-def _loops(var: str, ranges, indent: str) -> list[str]:
+def _loops(var: str, ranges, indent: str, starts=None) -> list[str]:
+    starts = starts or [0] * len(ranges)
     return [
-        f"{indent}for (int64_t {var}{i} = 0; {var}{i} < {cexpr(r)}; ++{var}{i})"
-        for i, r in enumerate(ranges)
+        f"{indent}for (int64_t {var}{i} = {start}; {var}{i} < {cexpr(r)}; ++{var}{i})"
+        for i, (r, start) in enumerate(zip(ranges, starts, strict=True))
     ]
 
 
@@ -52,12 +56,13 @@ def _reduction_point(kernel: Kernel) -> tuple[str, str]:
     return cexpr(sympy.expand(position)), cexpr(sympy.expand(points))
 
 
-def _parallel_when(kernel: Kernel) -> str:
-    points = sympy.expand(math.prod(kernel.ranges) * math.prod(kernel.reduction_ranges or [1]))
+def _parallel_when(kernel: Kernel, ranges=None) -> str:
+    ranges = kernel.ranges if ranges is None else ranges
+    points = sympy.expand(math.prod(ranges) * math.prod(kernel.reduction_ranges or [1]))
     return f"{cexpr(points)} >= {PARALLEL_MIN_POINTS}"
 
 
-def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler) -> list[str | None]:
+def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler, when=None) -> list[str | None]:
     """The pragma before each outer loop (None for none). A pointwise kernel runs its
     last loop as ``omp simd`` and the others in parallel; a reduction kernel runs all its
     outer loops in parallel (its reduction loops are vectorised)."""
@@ -65,7 +70,7 @@ def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler) -> list[str | None]:
     pragmas: list[str | None] = [None] * n
     if n == 0 or handler.has_scatter:  # scatters may write one element from several points
         return pragmas
-    when = _parallel_when(kernel)
+    when = when or _parallel_when(kernel)
     lines = [i for i in handler.items if isinstance(i, str)]
     if kernel.reduction_ranges or len(lines) < len(handler.items) or not simd_safe(lines):
         collapse = f" collapse({n})" if n > 1 else ""
@@ -95,6 +100,45 @@ def _outer_loops(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list[str]:
     return out
 
 
+def _split(kernel: Kernel, handler: CppOpsHandler):
+    """The pieces a pointwise kernel runs in (see :func:`kiln_cpp.index_facts.pieces`)."""
+    if kernel.reduction_ranges or kernel.has_scan() or handler.has_scatter:
+        return None
+    return pieces(handler.facts.cuts, index_vars(len(kernel.ranges)), kernel.ranges)
+
+
+def _simd_flagged(loops: list[str], items: list) -> tuple[list[str], list]:
+    """With a ``simd`` loop, the out-of-range flag as a reduction of the loops' pragmas."""
+    if any("#pragma" in ln and "simd" in ln for ln in loops):
+        flagged = flag_lanes(items, "kiln_oob")
+        if flagged is not None and flagged != items:
+            loops = [ln + " reduction(|:kiln_oob)" if "#pragma" in ln else ln for ln in loops]
+            return loops, flagged
+    return loops, items
+
+
+def _piece_lines(kernel: Kernel, dim: int, spans: list[tuple[int, int]], ind: str) -> list[str]:
+    """One loop nest per piece ``lo <= x{dim} < hi``, each rendered with its bounds known."""
+    var = index_vars(len(kernel.ranges))[dim]
+    lines = []
+    for lo, hi in spans:
+        handler = CppOpsHandler(kernel, {var: (lo, hi)})
+        kernel.body(handler)
+        ranges, starts = list(kernel.ranges), [0] * len(kernel.ranges)
+        ranges[dim], starts[dim] = sympy.Integer(hi), lo
+        sizes = [*ranges[:dim], sympy.Integer(hi - lo), *ranges[dim + 1 :]]
+        pragmas = _outer_pragmas(kernel, handler, _parallel_when(kernel, sizes))
+        loops = []
+        for pragma, loop in zip(pragmas, _loops("x", ranges, "", starts), strict=True):
+            loops += [pragma] if pragma else []
+            loops.append(loop)
+        loops, items = _simd_flagged(loops, handler.items)
+        lines += [f"// piece: {lo} <= {var} < {hi}", *loops, "{"]
+        lines += [ind + item for item in items]
+        lines.append("}")
+    return lines
+
+
 def render_kernel(kernel: Kernel) -> str:
     handler = CppOpsHandler(kernel)
     kernel.body(handler)
@@ -103,6 +147,11 @@ def render_kernel(kernel: Kernel) -> str:
     lines = [f"// {kernel.header()}", f'extern "C" int {kernel.name}({", ".join(params)}) {{']
     lines.append("  int kiln_oob = 0;  // set when an indirect index is out of range")
     ind = "  "
+    split = _split(kernel, handler)
+    if split is not None:
+        lines += [ind + line for line in _piece_lines(kernel, *split, ind)]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
     if kernel.has_scan():
         lines += [ind + line for line in _scan_kernel_lines(kernel, handler, ind)]
         lines += [ind + "return kiln_oob;", "}"]
@@ -139,15 +188,8 @@ def render_kernel(kernel: Kernel) -> str:
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"
     loops = _outer_loops(kernel, handler, ind)
-    pointwise = all(isinstance(i, str) for i in items)
-    if pointwise and any("#pragma" in ln and "simd" in ln for ln in loops):
-        # the out-of-range flag as a reduction of the parallel and simd loops
-        flagged = flag_lanes(items, "kiln_oob")
-        if flagged is not None and flagged != items:
-            items = flagged
-            loops = [
-                line + " reduction(|:kiln_oob)" if "#pragma" in line else line for line in loops
-            ]
+    if all(isinstance(i, str) for i in items):
+        loops, items = _simd_flagged(loops, items)
     lines += loops
     lines.append(ind + "{")
     body_ind = ind * 2

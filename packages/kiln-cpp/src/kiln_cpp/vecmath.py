@@ -1,9 +1,19 @@
 """Float functions the compiler can vectorise: ``std::exp`` and friends are calls into libm
-that a ``#pragma omp simd`` loop cannot vectorise (glibc's vector variants need
-``-ffast-math``), so ``exp``, ``sigmoid``, ``tanh`` and ``erf`` of float values are
-rendered as ``kiln::`` functions written without branches or calls. ``pow`` by a constant
-2, 3 or 0.5 (GPT-2's tanh GELU cubes its input) multiplies or takes the square root as
-eager does; the compiler folds the test away, other exponents still call ``std::pow``.
+that a ``#pragma omp simd`` loop cannot vectorise (glibc's headers declare their vector
+variants only under ``-ffast-math``), so
+
+- ``exp``, ``sigmoid``, ``tanh`` and ``erf`` of float values are rendered as ``kiln::``
+  functions written without branches or calls. ``pow`` by a constant 2, 3 or 0.5 (GPT-2's
+  tanh GELU cubes its input) multiplies or takes the square root as eager does; the
+  compiler folds the test away;
+- the other transcendentals (:data:`LIBM_UNARY`, :data:`LIBM_BINARY`, and ``exp``,
+  ``tanh``, ``erf`` of doubles) call ``kiln_vm_<name>`` functions: where the build found
+  glibc's vector math library (``KILN_LIBMVEC``, see :func:`kiln_cpp.build.optional_flags`)
+  these are libm's own ``sinf``, ``log``, ... declared with ``simd("notinbranch")`` under
+  another name (so the compiler neither folds ``sin`` and ``cos`` of one value into a
+  scalar ``sincosf`` nor needs ``-ffast-math``), and a vectorised loop calls libmvec's
+  whole-vector variants (``_ZGVdN8v_sinf``: glibc's tested bound is 1-2 ulp for float,
+  4 for double); elsewhere they are inline calls of ``std::``.
 
 Accuracy, measured against ``torch`` (float64 reference) in ``tests/test_vector_math.py``:
 ``exp`` is a Cephes-style polynomial within 2 ulp, ``tanh`` a polynomial below 0.625 and
@@ -27,17 +37,63 @@ _FUNCTIONS = {
     "erf": "kiln::erf_f",
     "pow": "kiln::pow_f",
 }
+# libm functions with a vector variant in glibc's libmvec (2.35 and later), float and double
+LIBM_UNARY = (
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "log", "log2", "log10", "log1p", "exp2", "expm1", "erfc",
+)  # fmt: skip
+LIBM_BINARY = ("atan2", "hypot")
+# for floats these are the kiln:: functions above (pow_f calls kiln_vm_powf for other exponents)
+_DOUBLE_ONLY = ("exp", "tanh", "erf", "pow")
+
+
+# the sign bit as a signed compare of the bits: g++ 12 fails with an internal compiler error
+# on a vectorised std::signbit of a value converted from bfloat16 (a shift of the bits)
+_SIGN_BITS = {"float": "int32_t", "double": "int64_t"}
 
 
 def vector_function(name: str, operand: torch.dtype) -> Callable[..., str] | None:
     """The vectorisable rendering of the op ``name`` on ``operand``, or None."""
-    if not operand.is_floating_point or value_type(operand) != "float" or name not in _FUNCTIONS:
+    vt = value_type(operand) if operand.is_floating_point else None
+    if name == "signbit" and vt in _SIGN_BITS:
+        return lambda x: f"(__builtin_bit_cast({_SIGN_BITS[vt]}, {x}) < 0)"
+    if vt == "float" and name in _FUNCTIONS:
+        fn = _FUNCTIONS[name]
+    elif vt == "float" and name in LIBM_UNARY + LIBM_BINARY:
+        fn = f"kiln_vm_{name}f"
+    elif vt == "double" and name in LIBM_UNARY + LIBM_BINARY + _DOUBLE_ONLY:
+        fn = f"kiln_vm_{name}"
+    else:
         return None
-    fn = _FUNCTIONS[name]
     return lambda *args: f"{fn}({', '.join(args)})"
 
 
-SOURCE = r"""
+def _libm_declarations() -> str:
+    """``kiln_vm_<name>[f]``: libm's function declared with a vector variant under
+    ``KILN_LIBMVEC``, an inline call of ``std::`` otherwise."""
+    vector, scalar = [], []
+    simd = '__attribute__((simd("notinbranch"), const))'
+    for name in (*LIBM_UNARY, *LIBM_BINARY, *_DOUBLE_ONLY):
+        arity = 2 if name in (*LIBM_BINARY, "pow") else 1
+        for vt, suffix in (("float", "f"), ("double", "")):
+            if name in _DOUBLE_ONLY and name != "pow" and vt == "float":
+                continue
+            params = ", ".join([vt] * arity)
+            args = ", ".join("xy"[:arity])
+            named = ", ".join(f"{vt} {a}" for a in "xy"[:arity])
+            symbol = f"{name}{suffix}"
+            vector.append(f'{simd} {vt} kiln_vm_{symbol}({params}) noexcept __asm__("{symbol}");')
+            scalar.append(
+                f"inline {vt} kiln_vm_{symbol}({named}) {{ return std::{name}({args}); }}"
+            )
+    return "\n".join(
+        ["#ifdef KILN_LIBMVEC", 'extern "C" {', *vector, "}", "#else", *scalar, "#endif", ""]
+    )
+
+
+SOURCE = (
+    _libm_declarations()
+    + r"""
 namespace kiln {
 
 inline float exp_f(float x) {
@@ -69,7 +125,7 @@ inline float pow_f(float x, float y) {
   if (y == 2.0f) return x * x;
   if (y == 3.0f) return x * x * x;
   if (y == 0.5f) return std::sqrt(x);
-  return std::pow(x, y);
+  return kiln_vm_powf(x, y);
 }
 
 inline float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
@@ -113,3 +169,4 @@ inline float erf_f(float x) {
 
 }  // namespace kiln
 """
+)
