@@ -5,6 +5,7 @@ computes done once, and done again after the state is written in place."""
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 
 import pytest
@@ -265,3 +266,21 @@ def test_a_graph_whose_frozen_values_would_take_too_much_memory_is_not_frozen(
     with torch.no_grad():
         torch.testing.assert_close(call_without_fallback(compiled, x), model(x))
     assert not list(tmp_path.glob("frame*/forward_frozen.py"))
+
+
+def test_a_freezing_that_fails_costs_only_the_freezing(tmp_path, monkeypatch, caplog):
+    from kiln import freezing
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no fold today")
+
+    monkeypatch.setattr(freezing, "freeze", broken)
+    caplog.set_level(logging.INFO, logger="kiln.fallbacks")
+    torch.manual_seed(0)
+    model = randomized(ConvBlock())
+    compiled = compile_with_dumps(copy.deepcopy(model), tmp_path)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(call_without_fallback(compiled, x), model(x))
+    assert "freezing failed; compiled without it" in caplog.text
+    assert list(tmp_path.glob("frame*/forward_host*"))  # compiled, not run eagerly

@@ -7,12 +7,11 @@ pipeline for one aten graph, top to bottom:
 
 1. write the aten graph to the log and the debug folder;
 2. pick the code generator for the graph's device;
-3. on CUDA, pad 16-bit matrix products whose rows are not 16-byte aligned where that is
-   faster (:mod:`kiln.padding`); freeze an inference graph: split off what its
-   parameters and buffers alone compute
-   (batch norms folded into convolutions, weights laid out), computed once
-   (:mod:`kiln.freezing`); give convolution biases on CUDA to the kernel after them
-   (:func:`kiln.folding.biases_after_convolutions`);
+3. rewrite it (``AtenCompiler.rewrite``): on CUDA, pad 16-bit matrix products whose
+   rows are not 16-byte aligned where that is faster (:mod:`kiln.padding`); freeze an
+   inference graph, splitting off what its parameters and buffers alone compute, computed
+   once (:mod:`kiln.freezing`: batch norms folded, weights laid out); on CUDA, give
+   convolution biases to the kernel after the convolution (:mod:`kiln.folding`);
 4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
    kiln-autograd rebuilt from its record (a warm start, :mod:`kiln.signature_records`) is
@@ -255,16 +254,20 @@ class AtenCompiler:
     def rewrite(self, gm: torch.fx.GraphModule, example_inputs, device: torch.device):
         """``(graph, example inputs, frozen graph or None)``: on CUDA, badly aligned
         products padded where faster; an inference graph frozen; on CUDA, convolution
-        biases added by the kernel after the convolution. A graph these changed is dumped
-        as ``<kind>_aten_rewritten.py``."""
+        biases added by the kernel after the convolution. A rewrite that fails is skipped
+        (logged on ``kiln.fallbacks``). A graph these changed is dumped as
+        ``<kind>_aten_rewritten.py``."""
         original = gm
         if device.type == "cuda":
-            gm = padding.padded_products(gm) or gm
-        frozen = self.freeze(gm, example_inputs)
+            gm = self.optional("padding products", padding.padded_products, gm) or gm
+        frozen = None
+        if self.options.freezing:
+            frozen = self.optional("freezing", freezing.freeze, gm, example_inputs)
         if frozen is not None:
+            self.show_frozen(frozen)
             gm, example_inputs = frozen.graph, frozen.example_inputs
         if device.type == "cuda" and self.kind == "forward":
-            gm = folding.biases_after_convolutions(gm) or gm
+            gm = self.optional("moving biases", folding.biases_after_convolutions, gm) or gm
         if gm is not original and (self.frame.folder is not None or logs.enabled("graph")):
             code = gm.print_readable(print_output=False)
             logs.logger("graph").info(
@@ -273,30 +276,27 @@ class AtenCompiler:
             self.frame.dump(self.frame.file_name(f"{self.kind}_aten_rewritten.py"), code)
         return gm, example_inputs, frozen
 
-    def freeze(self, gm: torch.fx.GraphModule, example_inputs) -> FrozenGraph | None:
-        """An inference graph with what its unwritten state alone computes split off
-        (:mod:`kiln.freezing`), or None (nothing to split, ``freezing`` off, or it failed:
-        logged on ``kiln.fallbacks``, the graph is compiled as it is)."""
-        if not self.options.freezing:
-            return None
+    def optional(self, what: str, rewrite: Callable, *args):
+        """``rewrite(*args)``, or None where it raises (logged: the graph is compiled
+        without it; with ``options={"fallback": False}`` it raises)."""
         try:
-            frozen = freezing.freeze(gm, example_inputs)
-        except Exception as exc:  # noqa: BLE001 - the graph is compiled unfrozen
+            return rewrite(*args)
+        except Exception as exc:  # noqa: BLE001 - the graph is compiled without it
             if not self.options.fallback:
                 raise
             logs.logger("fallbacks").info(
-                "%s %s graph: freezing failed; compiled as traced",
-                self.frame.describe(), self.kind, exc_info=exc,
+                "%s %s graph: %s failed; compiled without it",
+                self.frame.describe(), self.kind, what, exc_info=exc,
             )  # fmt: skip
             return None
-        if frozen is not None:
-            logs.logger("graph").info(
-                "%s %s graph, frozen (%d batch norms folded, %d weights laid out):\n%s",
-                self.frame.describe(), self.kind, frozen.folded_batch_norms,
-                frozen.laid_out_weights, frozen.source(),
-            )  # fmt: skip
-            self.frame.dump(self.frame.file_name(f"{self.kind}_frozen.py"), frozen.source())
-        return frozen
+
+    def show_frozen(self, frozen: FrozenGraph) -> None:
+        logs.logger("graph").info(
+            "%s %s graph, frozen (%d batch norms folded, %d weights laid out):\n%s",
+            self.frame.describe(), self.kind, frozen.folded_batch_norms,
+            frozen.laid_out_weights, frozen.source(),
+        )  # fmt: skip
+        self.frame.dump(self.frame.file_name(f"{self.kind}_frozen.py"), frozen.source())
 
     def pick_codegen(self, device: torch.device) -> object | None:
         """The code generator for ``device``; with ``backend="auto"`` and none installed,
