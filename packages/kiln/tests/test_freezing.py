@@ -41,6 +41,12 @@ def randomized(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
+def seeded_block() -> tuple[ConvBlock, torch.Tensor]:
+    """A :class:`ConvBlock` with random statistics and an input, the same at every test."""
+    torch.manual_seed(0)
+    return randomized(ConvBlock()), torch.randn(2, 3, 12, 12)
+
+
 def compile_with_dumps(model, tmp_path, **options):
     options = {"debug_dir": str(tmp_path), "cache": False, **options}
     return kiln.compile(model, options=options)
@@ -63,10 +69,8 @@ def call_without_fallback(fn, *args):
 
 
 def test_batch_norms_fold_into_the_convolutions_before_them(tmp_path):
-    torch.manual_seed(0)
-    model = randomized(ConvBlock())
+    model, x = seeded_block()
     compiled = compile_with_dumps(copy.deepcopy(model), tmp_path)
-    x = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         expected = model(x)
         actual = call_without_fallback(compiled, x)
@@ -78,10 +82,8 @@ def test_batch_norms_fold_into_the_convolutions_before_them(tmp_path):
 
 
 def test_a_write_in_place_to_the_state_is_seen_at_the_next_call(tmp_path):
-    torch.manual_seed(0)
-    model = randomized(ConvBlock())
+    model, x = seeded_block()
     compiled = compile_with_dumps(model, tmp_path)
-    x = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         first = call_without_fallback(compiled, x)
         model.conv.weight.mul_(-0.5)  # as an optimizer step would
@@ -95,10 +97,8 @@ def test_a_write_in_place_to_the_state_is_seen_at_the_next_call(tmp_path):
 
 
 def test_loaded_weights_and_a_new_parameter_are_read(tmp_path):
-    torch.manual_seed(0)
-    model = randomized(ConvBlock())
+    model, x = seeded_block()
     compiled = compile_with_dumps(model, tmp_path)
-    x = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         call_without_fallback(compiled, x)
         model.load_state_dict(randomized(ConvBlock()).state_dict())
@@ -108,10 +108,8 @@ def test_loaded_weights_and_a_new_parameter_are_read(tmp_path):
 
 
 def test_freezing_off_reads_the_state_at_every_call(tmp_path):
-    torch.manual_seed(0)
-    model = randomized(ConvBlock())
+    model, x = seeded_block()
     compiled = compile_with_dumps(copy.deepcopy(model), tmp_path, freezing=False)
-    x = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         torch.testing.assert_close(call_without_fallback(compiled, x), model(x))
     assert not list(tmp_path.glob("frame*/forward_frozen.py"))
@@ -120,11 +118,9 @@ def test_freezing_off_reads_the_state_at_every_call(tmp_path):
 
 
 def test_a_training_step_is_not_frozen(tmp_path):
-    torch.manual_seed(0)
-    model = randomized(ConvBlock())
+    model, x = seeded_block()
     twin = copy.deepcopy(model)
     compiled = compile_with_dumps(twin, tmp_path)
-    x = torch.randn(2, 3, 12, 12)
     for _ in range(2):  # the parameters change between the steps
         expected = model(x)
         actual = call_without_fallback(compiled, x)
@@ -259,10 +255,8 @@ def test_a_graph_whose_frozen_values_would_take_too_much_memory_is_not_frozen(
     from kiln import freezing
 
     monkeypatch.setattr(freezing, "MAX_DERIVED_BYTES", 100)  # the fold takes more
-    torch.manual_seed(0)
-    model = randomized(ConvBlock())
+    model, x = seeded_block()
     compiled = compile_with_dumps(copy.deepcopy(model), tmp_path)
-    x = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         torch.testing.assert_close(call_without_fallback(compiled, x), model(x))
     assert not list(tmp_path.glob("frame*/forward_frozen.py"))
@@ -276,10 +270,8 @@ def test_a_freezing_that_fails_costs_only_the_freezing(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(freezing, "freeze", broken)
     caplog.set_level(logging.INFO, logger="kiln.fallbacks")
-    torch.manual_seed(0)
-    model = randomized(ConvBlock())
+    model, x = seeded_block()
     compiled = compile_with_dumps(copy.deepcopy(model), tmp_path)
-    x = torch.randn(2, 3, 12, 12)
     with torch.no_grad():
         torch.testing.assert_close(call_without_fallback(compiled, x), model(x))
     assert "freezing failed; compiled without it" in caplog.text
