@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import torch
 from kiln_checks import compile_checked
-from timing import markdown_table, take_turns
+from timing import markdown_table, take_turns, thread_counts
 
 REPEATS = 15
 ROW = "ROW "  # a child process's result lines start with this
@@ -228,13 +228,6 @@ def run_threads(threads: int) -> None:
         except Exception as exc:  # a failing case is a row, the others still run
             row = {"case": name, "threads": threads, "us": None, "note": f"error: {exc!r}"}
         print(ROW + json.dumps(row), flush=True)
-
-
-def thread_counts() -> list[int]:
-    given = os.environ.get("KILN_BENCH_THREADS", "")
-    if given:
-        return [int(t) for t in given.split(",") if t.strip()]
-    return sorted({1, os.cpu_count() or 1})
 
 
 def format_row(row: dict) -> list[str]:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import thread_counts
 
 import kiln_autograd
 import kiln_loopir
@@ -217,13 +218,6 @@ def run_threads(threads: int) -> None:
             row = {"case": name, "threads": threads, "model": model}
             row["ms"] = _measure(fn, kiln, inputs)
             print(ROW + json.dumps(row), flush=True)
-
-
-def thread_counts() -> list[int]:
-    given = os.environ.get("KILN_BENCH_THREADS", "")
-    if given:
-        return [int(t) for t in given.split(",") if t.strip()]
-    return sorted({1, os.cpu_count() or 1})
 
 
 def measure() -> list[dict]:

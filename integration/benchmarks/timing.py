@@ -6,6 +6,7 @@ Not a benchmark itself (``bench.py`` and ``gpu.py`` run only ``bench_*.py``).
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -69,3 +70,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], nume
     rule = ["---"] + ["---:"] * numeric + ["---"] * (len(header) - 1 - numeric)
     lines = [header, rule, *rows]
     return "\n".join("| " + " | ".join(str(c) for c in line) + " |" for line in lines)
+
+
+def thread_counts() -> list[int]:
+    """The CPU thread counts to measure: ``$KILN_BENCH_THREADS`` (comma-separated), else one
+    thread and every core."""
+    given = os.environ.get("KILN_BENCH_THREADS", "")
+    if given:
+        return [int(t) for t in given.split(",") if t.strip()]
+    return sorted({1, os.cpu_count() or 1})
