@@ -15,9 +15,10 @@ A kernel may also have a second loop after the reduction that stores elementwise
 normalized tensor). Its finish runs as many programs as the first launch: each combines
 its output block's partials (every program the same, in the same order) and walks its own
 chunk of the second loop. The per-output results the kernel stores after the reduction
-(the statistics, a running average) are stored by the programs of the first chunk alone. Such a kernel qualifies when its second loop computes nothing from a
-buffer stored per output (a running average read after its update) and reads each buffer
-it stores only where it stores it.
+(the statistics, a running average) are stored by the programs of the first chunk alone.
+Such a kernel qualifies when its second loop computes nothing from a buffer stored per
+output (a running average read after its update) and reads each buffer it stores only
+where it stores it.
 """
 
 from __future__ import annotations
