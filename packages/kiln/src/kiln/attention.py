@@ -27,6 +27,8 @@ import operator
 import torch
 import torch.fx
 
+from kiln.graph_edits import value
+
 MATMUL = (operator.matmul, torch.matmul)
 SOFTMAX = (torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax)
 TRANSPOSE = (torch.transpose, torch.Tensor.transpose)
@@ -179,8 +181,7 @@ def _calls(node: object, targets: tuple) -> bool:
 
 
 def _val(node: object) -> torch.Tensor | None:
-    val = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
+    return value(node, "example_value")
 
 
 def _erase_chain(graph: torch.fx.Graph, out: torch.fx.Node) -> None:

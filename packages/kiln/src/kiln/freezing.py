@@ -76,12 +76,14 @@ def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Frozen
     folded = folding.fold_batch_norms(graph, state)
     laid_out = folding.lay_out_weights(graph, state)
     constant = _constant_nodes(graph, state)
-    derived = [n for n in constant if _computes(n, constant) and _used_outside(n, constant)]
-    if not derived or _bytes(derived) > MAX_DERIVED_BYTES:
-        if derived:
-            log.info("not frozen: it would keep %.1f GiB of values", _bytes(derived) / 2**30)
+    members = set(constant)
+    derived = [n for n in constant if _computes(n, members) and _used_outside(n, members)]
+    if not derived:
         return None
-    needed = _ancestors(derived, constant)
+    if (size := _bytes(derived)) > MAX_DERIVED_BYTES:
+        log.info("not frozen: it would keep %.1f GiB of values", size / 2**30)
+        return None
+    needed = _ancestors(derived, members)
     state_graph, read = _state_graph(graph, needed, derived, state)
     _read_as_inputs(graph, derived, needed, constant)
     graph.lint()
@@ -189,15 +191,14 @@ def _is_view(node: torch.fx.Node) -> bool:
     return node.target is operator.getitem or bool(getattr(node.target, "is_view", False))
 
 
-def _computes(node: torch.fx.Node, constant: list[torch.fx.Node]) -> bool:
+def _computes(node: torch.fx.Node, members: set[torch.fx.Node]) -> bool:
     """Whether ``node`` or a constant op it reads does more than view the state."""
     if not _is_view(node):
         return True
-    return any(_computes(x, constant) for x in node.all_input_nodes if x in constant)
+    return any(_computes(x, members) for x in node.all_input_nodes if x in members)
 
 
-def _used_outside(node: torch.fx.Node, constant: list[torch.fx.Node]) -> bool:
-    members = set(constant)
+def _used_outside(node: torch.fx.Node, members: set[torch.fx.Node]) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor) and any(
         user not in members for user in node.users
     )
@@ -208,8 +209,8 @@ def _bytes(nodes: list[torch.fx.Node]) -> int:
     return sum(v.numel() * v.element_size() for v in vals)
 
 
-def _ancestors(nodes: list[torch.fx.Node], constant: list[torch.fx.Node]) -> set[torch.fx.Node]:
-    members, found, todo = set(constant), set(), list(nodes)
+def _ancestors(nodes: list[torch.fx.Node], members: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    found, todo = set(), list(nodes)
     while todo:
         node = todo.pop()
         if node in found:

@@ -10,9 +10,10 @@ import torch
 import torch.fx
 
 
-def value(node: object) -> torch.Tensor | None:
-    """A node's fake tensor, or None (not a node, or not a tensor)."""
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+def value(node: object, key: str = "val") -> torch.Tensor | None:
+    """A node's fake tensor, or None (not a node, or not a tensor). ``key``: where the node
+    keeps it (``"example_value"`` in a captured graph)."""
+    val = node.meta.get(key) if isinstance(node, torch.fx.Node) else None
     return val if isinstance(val, torch.Tensor) else None
 
 
