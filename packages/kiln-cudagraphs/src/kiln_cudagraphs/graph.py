@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from kiln_cudagraphs.copies import copy_all
 from kiln_cudagraphs.outputs import OutputPlan
 from kiln_cudagraphs.pool import GraphPool, shared_pool
 from kiln_cudagraphs.syncs import run_watching_host_syncs
@@ -172,7 +173,7 @@ class RecordedGraph:
         self.pool.order_streams()  # first: the input copies wait for the last replay too
         buffers, indices = self._copies
         if buffers:  # before invalidating: an input may be an output of the last replay
-            torch._foreach_copy_(buffers, [inputs[i] for i in indices])
+            copy_all(buffers, [inputs[i] for i in indices])
         self.pool.replaying(self)
         self.replay()
         return self._hand_out(inputs)

@@ -4,10 +4,10 @@ A graph writes its outputs into the same memory at every replay. Under
 ``mode="reduce-overhead"`` the caller gets tensors over that memory, made to raise once a
 later replay overwrites them (:meth:`OutputPlan.hand_out`). Fresh outputs
 (:meth:`OutputPlan.fresh`, the default mode) are copies: the bytes each group of outputs
-sharing one block of graph memory spans are copied, all groups into one new block with one
-multi-tensor copy, and the outputs are rebuilt on it with their size, stride and offset
-(outputs that were views of one another still are). An output that is an input, or a view
-of one, is rebuilt on the caller's input of this call.
+sharing one block of graph memory spans are copied, all groups into one new block (small
+groups in one multi-tensor copy, large ones a copy each), and the outputs are rebuilt on it
+with their size, stride and offset (outputs that were views of one another still are). An
+output that is an input, or a view of one, is rebuilt on the caller's input of this call.
 
 Fresh outputs may name some outputs ``kept``: a forward graph's saved tensors, which only
 its backward reads and which die once it ran. Those are handed out over graph memory
@@ -21,6 +21,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from kiln_cudagraphs.copies import copy_all
 
 _ALIGN = 16  # bytes: copies start on this boundary, as the graph's memory did
 
@@ -169,7 +171,7 @@ class OutputPlan:
         if nbytes:
             block = torch.empty(nbytes, dtype=torch.uint8, device=self.spans[0].device)
             targets = [block[start : start + self.spans[g].numel()] for g, start in starts.items()]
-            torch._foreach_copy_(targets, [self.spans[g] for g in starts])
+            copy_all(targets, [self.spans[g] for g in starts])
             copies = self._block_views(block.untyped_storage())
         if self._kept_window is None:
             return self._assemble(copies, inputs)

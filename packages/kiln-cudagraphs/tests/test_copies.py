@@ -1,0 +1,33 @@
+"""copy_all copies every pair, large tensors alone and the rest in one multi-tensor copy."""
+
+import torch
+
+from kiln_cudagraphs import copies
+from kiln_cudagraphs.copies import ALONE_BYTES, copy_all
+
+
+def test_every_pair_is_copied_large_ones_alone(monkeypatch):
+    large = ALONE_BYTES // 4 + 7  # float32 elements past the threshold
+    sources = [torch.randn(large), torch.randn(3, 5), torch.randn(17).to(torch.bfloat16)]
+    sources.append(torch.randn(large // 2, 2).t())  # large and strided
+    targets = [torch.empty_like(s) for s in sources]
+    together: list[int] = []
+    real = torch._foreach_copy_
+
+    def counting(ts, ss):
+        together.append(len(ts))
+        return real(ts, ss)
+
+    monkeypatch.setattr(copies.torch, "_foreach_copy_", counting)
+    copy_all(targets, sources)
+    for target, source in zip(targets, sources, strict=True):
+        assert torch.equal(target, source)
+    assert together == [2]  # the two small ones, in one call
+
+
+def test_nothing_small_makes_no_multi_tensor_call(monkeypatch):
+    monkeypatch.setattr(copies.torch, "_foreach_copy_", None)
+    source = torch.randn(ALONE_BYTES)
+    target = torch.empty_like(source)
+    copy_all([target], [source])
+    assert torch.equal(target, source)
