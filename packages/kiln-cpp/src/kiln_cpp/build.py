@@ -22,10 +22,12 @@ temporary folder instead.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import contextvars
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -42,6 +44,7 @@ except ImportError:  # not POSIX: the per-process lock alone
     fcntl = None
 
 from kiln_cpp import cache_dirs
+from kiln_cpp.__about__ import __version__
 from kiln_cpp.errors import CppCompileError
 
 # -fno-math-errno and -fno-trapping-math change no result: they let the compiler vectorise
@@ -138,9 +141,70 @@ def cpu_features(path: str) -> str:
 @functools.cache
 def optional_flags(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(compile flags, link flags)`` of :data:`OPTIONAL_FLAGS` that the compiler accepts
-    here (``KILN_LIBMVEC``: glibc's ``libmvec`` links, see :mod:`kiln_cpp.vecmath`)."""
+    here (``KILN_LIBMVEC``: glibc's ``libmvec`` links, see :mod:`kiln_cpp.vecmath`).
+
+    Probing runs the compiler once per entry (about 0.13 s with g++), so its answer is kept
+    in the library cache as ``probe-<key>.json`` (see :func:`probe_key`) and read back by
+    later processes; where the cache is turned off or refused, every process probes."""
+    folder = cache_dirs.private_folder("KILN_CPP_CACHE_DIR", "cpp")
+    record = None
+    if folder is not None:
+        with contextlib.suppress(OSError):  # no such compiler: the probes fail below
+            record = folder / f"probe-{probe_key(path)}.json"
+    accepted = _read_probe(record) if record is not None else None
+    if accepted is None:
+        accepted = _probe(path)
+        if record is not None:
+            with contextlib.suppress(OSError):  # probed all the same; the next process probes
+                _write_atomic(record, json.dumps({"accepted": accepted}).encode())
     compile_flags: tuple[str, ...] = ()
     link_flags: tuple[str, ...] = ()
+    for k in accepted:
+        flags, libs, _ = OPTIONAL_FLAGS[k]
+        compile_flags += flags
+        link_flags += libs
+    return compile_flags, link_flags
+
+
+def probe_key(path: str) -> str:
+    """What the probe's answer depends on, hashed: the compiler (its resolved path, size and
+    modification time: a new or upgraded compiler is another file), the C library the
+    probes link against, the machine, kiln-cpp's version and the probes themselves."""
+    info = os.stat(path)
+    parts = (
+        os.path.realpath(path),
+        str(info.st_size),
+        str(info.st_mtime_ns),
+        " ".join(platform.libc_ver()),
+        platform.machine(),
+        __version__,
+        " ".join(CXX_FLAGS),
+        repr(OPTIONAL_FLAGS),
+    )
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _read_probe(record: Path) -> list[int] | None:
+    """The indices into :data:`OPTIONAL_FLAGS` a probe record holds; None where it is
+    missing or not one this module wrote (it selects among known flags, never adds one)."""
+    try:
+        accepted = json.loads(record.read_text())["accepted"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(accepted, list) or not all(
+        isinstance(k, int) and 0 <= k < len(OPTIONAL_FLAGS) for k in accepted
+    ):
+        return None
+    return sorted(set(accepted))
+
+
+def _probe(path: str) -> list[int]:
+    """The indices of :data:`OPTIONAL_FLAGS` whose probe the compiler builds and links."""
+    accepted = []
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-probe") as folder:
         for k, (flags, libs, probe) in enumerate(OPTIONAL_FLAGS):
             src, lib = Path(folder) / f"probe{k}.cpp", Path(folder) / f"probe{k}.so"
@@ -150,9 +214,8 @@ def optional_flags(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
                 subprocess.run(command, capture_output=True, check=True)
             except (OSError, subprocess.CalledProcessError):
                 continue
-            compile_flags += flags
-            link_flags += libs
-    return compile_flags, link_flags
+            accepted.append(k)
+    return accepted
 
 
 def cache_key(source: str | Sequence[str], cxx: str, host: str | None = None) -> str:
