@@ -24,6 +24,7 @@ EXTERN_OPS = (
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
     aten.scaled_dot_product_attention.default,
+    aten._addmm_activation.default,  # a product with its activation in cuBLASLt's epilogue
 )  # fmt: skip
 _LOGGED: set[str] = set()
 
