@@ -47,6 +47,7 @@ def _micro_cases() -> dict[str, tuple[Callable, list[torch.Tensor]]]:
     u, v = torch.randn(n * n), torch.randn(n * n)
     small_a, small_b = torch.randn(256, 1, 64), torch.randn(1, 256, 64)
     m1, m2, bias = torch.randn(256, 512), torch.randn(512, 512), torch.randn(512)
+    tall = torch.randn(n * 64, 16)
     return {
         "pointwise chain (a*b+1).relu().sigmoid()": (
             lambda a, c: torch.sigmoid(torch.relu(a * c + 1)) * a,
@@ -56,6 +57,8 @@ def _micro_cases() -> dict[str, tuple[Callable, list[torch.Tensor]]]:
         "layernorm + gelu": (lambda a, w, b: F.gelu(F.layer_norm(a, (n,), w, b)), [x, w, b]),
         "row sum": (lambda a: a.sum(-1), [x]),
         "column sum": (lambda a: a.sum(0), [x]),
+        "full sum (1M)": (lambda a: a.sum(), [u]),
+        "tall column sum (65536 x 16)": (lambda a: a.sum(0), [tall]),
         "var_mean rows": (lambda a: torch.var_mean(a, -1), [x]),
         "transpose + add": (lambda a, c: a.t() + c, [x, y]),
         "gather rows": (lambda a, i: torch.gather(a, 1, i) * 2, [x, index]),

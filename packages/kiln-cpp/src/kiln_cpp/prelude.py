@@ -14,6 +14,7 @@ PRELUDE = (
 #include <cstring>
 #include <limits>
 #include <vector>
+#include <omp.h>
 
 namespace kiln {
 
@@ -38,6 +39,18 @@ inline int64_t pow_by_natural(int64_t base, int64_t exp) {
     b *= b;
   }
   return static_cast<int64_t>(out);
+}
+// how many contiguous chunks of its reduction a kernel runs on threads of their own (see
+// kiln_cpp/split.py): where its `outer` parallel units leave threads idle, enough chunks per
+// unit to occupy them all, each at least `min_points` of the kernel's `points`, at most
+// `steps` (the split loop's length) and `most`
+inline int64_t split_chunks(int64_t points, int64_t outer, int64_t steps, int64_t min_points,
+                            int64_t most) {
+  const int64_t threads = omp_get_max_threads();
+  if (outer <= 0 || outer >= threads) return 1;
+  int64_t chunks = (threads + outer - 1) / outer;
+  chunks = std::min({chunks, points / (outer * min_points), steps, most});
+  return std::max<int64_t>(chunks, 1);
 }
 template <typename T> inline T truncdiv(T a, T b) { return b == 0 ? 0 : a / b; }
 template <typename T> inline T fmod_int(T a, T b) { return b == 0 ? 0 : a % b; }

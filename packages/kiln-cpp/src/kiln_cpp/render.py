@@ -1,9 +1,11 @@
 """A kernel as one ``extern "C"`` C++ function (returning 1 when an indirect index was out of
 range): the outer loops (parallel with OpenMP above a size threshold), the reduction loops
 inside them, and the body the handler rendered; the innermost loop is vectorised
-(:mod:`kiln_cpp.vectorize`). A pointwise kernel whose body compares a loop variable with
-constants (``cat``, padding) runs as one loop nest per piece of that loop, each rendered
-with the comparisons decided (:mod:`kiln_cpp.index_facts`)."""
+(:mod:`kiln_cpp.vectorize`). A full or column reduction whose outer loop would leave
+threads idle runs its reduction in chunks across threads (:mod:`kiln_cpp.split`). A
+pointwise kernel whose body compares a loop variable with constants (``cat``, padding) runs
+as one loop nest per piece of that loop, each rendered with the comparisons decided
+(:mod:`kiln_cpp.index_facts`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from kiln_cpp.dtypes import value_type
 from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
 from kiln_cpp.index_facts import pieces
 from kiln_cpp.printer import cexpr
+from kiln_cpp.split import column_split, column_split_lines, full_reduction, full_reduction_lines
 from kiln_cpp.vectorize import (
     column_reduction,
     column_reduction_lines,
@@ -158,16 +161,23 @@ def render_kernel(kernel: Kernel) -> str:
         return "\n".join(lines) + "\n"
     items = merge_independent_loops(handler.items)
     items = reuse_across_loops(items, *_reduction_point(kernel))
+    if not handler.has_scatter and full_reduction(kernel, items):
+        lines += [ind + line for line in full_reduction_lines(kernel, items[0], items[1:], ind)]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
     if not handler.has_scatter and column_reduction(kernel, items):
-        body = column_reduction_lines(
-            _loops("x", kernel.ranges, ""),
-            [cexpr(r) for r in kernel.ranges],
-            _parallel_when(kernel),
-            _loops("r", kernel.reduction_ranges, ""),
-            items[0],
-            items[1:],
-            ind,
-        )
+        if column_split(kernel, items):
+            body = column_split_lines(kernel, items[0], items[1:], _parallel_when(kernel), ind)
+        else:
+            body = column_reduction_lines(
+                _loops("x", kernel.ranges, ""),
+                [cexpr(r) for r in kernel.ranges],
+                _parallel_when(kernel),
+                _loops("r", kernel.reduction_ranges, ""),
+                items[0],
+                items[1:],
+                ind,
+            )
         lines += [ind + line for line in body]
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"

@@ -1,0 +1,110 @@
+"""Full and column reductions split across threads (``kiln_cpp.split``): equal to eager at
+one and two threads, on fresh random inputs, with the partials combined in a fixed order."""
+
+import math
+
+import pytest
+import torch
+
+from kiln_cpp import CppCodegen
+from kiln_cpp.codegen import CppKernel
+from kiln_cpp.split import SPLIT_MIN_POINTS
+from kiln_loopir.testing import compile_fn
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def _split_kernel(compiled, codegen):
+    """The split kernel, after checking kiln-cpp built it into the library it loaded."""
+    (kernel,) = [k for k in compiled.kernels if "kiln::split_chunks(" in k.source]
+    assert isinstance(kernel.fn, CppKernel), kernel.fn
+    assert codegen.builds + codegen.cache_hits == 1 and codegen.last_library.exists()
+    return kernel
+
+
+def _check(fn, inputs, expect_split=True, rtol=1e-5):
+    codegen = CppCodegen()
+    compiled = compile_fn(fn, inputs, codegen=codegen)
+    fresh = [torch.randn_like(x) + 0.5 if x.is_floating_point() else x for x in inputs]
+    got, want = compiled(*fresh), fn(*fresh)
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=rtol, atol=1e-6, equal_nan=True)
+    if expect_split:
+        _split_kernel(compiled, codegen)
+    else:
+        assert all("kiln::split_chunks(" not in k.source for k in compiled.kernels)
+    return compiled, fresh
+
+
+@pytest.mark.parametrize("n", [1 << 20, 1_000_003])  # chunks of equal and unequal length
+def test_full_float_sum(threads, n):
+    _check(lambda a: (a.sum(), a.mean()), [torch.randn(n) + 0.5])
+
+
+def test_full_max_min_and_a_nan_in_the_last_chunk(threads):
+    x = torch.randn(1 << 20)
+    _check(lambda a: (a.amax(), a.amin()), [x])
+    compiled, _ = _check(lambda a: a.amax(), [x])
+    x[-3] = math.nan
+    assert torch.isnan(compiled(x)[0])
+
+
+def test_full_product_any_all_and_integer_sum(threads):
+    x = 1 + torch.randn(300_000) * 1e-4
+    _check(lambda a: a.prod(), [x], rtol=1e-4)  # eager multiplies in float
+    i = torch.randint(-1000, 1000, (400_000,))
+    compiled, _ = _check(lambda a: a.sum(), [i])
+    assert compiled(i)[0].item() == i.sum().item()
+    b = torch.randn(400_000)
+    compiled, _ = _check(lambda a: ((a > 4.5).any(), (a > -6).all()), [b])
+    b[-5] = 10.0
+    assert compiled(b)[0].item() is True
+
+
+def test_full_sum_of_a_strided_view_splits_its_first_reduction_dim(threads):
+    x = torch.randn(1024, 257) + 0.5
+    _check(lambda a: a[:, ::2].sum(), [x])
+
+
+@pytest.mark.parametrize("shape", [(65536, 16), (40_000, 21)])
+def test_tall_column_sums(threads, shape):
+    _check(lambda a: (a.sum(0), a.amax(0), (a > 3.9).amax(0)), [torch.randn(shape) + 0.5])
+
+
+def test_column_sum_over_a_middle_dimension(threads):
+    _check(lambda a: a.sum(1) * 2, [torch.randn(3, 30_000, 5) + 0.5])
+
+
+def test_symbolic_sizes_choose_their_chunks_when_they_run(threads):
+    for fn, shapes in (
+        (lambda a: a.sum(), [(300_000,), (200_001,)]),
+        (lambda a: a.sum(0), [(50_000, 7), (70_001, 9)]),
+    ):
+        first, second = (torch.randn(shape) + 0.5 for shape in shapes)
+        codegen = CppCodegen()
+        compiled = compile_fn(fn, [first], codegen=codegen, dynamic=True)
+        _split_kernel(compiled, codegen)
+        for x in (first, second):
+            torch.testing.assert_close(compiled(x)[0], fn(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_same_result_every_call(threads):
+    x = torch.randn(1 << 20) + 0.5
+    compiled, _ = _check(lambda a: a.sum(), [x])
+    first = compiled(x)[0]
+    assert all(torch.equal(compiled(x)[0], first) for _ in range(20))
+
+
+def test_small_and_wide_reductions_keep_their_serial_form(threads):
+    _check(lambda a: a.sum(), [torch.randn(2 * SPLIT_MIN_POINTS - 1)], expect_split=False)
+    # 64 blocks of columns occupy 64 threads: never split
+    _check(lambda a: a.sum(0), [torch.randn(512, 1024)], expect_split=False)
