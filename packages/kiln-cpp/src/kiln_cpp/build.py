@@ -34,9 +34,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 try:
     import fcntl
@@ -85,6 +86,7 @@ OPTIONAL_FLAGS = (
     (("-mtune-ctrl=use_gather",), (), 'extern "C" int f() { return 0; }\n'),
 )
 LIBRARY = "kernels.so"
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -107,17 +109,33 @@ def compiler() -> str:
 
 @functools.cache
 def _compiler_version(path: str) -> str:
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise CppCompileError(f"the C++ compiler {path} does not run: {exc}") from exc
-    return out.stdout.strip()
+    """The compiler's ``--version`` output (remembered per compiler file, see
+    :func:`remembered`)."""
+
+    def ask() -> str:
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise CppCompileError(f"the C++ compiler {path} does not run: {exc}") from exc
+        return out.stdout.strip()
+
+    return remembered("version", _compiler_file(path), ask, lambda v: isinstance(v, str))
 
 
 @functools.cache
 def cpu_features(path: str) -> str:
     """What ``-march=native`` means here: the compiler's resolved target options (GCC),
-    else the CPU's flags from ``/proc/cpuinfo``, else the machine name."""
+    else the CPU's flags from ``/proc/cpuinfo``, else the machine name. Remembered per
+    compiler file and CPU (its identity and flags in ``/proc/cpuinfo``) where the CPU
+    tells them, else asked in every process."""
+    cpu = _cpu_identity()
+    if cpu is None:
+        return _resolve_native(path)
+    parts = (*_compiler_file(path), cpu)
+    return remembered("cpu", parts, lambda: _resolve_native(path), lambda v: isinstance(v, str))
+
+
+def _resolve_native(path: str) -> str:
     try:
         out = subprocess.run(
             [path, "-march=native", "-Q", "--help=target"],
@@ -138,25 +156,45 @@ def cpu_features(path: str) -> str:
     return platform.machine() + " " + platform.processor()
 
 
+# the lines of /proc/cpuinfo that say which CPU this is (not its clock or core number)
+_CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags",
+               "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision",
+               "Features")  # fmt: skip
+
+
+def _cpu_identity() -> str | None:
+    """The first processor's identity and flags from ``/proc/cpuinfo``; None where there
+    is none to read."""
+    found = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the end of the first processor
+                name = line.split(":", 1)[0].strip()
+                if name in _CPU_FIELDS:
+                    found.append(line.strip())
+    except OSError:
+        return None
+    return "\n".join(found) if any(ln.startswith(("flags", "Features")) for ln in found) else None
+
+
 @functools.cache
 def optional_flags(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(compile flags, link flags)`` of :data:`OPTIONAL_FLAGS` that the compiler accepts
     here (``KILN_LIBMVEC``: glibc's ``libmvec`` links, see :mod:`kiln_cpp.vecmath`).
 
-    Probing runs the compiler once per entry (about 0.13 s with g++), so its answer is kept
-    in the library cache as ``probe-<key>.json`` (see :func:`probe_key`) and read back by
-    later processes; where the cache is turned off or refused, every process probes."""
-    folder = cache_dirs.private_folder("KILN_CPP_CACHE_DIR", "cpp")
-    record = None
-    if folder is not None:
-        with contextlib.suppress(OSError):  # no such compiler: the probes fail below
-            record = folder / f"probe-{probe_key(path)}.json"
-    accepted = _read_probe(record) if record is not None else None
-    if accepted is None:
-        accepted = _probe(path)
-        if record is not None:
-            with contextlib.suppress(OSError):  # probed all the same; the next process probes
-                _write_atomic(record, json.dumps({"accepted": accepted}).encode())
+    Probing runs the compiler once per entry (about 0.13 s with g++), so its answer is
+    remembered (see :func:`remembered`) per compiler file, C library, machine, kiln-cpp
+    version and set of probes."""
+    parts = (
+        *_compiler_file(path),
+        " ".join(platform.libc_ver()),
+        platform.machine(),
+        " ".join(CXX_FLAGS),
+        repr(OPTIONAL_FLAGS),
+    )
+    accepted = remembered("probe", parts, lambda: _probe(path), _valid_probe)
     compile_flags: tuple[str, ...] = ()
     link_flags: tuple[str, ...] = ()
     for k in accepted:
@@ -166,40 +204,51 @@ def optional_flags(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return compile_flags, link_flags
 
 
-def probe_key(path: str) -> str:
-    """What the probe's answer depends on, hashed: the compiler (its resolved path, size and
-    modification time: a new or upgraded compiler is another file), the C library the
-    probes link against, the machine, kiln-cpp's version and the probes themselves."""
-    info = os.stat(path)
-    parts = (
-        os.path.realpath(path),
-        str(info.st_size),
-        str(info.st_mtime_ns),
-        " ".join(platform.libc_ver()),
-        platform.machine(),
-        __version__,
-        " ".join(CXX_FLAGS),
-        repr(OPTIONAL_FLAGS),
-    )
+def _compiler_file(path: str) -> tuple[str, ...]:
+    """The compiler as a file: its resolved path, size and modification time (a new or
+    upgraded compiler is another file); empty where there is none (nothing remembered)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ()
+    return (os.path.realpath(path), str(info.st_size), str(info.st_mtime_ns))
+
+
+def remembered(kind: str, parts: tuple[str, ...], ask: Callable[[], T], valid) -> T:
+    """What ``ask`` answers, kept in the library cache as ``<kind>-<key>.json`` (the key
+    hashes ``parts`` and kiln-cpp's version) and read back by later processes instead of
+    asking again (each answer here runs the compiler). A record that is missing, or holds
+    a value ``valid`` refuses, is asked again and rewritten; where the cache is turned off
+    or refused, or ``parts`` is empty, every process asks."""
+    folder = cache_dirs.private_folder("KILN_CPP_CACHE_DIR", "cpp") if parts else None
+    if folder is None:
+        return ask()
+    record = folder / f"{kind}-{record_key(parts)}.json"
+    try:
+        value = json.loads(record.read_text())["value"]
+        if valid(value):
+            return value
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    value = ask()
+    with contextlib.suppress(OSError):  # answered all the same; the next process asks
+        _write_atomic(record, json.dumps({"value": value}).encode())
+    return value
+
+
+def record_key(parts: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    for part in parts:
+    for part in (*parts, __version__):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
 
 
-def _read_probe(record: Path) -> list[int] | None:
-    """The indices into :data:`OPTIONAL_FLAGS` a probe record holds; None where it is
-    missing or not one this module wrote (it selects among known flags, never adds one)."""
-    try:
-        accepted = json.loads(record.read_text())["accepted"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(accepted, list) or not all(
-        isinstance(k, int) and 0 <= k < len(OPTIONAL_FLAGS) for k in accepted
-    ):
-        return None
-    return sorted(set(accepted))
+def _valid_probe(value: object) -> bool:
+    """A probe record selects among known flags, never adds one."""
+    return isinstance(value, list) and all(
+        isinstance(k, int) and 0 <= k < len(OPTIONAL_FLAGS) for k in value
+    )
 
 
 def _probe(path: str) -> list[int]:
