@@ -28,10 +28,16 @@ def _split_kernel(compiled, codegen):
     return kernel
 
 
+def _fresh(x):
+    stats = x.double()
+    return (torch.randn_like(stats) * stats.std() + stats.mean()).to(x.dtype)
+
+
 def _check(fn, inputs, expect_split=True, rtol=1e-5):
     codegen = CppCodegen()
     compiled = compile_fn(fn, inputs, codegen=codegen)
-    fresh = [torch.randn_like(x) + 0.5 if x.is_floating_point() else x for x in inputs]
+    # fresh values of the same mean and spread as the example's
+    fresh = [_fresh(x) if x.is_floating_point() else x for x in inputs]
     got, want = compiled(*fresh), fn(*fresh)
     got = got if isinstance(got, (tuple, list)) else (got,)
     want = want if isinstance(want, (tuple, list)) else (want,)
@@ -60,7 +66,11 @@ def test_full_max_min_and_a_nan_in_the_last_chunk(threads):
 
 def test_full_product_any_all_and_integer_sum(threads):
     x = 1 + torch.randn(300_000) * 1e-4
-    _check(lambda a: a.prod(), [x], rtol=1e-4)  # eager multiplies in float
+    # eager multiplies in float (about 4e-4 off after 300000 factors), kiln-cpp in double
+    compiled, (fresh,) = _check(lambda a: a.prod(), [x], rtol=1e-3)
+    torch.testing.assert_close(
+        compiled(fresh)[0].double(), fresh.double().prod(), rtol=1e-6, atol=0
+    )
     i = torch.randint(-1000, 1000, (400_000,))
     compiled, _ = _check(lambda a: a.sum(), [i])
     assert compiled(i)[0].item() == i.sum().item()
@@ -68,6 +78,18 @@ def test_full_product_any_all_and_integer_sum(threads):
     compiled, _ = _check(lambda a: ((a > 4.5).any(), (a > -6).all()), [b])
     b[-5] = 10.0
     assert compiled(b)[0].item() is True
+
+
+def test_full_welford_statistics_combine_their_chunks(threads):
+    x = torch.randn(1_000_003) * 3 + 50  # an offset mean: Chan's merge must keep m2 exact
+    _check(lambda a: torch.var_mean(a), [x])
+    _check(lambda a: (a.std(), a.var(correction=0)), [torch.randn(1000, 301)])
+    _check(lambda a: torch.var_mean(a[:, ::2]), [torch.randn(700, 401)])  # lanes inside r1
+
+
+def test_sums_in_lanes_add_their_lanes_into_the_chunks_partial(threads):
+    _check(lambda a: a.sum(), [torch.randn(300_001, dtype=torch.float64)])
+    _check(lambda a: a.sum(0), [torch.randn(65536, 16, dtype=torch.float64)])
 
 
 def test_full_sum_of_a_strided_view_splits_its_first_reduction_dim(threads):
@@ -105,6 +127,6 @@ def test_the_same_result_every_call(threads):
 
 
 def test_small_and_wide_reductions_keep_their_serial_form(threads):
-    _check(lambda a: a.sum(), [torch.randn(2 * SPLIT_MIN_POINTS - 1)], expect_split=False)
+    _check(lambda a: a.sum(), [torch.randn(2 * SPLIT_MIN_POINTS - 1) + 0.5], expect_split=False)
     # 64 blocks of columns occupy 64 threads: never split
-    _check(lambda a: a.sum(0), [torch.randn(512, 1024)], expect_split=False)
+    _check(lambda a: a.sum(0), [torch.randn(512, 1024) + 0.5], expect_split=False)

@@ -16,20 +16,24 @@ points (threads chosen by work size). A kernel known to be smaller than two chun
 its serial form.
 
 Only reductions whose partials combine as their points do are split: sums (in the
-accumulator's type, ``double`` for long float sums), products, ``max``/``min`` (a NaN
-carried by the chunk's epilogue into its partial), ``any``/``all``; each chunk runs the
-loop :func:`~kiln_cpp.vectorize.reduction_loop` or the column lanes render.
+accumulator's type, ``double`` for long float sums; a sum in lanes adds its lanes into the
+chunk's partial), products, ``max``/``min`` (a NaN carried by the chunk's epilogue into its
+partial), ``any``/``all``, and Welford mean and m2 (partials combined by Chan's formula, as
+the lanes of one chunk are). Each chunk runs the loop
+:func:`~kiln_cpp.vectorize.reduction_loop` or the column lanes render.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import sympy
 
 from kiln_cpp.printer import cexpr
-from kiln_cpp.vectorize import COLUMN_LANES, Accumulation, reduction_loop
+from kiln_cpp.vectorize import COLUMN_LANES, reduction_loop
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.symbols import index_vars
 
@@ -38,8 +42,10 @@ from kiln_loopir.symbols import index_vars
 SPLIT_MIN_POINTS = 32768
 # at most this many chunks (the length of a full reduction's array of partials)
 SPLIT_MAX_CHUNKS = 64
-_KINDS = ("sum", "dot", "prod", "max", "min", "any", "all")
+_KINDS = ("sum", "dot", "prod", "max", "min", "any", "all", "welford.mean", "welford.m2")
 _ACCUMULATOR = re.compile(r"^(?P<type>[\w:<>]+) (?P<acc>acc\d+) = (?P<init>.+);$")
+_WELFORD = re.compile(r"^(?P<type>kiln::Welford<[\w:]+>) (?P<acc>acc\d+);$")
+_WELFORD_REFERENCE = re.compile(r"^kiln::Welford<[\w:]+>& (?P<acc>acc\d+) = (?P<twin>acc\d+);$")
 _VALUE = re.compile(r"^tmp\d+$")
 CHUNK = "kiln_chunk"
 CHUNKS = "kiln_chunks"
@@ -49,22 +55,61 @@ def _points(kernel: Kernel) -> sympy.Expr:
     return sympy.expand(math.prod(kernel.ranges) * math.prod(kernel.reduction_ranges))
 
 
-def _combinable(loop, after: list) -> bool:
-    """Whether ``loop`` (a :class:`~kiln_cpp.handler.ReductionLoop`) reduces only into
-    accumulators declared by its prologue, one line each, whose update lines combine a
-    partial as they combine a point, and nothing after it is another loop."""
-    accs = loop.reductions
-    if not accs or len(loop.prologue) != len(accs) or any(not isinstance(i, str) for i in after):
-        return False
-    declared = [_ACCUMULATOR.match(line) for line in loop.prologue]
-    if any(m is None for m in declared) or [m["acc"] for m in declared] != [a.acc for a in accs]:
-        return False
-    for a in accs:
-        if a.kind not in _KINDS or a.lane_type or not _VALUE.match(a.value):
-            return False
+@dataclass
+class _Partial:
+    """An accumulator of the loop whose value each chunk hands on."""
+
+    acc: str
+    type: str  # its C++ type
+    welford: bool  # a kiln::Welford (combined by Chan's formula), else combined by its update
+
+
+def _partials(loop, after: list) -> list[_Partial] | None:
+    """The accumulators of ``loop`` (a :class:`~kiln_cpp.handler.ReductionLoop`), or None
+    where it does not split: each must be declared by its prologue and updated by one
+    reduction whose update lines combine a partial as they combine a point (or be a
+    Welford accumulator, or a reference to one), and nothing after the loop is another
+    loop."""
+    if not loop.reductions or any(not isinstance(i, str) for i in after):
+        return None
+    if any("_spill" in line or "_xs" in line for line in loop.body):
+        return None
+    partials: dict[str, _Partial] = {}
+    for line in loop.prologue:
+        if m := _ACCUMULATOR.match(line):
+            partials[m["acc"]] = _Partial(m["acc"], m["type"], False)
+        elif m := _WELFORD.match(line):
+            partials[m["acc"]] = _Partial(m["acc"], m["type"], True)
+        elif not ((m := _WELFORD_REFERENCE.match(line)) and m["twin"] in partials):
+            return None
+    if sorted(a.acc for a in loop.reductions) != sorted(partials):
+        return None
+    for a in loop.reductions:
+        if a.kind not in _KINDS or partials[a.acc].welford != a.kind.startswith("welford"):
+            return None
+        if partials[a.acc].welford:
+            continue
+        if not _VALUE.match(a.value):
+            return None
         if any(len(re.findall(rf"\b{a.value}\b", line)) != 1 for line in a.update):
-            return False
-    return not any("_spill" in line or "_xs" in line for line in loop.body)
+            return None
+    return list(partials.values())
+
+
+def _combine_lines(loop, partials: list[_Partial], part: Callable[[str], str]) -> list[str]:
+    """The lines that combine each accumulator's partial ``part(acc)`` into it: Chan's
+    formula for a Welford accumulator, else its update lines taking the partial where
+    they took the point's value."""
+    lines = [
+        f"{p.acc}.combine({part(p.acc)}.mean, {part(p.acc)}.m2, {part(p.acc)}.n);"
+        for p in partials
+        if p.welford
+    ]
+    welford = {p.acc for p in partials if p.welford}
+    for a in loop.reductions:
+        if a.acc not in welford:
+            lines += [re.sub(rf"\b{a.value}\b", part(a.acc), line) for line in a.update]
+    return lines
 
 
 def _worth_splitting(kernel: Kernel, units: str) -> bool:
@@ -75,11 +120,6 @@ def _worth_splitting(kernel: Kernel, units: str) -> bool:
     if points.is_Integer and int(points) < 2 * SPLIT_MIN_POINTS:
         return False
     return not (units.isdigit() and int(units) >= SPLIT_MAX_CHUNKS)
-
-
-def _combine(a: Accumulation, partial: str) -> list[str]:
-    """``a``'s update lines taking ``partial`` where they took the point's value."""
-    return [re.sub(rf"\b{a.value}\b", partial, line) for line in a.update]
 
 
 def _chunk_bounds(steps: str) -> list[str]:
@@ -116,7 +156,7 @@ def full_reduction(kernel: Kernel, items: list) -> bool:
     if kernel.ranges or not kernel.reduction_ranges or not items:
         return False
     loop, after = items[0], items[1:]
-    if not isinstance(loop, ReductionLoop) or not _combinable(loop, after):
+    if not isinstance(loop, ReductionLoop) or _partials(loop, after) is None:
         return False
     return _worth_splitting(kernel, "1")
 
@@ -124,31 +164,35 @@ def full_reduction(kernel: Kernel, items: list) -> bool:
 def full_reduction_lines(kernel: Kernel, loop, after: list[str], ind: str) -> list[str]:
     """A full reduction in chunks: each chunk's partials in arrays of
     :data:`SPLIT_MAX_CHUNKS`, combined in chunk order after the parallel loop."""
-    accs = [_ACCUMULATOR.match(line) for line in loop.prologue]
-    steps = cexpr(kernel.reduction_ranges[-1])
-    headers = _reduction_headers(kernel)
+    partials = _partials(loop, after)
+    assert partials is not None, "full_reduction said no"
+    n = len(kernel.reduction_ranges)
+    # the chunk's own range where the split loop is the last (a strip-mined one's blocks)
+    first, last_range = (
+        ("r0_start", "r0_stop") if n == 1 else ("0", cexpr(kernel.reduction_ranges[-1]))
+    )
     chunk_loop = reduction_loop(
-        headers,
-        f"r{len(kernel.reduction_ranges) - 1}",
-        steps,
+        _reduction_headers(kernel),
+        f"r{n - 1}",
+        last_range,
         loop.prologue,
         loop.body,
         loop.reductions,
         ind,
         f"kiln_oob{loop.id}",
+        first,
     )
-    partial = {m["acc"]: f"{m['acc']}_parts" for m in accs}
-    combine = [line for a in loop.reductions for line in _combine(a, f"{partial[a.acc]}[{CHUNK}]")]
+    combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{CHUNK}]")
     return [
         "{",
         ind + _chunks_line(kernel, "1"),
-        *[f"{ind}{m['type']} {partial[m['acc']]}[{SPLIT_MAX_CHUNKS}];" for m in accs],
+        *[f"{ind}{p.type} {p.acc}_parts[{SPLIT_MAX_CHUNKS}];" for p in partials],
         f"{ind}#pragma omp parallel for num_threads({CHUNKS}) schedule(static, 1) if({CHUNKS} > 1)",
         f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
         f"{ind}{{",
         *[ind * 2 + line for line in _chunk_bounds(cexpr(kernel.reduction_ranges[0]))],
         *[ind * 2 + line for line in chunk_loop],
-        *[f"{ind * 2}{partial[m['acc']]}[{CHUNK}] = {m['acc']};" for m in accs],
+        *[f"{ind * 2}{p.acc}_parts[{CHUNK}] = {p.acc};" for p in partials],
         f"{ind}}}",
         *[ind + line for line in loop.prologue],
         f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
@@ -180,7 +224,7 @@ def column_split(kernel: Kernel, items: list) -> bool:
     """Whether a column reduction (see :func:`kiln_cpp.vectorize.column_reduction`, which
     the caller checked) may leave threads idle and is worth splitting."""
     loop, after = items[0], items[1:]
-    if not _combinable(loop, after):
+    if _partials(loop, after) is None:
         return False
     return _worth_splitting(kernel, _column_units(kernel))
 
@@ -207,7 +251,9 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
     points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
     bind = [f"{m['type']}& {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
     partial = {m["acc"]: f"{m['acc']}_parts" for m in accs}
-    combine = [line for a in loop.reductions for line in _combine(a, f"{partial[a.acc]}[{slot}]")]
+    partials = _partials(loop, after)
+    assert partials is not None, "column_split said no"
+    combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{slot}]")
     headers = _reduction_headers(kernel)
     return [
         "{",

@@ -278,10 +278,11 @@ def reduction_loop(
     accs: list[Accumulation],
     ind: str,
     flag: str,
+    first: str = "0",
 ) -> list[str]:
     """The lines of one loop over the reduction ranges: ``loops`` are the ``for`` headers
-    (the last one over ``last_var`` < ``last_range``), ``body`` the handler's scalar body;
-    ``flag`` names the loop's own out-of-range flag."""
+    (the last one over ``first`` <= ``last_var`` < ``last_range``), ``body`` the handler's
+    scalar body; ``flag`` names the loop's own out-of-range flag."""
     lanes_body = flag_lanes(body, flag)
     plan = simd_pragma(accs) if loops and lanes_body is not None else None
     if plan is None or lanes_body is None:
@@ -317,11 +318,14 @@ def reduction_loop(
         for line in simd_body(lanes_body, accs)
     ]
     main_end = f"{last_var}_main"
+    whole_blocks = f"({last_range}) / {LANES} * {LANES}"
+    if first != "0":  # a chunk of the loop (see kiln_cpp.split)
+        whole_blocks = f"{first} + ({last_range} - {first}) / {LANES} * {LANES}"
     outer = loops[:-1]
     lines = [*outer, "{"] if outer else ["{"]
     lines += [
-        f"{ind}const int64_t {main_end} = ({last_range}) / {LANES} * {LANES};",
-        f"{ind}for (int64_t {last_var}_block = 0; {last_var}_block < {main_end}; "
+        f"{ind}const int64_t {main_end} = {whole_blocks};",
+        f"{ind}for (int64_t {last_var}_block = {first}; {last_var}_block < {main_end}; "
         f"{last_var}_block += {LANES})",
         f"{ind}{{",
         *[f"{ind * 2}{lanes[a.acc]}.next_block();" for a in welfords],
