@@ -75,6 +75,29 @@ def test_pointwise_producer_read_through_a_transpose_is_inlined():
     assert "sin(" in "\n".join(k.trace().lines)
 
 
+def test_pointwise_producer_read_through_strided_slices_is_inlined():
+    fn = lambda x: (x.exp()[:, ::2] * 3, x.exp()[1:, 1::3] + 1)  # noqa: E731
+    _, after = schedules(fn, [torch.randn(6, 10)])
+    assert all("exp(" in "\n".join(k.trace().lines) for k in kernels(after))
+    assert not any(k for k in kernels(after) if "store(buf0" in "\n".join(k.trace().lines))
+
+
+def test_small_chains_of_inlined_producers_inline_again():
+    # the padding of a max pooling (itself computing the ReLU before it) is computed at each
+    # window tap: one kernel after the shift, no padded buffer in memory
+    def fn(x, shift):
+        padded = F.pad(torch.relu(x + shift), (1, 1, 1, 1), value=float("-inf"))
+        out = padded[:, :, 0:7:2, 0:7:2]
+        for i, j in [(i, j) for i in range(3) for j in range(3)][1:]:
+            out = torch.maximum(out, padded[:, :, i : i + 7 : 2, j : j + 7 : 2])
+        return out
+
+    _, after = schedules(fn, [torch.randn(2, 4, 8, 8), torch.randn(4, 1, 1)])
+    assert len(kernels(after)) <= 2
+    lines = "\n".join("\n".join(k.trace().lines) for k in kernels(after))
+    assert "maximum(" in lines and "float('-inf')" in lines
+
+
 def test_scatter_is_never_fused():
     fn = lambda x, i, s: x.scatter_add(0, i, s) * 2  # noqa: E731
     inputs = [torch.randn(5, 3), torch.randint(0, 5, (4, 3)), torch.randn(4, 3)]

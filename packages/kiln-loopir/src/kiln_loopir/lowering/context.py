@@ -20,6 +20,11 @@ from kiln_loopir.ir import (
 )
 from kiln_loopir.symbols import contiguous_strides, to_expr
 
+# A producer that computes inlined producers itself is inlined in turn while its inner
+# function has at most this many operations (loads, index arithmetic and math): a batch
+# norm's shift, a ReLU and the padding of a max pooling read at each of its window's taps.
+MAX_INLINED_OPS = 24
+
 
 def val_layout(val: torch.Tensor) -> tuple[tuple, tuple, sympy.Expr]:
     """(size, stride, storage offset) of a (fake) tensor as sympy expressions."""
@@ -45,8 +50,8 @@ class LoweringContext:
         self._seed_ref: TensorRef | None = None
         self._random_calls = 0
         self.reserved: set[str] = {i.name for i in graph.inputs}
-        # buffers whose inner functions compute an inlined producer: never inlined in turn,
-        # so that recomputation stays linear in the graph's size
+        # buffers whose inner functions compute an inlined producer: inlined in turn only
+        # while small (MAX_INLINED_OPS), so that recomputation stays bounded
         self.inliners: set[str] = set()
         self.inlined_now = False
         # the ops the nodes being added come from: the FX node's, after those of the
@@ -196,16 +201,20 @@ class LoweringContext:
         buffer in between. Dead-node elimination drops the producer once nothing else
         reads it. Without ``through_views`` only a view of the whole buffer is inlined."""
         node = self._producers().get(ref.buffer)
-        if node is None or not isinstance(node.body, Pointwise) or node.name in self.inliners:
+        if node is None or not isinstance(node.body, Pointwise) or self._too_big(node):
             return ref.load
         if ref.is_whole(node.buffer):
             self._inlined(node)
             return node.body.inner_fn
-        remap = _permuting_remap(ref, node.buffer) if through_views else None
+        remap = _remap(ref, node.buffer) if through_views else None
         if remap is None:
             return ref.load
         self._inlined(node)
         return lambda ops, index: node.body.inner_fn(ops, remap(index))
+
+    def _too_big(self, node: ComputedNode) -> bool:
+        """Whether ``node`` computes inlined producers itself and is too big to inline."""
+        return node.name in self.inliners and len(node.traced()[0].lines) > MAX_INLINED_OPS
 
     def _inlined(self, node: ComputedNode) -> None:
         self.inlined_now = True
@@ -250,6 +259,58 @@ class LoweringContext:
         stream = self._random_calls
         self._random_calls += 1
         return self._seed_ref, stream
+
+
+def _remap(ref: TensorRef, buf: Buffer) -> Callable | None:
+    """For a view that permutes, broadcasts, squeezes, unsqueezes, slices (with a step) or
+    selects ``buf`` — each of buf's dimensions walked by at most one view dimension, at a
+    whole multiple of its stride — ``fn(view index) -> buf index``; else None (a view that
+    reshapes). With sizes that are not numbers, only a permuting view (offset 0, each of
+    buf's dimensions taken whole)."""
+    sizes = [*ref.size, *buf.size]
+    if not all(isinstance(x, sympy.Integer) for x in (*sizes, *ref.stride, *buf.stride)):
+        return _permuting_remap(ref, buf)
+    if not isinstance(ref.offset, sympy.Integer):
+        return None
+    starts = _starts(int(ref.offset), buf)
+    if starts is None:
+        return None
+    walks: dict[int, tuple[int, int]] = {}  # buf dimension -> (view dimension, step)
+    for k, (m, vst) in enumerate(zip(ref.size, ref.stride, strict=True)):
+        if m == 1 or vst == 0:
+            continue  # a broadcast or a dimension of one: it walks nothing
+        found = [
+            (d, int(vst) // int(st))
+            for d, (n, st) in enumerate(zip(buf.size, buf.stride, strict=True))
+            if n > 1 and d not in walks and int(vst) % int(st) == 0 and int(vst) // int(st) > 0
+            and starts[d] + int(vst) // int(st) * (int(m) - 1) < int(n)
+        ]  # fmt: skip
+        if len(found) != 1:
+            return None
+        d, step = found[0]
+        walks[d] = (k, step)
+
+    def remap(index):
+        return [
+            starts[d] + walks[d][1] * index[walks[d][0]] if d in walks else sympy.Integer(starts[d])
+            for d in range(len(buf.size))
+        ]
+
+    return remap
+
+
+def _starts(offset: int, buf: Buffer) -> list[int] | None:
+    """The index in ``buf`` of its element at ``offset``, or None where none is there."""
+    starts = [0] * len(buf.size)
+    walked = sorted((d for d, n in enumerate(buf.size) if n > 1), key=lambda d: -int(buf.stride[d]))
+    for d in walked:
+        stride = int(buf.stride[d])
+        if stride <= 0:
+            return None
+        starts[d], offset = divmod(offset, stride)
+        if starts[d] >= int(buf.size[d]):
+            return None
+    return starts if offset == 0 else None
 
 
 def _permuting_remap(ref: TensorRef, buf: Buffer) -> Callable | None:

@@ -291,9 +291,9 @@ def where(ctx, cond, a, b):
     size = out_size(ctx)
     dtype = compute_dtype(ctx.val.dtype)
     load_c, load_a, load_b = (
-        loader(cond, size, torch.bool),
-        loader(a, size, dtype),
-        loader(b, size, dtype),
+        loader(cond, size, torch.bool, ctx),
+        loader(a, size, dtype, ctx),
+        loader(b, size, dtype, ctx),
     )
     out = ctx.val.dtype
 
