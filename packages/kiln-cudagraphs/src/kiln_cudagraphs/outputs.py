@@ -117,6 +117,13 @@ class OutputPlan:
                 index = input_of[_storage(out)]
                 placement = _input_alias(i, out, index, static_inputs[index])
             self.placements.append(placement)
+        # for _assemble: the outputs not in graph memory, and where each output sits in the
+        # list of those in graph memory followed by these
+        self._elsewhere = [p for p in self.placements if not isinstance(p, GraphMemory)]
+        in_memory = [k for k, p in enumerate(self.placements) if isinstance(p, GraphMemory)]
+        elsewhere = [k for k, p in enumerate(self.placements) if not isinstance(p, GraphMemory)]
+        sits = {k: j for j, k in enumerate(in_memory + elsewhere)}
+        self._positions = [sits[k] for k in range(len(self.placements))]
 
         self.handed_out: torch.UntypedStorage | None = None  # the last outputs' storage
         self.kept_out: torch.UntypedStorage | None = None  # the last kept outputs' storage
@@ -194,10 +201,10 @@ class OutputPlan:
     def _assemble(self, in_memory: list[torch.Tensor], inputs: Sequence[object]) -> tuple | list:
         """The outputs, in order: those in graph memory from ``in_memory``, the others
         placed by their kind."""
-        made = iter(in_memory)
-        return self.container(
-            next(made) if isinstance(p, GraphMemory) else _place(p, inputs) for p in self.placements
-        )
+        if not self._elsewhere:
+            return self.container(in_memory)
+        made = [*in_memory, *(_place(p, inputs) for p in self._elsewhere)]
+        return self.container([made[j] for j in self._positions])
 
 
 def _spans(
