@@ -1,9 +1,10 @@
-"""copy_all copies every pair, large tensors alone and the rest in one multi-tensor copy."""
+"""copy_all copies every pair: a few large tensors alone and the rest in one multi-tensor
+copy; many large tensors all in one."""
 
 import torch
 
 from kiln_cudagraphs import copies
-from kiln_cudagraphs.copies import ALONE_BYTES, copy_all
+from kiln_cudagraphs.copies import ALONE_BYTES, MAX_ALONE, copy_all
 
 
 def test_every_pair_is_copied_large_ones_alone(monkeypatch):
@@ -31,3 +32,16 @@ def test_nothing_small_makes_no_multi_tensor_call(monkeypatch):
     target = torch.empty_like(source)
     copy_all([target], [source])
     assert torch.equal(target, source)
+
+
+def test_many_large_tensors_go_together(monkeypatch):
+    together: list[int] = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(
+        copies.torch, "_foreach_copy_", lambda ts, ss: (together.append(len(ts)), real(ts, ss))
+    )
+    sources = [torch.randn(ALONE_BYTES // 4) for _ in range(MAX_ALONE + 1)] + [torch.randn(3)]
+    targets = [torch.empty_like(s) for s in sources]
+    copy_all(targets, sources)
+    assert all(torch.equal(t, s) for t, s in zip(targets, sources, strict=True))
+    assert together == [MAX_ALONE + 2]
