@@ -124,13 +124,10 @@ def _fuse(graph: torch.fx.Graph, gelu, product, view) -> None:
         if view is not None:
             fused = call(graph, aten.view.default, fused, view.args[1])
     gelu.replace_all_uses_with(fused)
-    for node in sorted(_gelu_nodes(gelu, product) | {product}, key=_position, reverse=True):
-        if not node.users:
+    dead = _gelu_nodes(gelu, product) | {product}
+    for node in reversed(list(graph.nodes)):  # readers before what they read
+        if node in dead and not node.users:
             graph.erase_node(node)
-
-
-def _position(node: torch.fx.Node) -> int:
-    return list(node.graph.nodes).index(node)
 
 
 def _calls(node: object, target) -> bool:
