@@ -128,5 +128,5 @@ def test_the_same_result_every_call(threads):
 
 def test_small_and_wide_reductions_keep_their_serial_form(threads):
     _check(lambda a: a.sum(), [torch.randn(2 * SPLIT_MIN_POINTS - 1) + 0.5], expect_split=False)
-    # 64 blocks of columns occupy 64 threads: never split
-    _check(lambda a: a.sum(0), [torch.randn(512, 1024) + 0.5], expect_split=False)
+    # 64 blocks of columns (of 64) occupy 64 threads: never split
+    _check(lambda a: a.sum(0), [torch.randn(128, 4096) + 0.5], expect_split=False)

@@ -10,7 +10,7 @@ which thread ran which chunk or when.
 
 The number of chunks is decided when the kernel runs (``kiln::split_chunks`` in the
 prelude): one where the outer loop's parallel units (outer points, or blocks of
-:data:`~kiln_cpp.vectorize.COLUMN_LANES` columns) already occupy every thread; else enough
+:func:`~kiln_cpp.vectorize.column_lanes` columns) already occupy every thread; else enough
 per unit to occupy them all, each chunk at least :data:`SPLIT_MIN_POINTS` of the kernel's
 points (threads chosen by work size). A kernel known to be smaller than two chunks keeps
 its serial form.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import sympy
 
 from kiln_cpp.printer import cexpr
-from kiln_cpp.vectorize import COLUMN_LANES, reduction_loop
+from kiln_cpp.vectorize import column_lanes, reduction_loop
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.symbols import index_vars
 
@@ -215,9 +215,10 @@ def _column_units(kernel: Kernel) -> str:
     dimension's points, times the other outer points."""
     *lead, last = kernel.ranges
     lead_points = sympy.expand(math.prod(lead))
+    lanes = column_lanes(cexpr(last))
     if last.is_Integer and lead_points.is_Integer:
-        return str(int(lead_points) * -(-int(last) // COLUMN_LANES))
-    return f"({cexpr(lead_points)}) * (({cexpr(last)} + {COLUMN_LANES - 1}) / {COLUMN_LANES})"
+        return str(int(lead_points) * -(-int(last) // lanes))
+    return f"({cexpr(lead_points)}) * (({cexpr(last)} + {lanes - 1}) / {lanes})"
 
 
 def column_split(kernel: Kernel, items: list) -> bool:
@@ -236,7 +237,7 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
     n = len(kernel.ranges)
     x = f"x{n - 1}"
     size = cexpr(kernel.ranges[-1])
-    lanes = COLUMN_LANES
+    lanes = column_lanes(size)
     accs = [_ACCUMULATOR.match(line) for line in loop.prologue]
     outer = sympy.expand(math.prod(kernel.ranges))
     linear = sympy.S.Zero
