@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import sympy
 
 from kiln_cpp.printer import cexpr
-from kiln_cpp.vectorize import column_lanes, reduction_loop
+from kiln_cpp.vectorize import ACCUMULATOR, column_block, column_lanes, reduction_loop
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.symbols import index_vars
 
@@ -43,7 +43,6 @@ SPLIT_MIN_POINTS = 32768
 # at most this many chunks (the length of a full reduction's array of partials)
 SPLIT_MAX_CHUNKS = 64
 _KINDS = ("sum", "dot", "prod", "max", "min", "any", "all", "welford.mean", "welford.m2")
-_ACCUMULATOR = re.compile(r"^(?P<type>[\w:<>]+) (?P<acc>acc\d+) = (?P<init>.+);$")
 _WELFORD = re.compile(r"^(?P<type>kiln::Welford<[\w:]+>) (?P<acc>acc\d+);$")
 _WELFORD_REFERENCE = re.compile(r"^kiln::Welford<[\w:]+>& (?P<acc>acc\d+) = (?P<twin>acc\d+);$")
 _VALUE = re.compile(r"^tmp\d+$")
@@ -76,7 +75,7 @@ def _partials(loop, after: list) -> list[_Partial] | None:
         return None
     partials: dict[str, _Partial] = {}
     for line in loop.prologue:
-        if m := _ACCUMULATOR.match(line):
+        if m := ACCUMULATOR.match(line):
             partials[m["acc"]] = _Partial(m["acc"], m["type"], False)
         elif m := _WELFORD.match(line):
             partials[m["acc"]] = _Partial(m["acc"], m["type"], True)
@@ -237,15 +236,13 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
     n = len(kernel.ranges)
     x = f"x{n - 1}"
     size = cexpr(kernel.ranges[-1])
-    lanes = column_lanes(size)
-    accs = [_ACCUMULATOR.match(line) for line in loop.prologue]
+    lanes, end = column_block(x, size)
+    accs = [ACCUMULATOR.match(line) for line in loop.prologue]
     outer = sympy.expand(math.prod(kernel.ranges))
     linear = sympy.S.Zero
     for var, r in zip(index_vars(n), kernel.ranges, strict=True):
         linear = linear * r + var
     slot = f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
-    whole = size.isdigit() and int(size) % lanes == 0
-    end = f"{x}_block + {lanes}" if whole else f"std::min<int64_t>({x}_block + {lanes}, {size})"
     lead = [
         f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
     ]

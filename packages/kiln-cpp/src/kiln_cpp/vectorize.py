@@ -379,7 +379,17 @@ def column_lanes(size: str) -> int:
     return WIDE_COLUMN_LANES if wide else COLUMN_LANES
 
 
-_ACCUMULATOR = re.compile(r"^(?P<type>[\w:<>]+) (?P<acc>acc\d+) = (?P<init>.+);$")
+def column_block(x: str, size: str) -> tuple[int, str]:
+    """``(points per block, where the block starting at {x}_block ends)`` for a column
+    reduction over ``size`` points of ``x``: a fixed trip count where the blocks are whole,
+    with no tail for the compiler to mask."""
+    lanes = column_lanes(size)
+    if size.isdigit() and int(size) % lanes == 0:
+        return lanes, f"{x}_block + {lanes}"
+    return lanes, f"std::min<int64_t>({x}_block + {lanes}, {size})"
+
+
+ACCUMULATOR = re.compile(r"^(?P<type>[\w:<>]+) (?P<acc>acc\d+) = (?P<init>.+);$")
 
 
 def _coefficient(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
@@ -400,7 +410,7 @@ def column_reduction(kernel, items: list) -> bool:
         return False
     if any(a.kind not in ("sum", "dot", "prod", "max", "min") for a in loop.reductions):
         return False
-    if not all(_ACCUMULATOR.match(line) for line in loop.prologue):
+    if not all(ACCUMULATOR.match(line) for line in loop.prologue):
         return False
     if any("kiln_oob" in line or "_spill" in line for line in loop.body + rest):
         return False
@@ -427,11 +437,8 @@ def column_reduction_lines(
     n = len(outer_loops)
     x = f"x{n - 1}"
     size = outer_ranges[-1]
-    lanes = column_lanes(size)
-    accs = [_ACCUMULATOR.match(line) for line in loop.prologue]
-    # a whole number of blocks: a fixed trip count, with no tail for the compiler to mask
-    whole = size.isdigit() and int(size) % lanes == 0
-    end = f"{x}_block + {lanes}" if whole else f"std::min<int64_t>({x}_block + {lanes}, {size})"
+    lanes, end = column_block(x, size)
+    accs = [ACCUMULATOR.match(line) for line in loop.prologue]
     bind = [f"{m['type']}& {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
     read = [f"const {m['type']} {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
     points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
