@@ -1,8 +1,8 @@
 """Where a call's time goes on the GPU: Kiln against eager and torch.compile, in one run.
 
 For each model, size and phase (bf16 inference under ``torch.no_grad()``, and a training
-step: ``zero_grad(set_to_none=True)``, forward, ``loss.backward()`` with the loss
-``out.float().square().mean()``), and each mode (eager, ``torch.compile``,
+step: the optimizer's ``zero_grad(set_to_none=True)``, forward, ``loss.backward()`` with
+the loss ``out.float().square().mean()``), and each mode (eager, ``torch.compile``,
 ``torch.compile(mode="reduce-overhead")``, ``kiln launches`` = ``kiln.compile`` with
 ``options={"cudagraphs": False}`` (every kernel launched by the host program), ``kiln.compile``
 (the default mode: big graphs replay CUDA graphs with fresh outputs) and

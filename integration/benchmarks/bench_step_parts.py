@@ -3,7 +3,7 @@
 For each model (serving size, bf16, as ``bench_gpu_calls`` builds it) and mode (``kiln``,
 ``kiln reduce-overhead``, ``torch.compile``, ``torch.compile reduce-overhead``, as
 ``gpu_case.build_mode`` builds and checks them), after five warm-up steps: 30 back-to-back
-training steps (``zero_grad(set_to_none=True)``, forward, the loss
+training steps (the optimizer's ``zero_grad(set_to_none=True)``, forward, the loss
 ``out.float().square().mean()``, ``backward()``), with
 
 - **host µs** per step and per part: the time the Python thread spends issuing each part
@@ -38,7 +38,7 @@ def step_parts(case: Case, fn) -> tuple[dict[str, float], float, float]:
     start = time.perf_counter()
     for _ in range(STEPS):
         a = time.perf_counter()
-        case.model.zero_grad(set_to_none=True)
+        case.optimizer.zero_grad(set_to_none=True)
         b = time.perf_counter()
         out = fn(*case.inputs)
         c = time.perf_counter()

@@ -45,3 +45,14 @@ def test_many_large_tensors_go_together(monkeypatch):
     copy_all(targets, sources)
     assert all(torch.equal(t, s) for t, s in zip(targets, sources, strict=True))
     assert together == [MAX_ALONE + 2]
+
+
+def test_a_plan_decides_once_from_the_sizes():
+    plan = copies.CopyPlan([ALONE_BYTES, 12, ALONE_BYTES + 4])
+    assert (plan.alone, plan.together) == ([0, 2], [1])
+    many = copies.CopyPlan([ALONE_BYTES] * (MAX_ALONE + 1) + [12])
+    assert (many.alone, many.together) == ([], list(range(MAX_ALONE + 2)))
+    sources = [torch.randn(ALONE_BYTES // 4), torch.randn(3), torch.randn(ALONE_BYTES // 4 + 1)]
+    targets = [torch.empty_like(s) for s in sources]
+    plan(targets, sources)
+    assert all(torch.equal(t, s) for t, s in zip(targets, sources, strict=True))

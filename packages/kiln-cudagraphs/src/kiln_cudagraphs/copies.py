@@ -15,16 +15,29 @@ ALONE_BYTES = 1 << 18
 MAX_ALONE = 8
 
 
+class CopyPlan:
+    """How to copy tensors of the given byte sizes, worked out once (a graph copies the
+    same sizes at every replay): which ones alone, which in one multi-tensor copy."""
+
+    def __init__(self, nbytes: Sequence[int]) -> None:
+        large = [i for i, n in enumerate(nbytes) if n >= ALONE_BYTES]
+        self.alone = large if len(large) <= MAX_ALONE else []
+        alone = set(self.alone)
+        self.together = [i for i in range(len(nbytes)) if i not in alone]
+
+    def __call__(self, targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+        """``targets[i].copy_(sources[i])`` for every ``i``."""
+        if not self.alone:
+            torch._foreach_copy_(targets, sources)
+            return
+        for i in self.alone:
+            targets[i].copy_(sources[i])
+        if self.together:
+            together = self.together
+            torch._foreach_copy_([targets[i] for i in together], [sources[i] for i in together])
+
+
 def copy_all(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
     """``targets[i].copy_(sources[i])`` for every ``i``, in as few launches as keep the
     copies at the memory's speed."""
-    large = [i for i, t in enumerate(targets) if t.numel() * t.element_size() >= ALONE_BYTES]
-    if not large or len(large) > MAX_ALONE:
-        torch._foreach_copy_(targets, sources)
-        return
-    for i in large:
-        targets[i].copy_(sources[i])
-    alone = set(large)
-    rest = [i for i in range(len(targets)) if i not in alone]
-    if rest:
-        torch._foreach_copy_([targets[i] for i in rest], [sources[i] for i in rest])
+    CopyPlan([t.numel() * t.element_size() for t in targets])(targets, sources)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from kiln_cudagraphs.copies import copy_all
+from kiln_cudagraphs.copies import CopyPlan
 from kiln_cudagraphs.outputs import OutputPlan
 from kiln_cudagraphs.pool import GraphPool, shared_pool
 from kiln_cudagraphs.syncs import run_watching_host_syncs
@@ -138,6 +138,7 @@ class RecordedGraph:
         width = max(in_place, default=-1) + 1
         self._pointers = [in_place.get(i) for i in range(width)]
         self._copies = (list(buffers.values()), list(buffers))
+        self._copy = CopyPlan([b.numel() * b.element_size() for b in buffers.values()])
 
     @property
     def copied(self) -> frozenset[int]:
@@ -173,7 +174,7 @@ class RecordedGraph:
         self.pool.order_streams()  # first: the input copies wait for the last replay too
         buffers, indices = self._copies
         if buffers:  # before invalidating: an input may be an output of the last replay
-            copy_all(buffers, [inputs[i] for i in indices])
+            self._copy(buffers, [inputs[i] for i in indices])
         self.pool.replaying(self)
         self.replay()
         return self._hand_out(inputs)

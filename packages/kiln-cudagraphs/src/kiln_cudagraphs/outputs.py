@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln_cudagraphs.copies import copy_all
+from kiln_cudagraphs.copies import CopyPlan
 
 _ALIGN = 16  # bytes: copies start on this boundary, as the graph's memory did
 
@@ -138,6 +138,14 @@ class OutputPlan:
         in_memory = [p for p in self.placements if isinstance(p, GraphMemory)]
         self._window_views = _views(in_memory, self._window[2] if self._window else [])
         self._block_views = _views(copied, self._block[2])
+        # the block's copy: from each span to its place in the block
+        starts = self._block[1]
+        self._block_sources = [self.spans[g] for g in starts]
+        self._block_targets = _view_maker(
+            [(torch.uint8, (span.numel(),), (1,), starts[g])
+             for g, span in zip(starts, self._block_sources, strict=True)]
+        )  # fmt: skip
+        self._block_copy = CopyPlan([span.numel() for span in self._block_sources])
         self._kept_views = _views(kept_out, self._kept_window[2] if self._kept_window else [])
 
     @property
@@ -174,12 +182,12 @@ class OutputPlan:
         """The outputs of the replay that just ran, in one new block of memory; the kept
         ones over graph memory."""
         copies: list[torch.Tensor] = []
-        nbytes, starts, _ = self._block
+        nbytes = self._block[0]
         if nbytes:
             block = torch.empty(nbytes, dtype=torch.uint8, device=self.spans[0].device)
-            targets = [block[start : start + self.spans[g].numel()] for g, start in starts.items()]
-            copy_all(targets, [self.spans[g] for g in starts])
-            copies = self._block_views(block.untyped_storage())
+            storage = block.untyped_storage()
+            self._block_copy(self._block_targets(storage), self._block_sources)
+            copies = self._block_views(storage)
         if self._kept_window is None:
             return self._assemble(copies, inputs)
         base, size, _ = self._kept_window
@@ -339,10 +347,16 @@ def register_view_maker(factory: Callable[[list[ViewSpec]], ViewMaker | None]) -
 
 
 def _views(placements: Sequence[GraphMemory], offsets: Sequence[int | None]) -> ViewMaker:
+    """The maker of the tensors of ``placements`` at their ``offsets`` over a storage."""
     specs = [
         (p.dtype, p.size, p.stride, offset)
         for p, offset in zip(placements, [o for o in offsets if o is not None], strict=True)
     ]
+    return _view_maker(specs)
+
+
+def _view_maker(specs: list[ViewSpec]) -> ViewMaker:
+    """The first registered maker that serves ``specs``, else the Python one."""
     for factory in _view_makers:
         maker = factory(specs)
         if maker is not None:

@@ -707,12 +707,18 @@ PyObject* on_vectorcall(PyObject* self_, PyObject* const* args, size_t nargsf, P
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(self->specs->size()));
   if (list == nullptr) return nullptr;
   try {
+    // Each tensor is made as torch's own factories make one (a TensorImpl over the storage,
+    // then its geometry), without the two dispatcher calls of ``empty(0).set_(...)``: the
+    // specs come from the recorded outputs, so the storage holds them.
     const c10::Storage& storage = THPStorage_Unpack(args[0]);
+    const c10::DispatchKeySet keys(
+        c10::computeDispatchKey(std::nullopt, c10::kStrided, storage.device()));
     for (size_t i = 0; i < self->specs->size(); ++i) {
       const ViewSpec& v = (*self->specs)[i];
-      at::Tensor t = at::empty({0}, at::TensorOptions().dtype(v.dtype).device(storage.device()));
-      t.set_(storage, v.offset, v.size, v.stride);
-      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), THPVariable_Wrap(std::move(t)));
+      auto impl = c10::make_intrusive<c10::TensorImpl>(
+          c10::Storage(storage), keys, caffe2::TypeMeta::fromScalarType(v.dtype));
+      impl->set_sizes_and_strides(v.size, v.stride, v.offset);
+      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), THPVariable_Wrap(at::Tensor(std::move(impl))));
     }
   } catch (const std::exception& e) {
     Py_DECREF(list);
