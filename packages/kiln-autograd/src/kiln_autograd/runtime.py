@@ -125,6 +125,19 @@ def _make_function(
     compiled_fw = without_autocast(compiled_fw, autocast)
     compiled_bws: list[Callable] = [without_autocast(compiled_bw, autocast)] if compiled_bw else []
     fresh = fresh_outputs(parts, returned_index)
+    places: dict[tuple[bool, ...], list[tuple[int, int]]] = {}
+
+    def gradient_places(given: tuple[bool, ...]) -> list[tuple[int, int]]:
+        """``(input, gradient)`` pairs for the tangents ``given``: None where eager's
+        would be (no gradient reached what the input's depends on), worked out once per
+        pattern of missing tangents."""
+        if given not in places:
+            places[given] = [
+                (i, j)
+                for j, i in enumerate(grad_inputs)
+                if not deps[j] or any(given[t] for t in deps[j])
+            ]
+        return places[given]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -164,15 +177,10 @@ def _make_function(
                 compiled = bw_compiler(parts.bw, example_values(parts.bw))
                 compiled_bws.append(without_autocast(compiled, autocast))
             with torch.no_grad():
-                grads = list(compiled_bws[0](*saved, *tangents))
+                grads = compiled_bws[0](*saved, *tangents)
             result: list[object] = [None] * num_inputs
-            if all(g is not None for g in given):  # every gradient is the graph's
-                for j, i in enumerate(grad_inputs):
-                    result[i] = grads[j]
-            else:  # None where eager's would be: no gradient reached what it depends on
-                for j, i in enumerate(grad_inputs):
-                    if not deps[j] or any(given[t] is not None for t in deps[j]):
-                        result[i] = grads[j]
+            for i, j in gradient_places(tuple(g is not None for g in given)):
+                result[i] = grads[j]
             if torch.is_grad_enabled():
                 result = _error_on_double_backward(result)
             return (None, *result)
