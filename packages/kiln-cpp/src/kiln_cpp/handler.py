@@ -29,7 +29,8 @@ from kiln_loopir.ir import Scatter
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.ops import BINARY_OPS, UNARY_OPS, result_dtype
 
-# float sums over at most this many points accumulate in float (see CppOpsHandler._sum_type)
+# float sums over at most this many points accumulate in float lanes, longer ones in a
+# cascade of float lanes (see CppOpsHandler._sum_type)
 FLOAT_SUM_MAX = 1024
 
 
@@ -259,12 +260,14 @@ class CppOpsHandler:
                                                  src_dtype)  # fmt: skip
         loop.prologue += pro
         loop.body += upd
-        # a sum kept in its own type may add in vector lanes (vectorize.reduction_loop)
-        in_lanes = is_float and (
-            reduction_type == "dot" or (reduction_type == "sum" and self._sum_type(vt) == vt)
-        )
+        # a float sum adds in vector lanes of its value type (vectorize.reduction_loop),
+        # a long one in a cascade of them, as eager's
+        in_lanes = is_float and reduction_type in ("dot", "sum")
+        cascade = in_lanes and reduction_type == "sum" and not self._short_sum()
         loop.reductions.append(
-            Accumulation(reduction_type, acc, value, src_dtype, upd, vt if in_lanes else None)
+            Accumulation(
+                reduction_type, acc, value, src_dtype, upd, vt if in_lanes else None, cascade
+            )
         )
         loop.closed = True
         self._reduced = True
@@ -372,10 +375,16 @@ class CppOpsHandler:
 
     def _sum_type(self, vt: str) -> str:
         """A float sum's accumulator: in its own type over at most :data:`FLOAT_SUM_MAX`
-        points (each vector lane adds a few dozen to a few hundred of them, as ATen's
-        vectorised sums keep float lanes), in double over more or unknown sizes."""
+        points (each vector lane adds at most a few dozen of them), in double over more or
+        unknown sizes. A long sum's lanes still add in the value type, in a cascade
+        (``kiln::CascadeLanes``); the double accumulator takes their total, the scalar
+        tail, and every point where the loop cannot be vectorised."""
+        return vt if self._short_sum() else "double"
+
+    def _short_sum(self) -> bool:
+        """Whether a sum takes at most :data:`FLOAT_SUM_MAX` points (a static size)."""
         points = sympy.expand(math.prod(self.kernel.reduction_ranges))
-        return vt if points.is_Integer and int(points) <= FLOAT_SUM_MAX else "double"
+        return bool(points.is_Integer and int(points) <= FLOAT_SUM_MAX)
 
     def _rlinear(self) -> str:
         """The row-major position in the reduction ranges of the current point."""

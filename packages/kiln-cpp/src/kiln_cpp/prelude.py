@@ -215,6 +215,54 @@ template <int L, typename T> struct WelfordLanes {
   }
 };
 
+// A float sum in L lanes that adds as ATen's CPU sum does (the cascade of SumKernel.cpp's
+// multi_row_sum): each block adds one value into every lane of level 0; every `step` blocks
+// level 0 is added into level 1 and cleared, every step^2 blocks level 1 into level 2, and
+// so on up to level 3. A partial sum takes about `step` additions per level, so the error
+// grows as eager's does, while every addition stays in the value type and in vectors.
+// `expected`: about how many blocks it takes; the step is 2^max(4, log2(expected) / 4).
+template <int L, typename T> struct CascadeLanes {
+  static constexpr int LEVELS = 4;
+  alignas(64) T level[LEVELS][L] = {};
+  int64_t blocks = 0;
+  int shift = 4;
+  explicit CascadeLanes(int64_t expected) {
+    int log2_blocks = 0;
+    while ((int64_t(1) << log2_blocks) < expected) ++log2_blocks;
+    shift = std::max(4, log2_blocks / LEVELS);
+  }
+  inline void next_block() {
+    const int64_t mask = (int64_t(1) << shift) - 1;
+    if (++blocks & mask) return;
+    for (int j = 1; j < LEVELS; ++j) {
+#pragma omp simd
+      for (int l = 0; l < L; ++l) {
+        level[j][l] += level[j - 1][l];
+        level[j - 1][l] = T(0);
+      }
+      if (blocks & (mask << (j * shift))) return;
+    }
+  }
+  // one lane's sum: its levels added from the lowest, as ATen adds them
+  inline T lane(int l) const {
+    T sum = level[0][l];
+    for (int j = 1; j < LEVELS; ++j) sum += level[j][l];
+    return sum;
+  }
+  // the sum of all lanes, added pairwise into lane 0 of level 0 (once: it overwrites them)
+  inline T total() {
+    for (int j = 1; j < LEVELS; ++j) {
+#pragma omp simd
+      for (int l = 0; l < L; ++l) level[0][l] += level[j][l];
+    }
+    for (int width = L / 2; width; width /= 2) {
+#pragma omp simd
+      for (int l = 0; l < width; ++l) level[0][l] += level[0][l + width];
+    }
+    return level[0][0];
+  }
+};
+
 template <typename T> struct Welford {
   double mean = 0, m2 = 0;
   int64_t n = 0;

@@ -1,10 +1,11 @@
 """A kernel as one ``extern "C"`` C++ function (returning 1 when an indirect index was out of
 range): the outer loops (parallel with OpenMP above a size threshold), the reduction loops
 inside them, and the body the handler rendered; the innermost loop is vectorised
-(:mod:`kiln_cpp.vectorize`). A full or column reduction whose outer loop would leave
-threads idle runs its reduction in chunks across threads (:mod:`kiln_cpp.split`). A
-pointwise kernel whose body compares a loop variable with constants (``cat``, padding) runs
-as one loop nest per piece of that loop, each rendered with the comparisons decided
+(:mod:`kiln_cpp.vectorize`), a column reduction's lanes run over outer points
+(:mod:`kiln_cpp.columns`). A full or column reduction whose outer loop would leave threads
+idle runs its reduction in chunks across threads (:mod:`kiln_cpp.split`). A pointwise kernel
+whose body compares a loop variable with constants (``cat``, padding) runs as one loop nest
+per piece of that loop, each rendered with the comparisons decided
 (:mod:`kiln_cpp.index_facts`)."""
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import re
 
 import sympy
 
+from kiln_cpp.columns import column_reduction, column_reduction_lines, reduction_points
 from kiln_cpp.dtypes import value_type
 from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
 from kiln_cpp.index_facts import pieces
 from kiln_cpp.printer import cexpr
 from kiln_cpp.split import column_split, column_split_lines, full_reduction, full_reduction_lines
 from kiln_cpp.vectorize import (
-    column_reduction,
-    column_reduction_lines,
     flag_lanes,
     merge_independent_loops,
     reduction_loop,
@@ -174,6 +174,7 @@ def render_kernel(kernel: Kernel) -> str:
                 [cexpr(r) for r in kernel.ranges],
                 _parallel_when(kernel),
                 _loops("r", kernel.reduction_ranges, ""),
+                reduction_points(kernel),
                 items[0],
                 items[1:],
                 ind,
@@ -215,6 +216,7 @@ def render_kernel(kernel: Kernel) -> str:
                 item.reductions,
                 ind,
                 f"kiln_oob{item.id}",
+                points=reduction_points(kernel),
             )
             lines += [body_ind + line for line in rendered]
         else:

@@ -10,7 +10,7 @@ which thread ran which chunk or when.
 
 The number of chunks is decided when the kernel runs (``kiln::split_chunks`` in the
 prelude): one where the outer loop's parallel units (outer points, or blocks of
-:func:`~kiln_cpp.vectorize.column_lanes` columns) already occupy every thread; else enough
+:func:`~kiln_cpp.columns.column_lanes` columns) already occupy every thread; else enough
 per unit to occupy them all, each chunk at least :data:`SPLIT_MIN_POINTS` of the kernel's
 points (threads chosen by work size). A kernel known to be smaller than two chunks keeps
 its serial form.
@@ -20,7 +20,8 @@ accumulator's type, ``double`` for long float sums; a sum in lanes adds its lane
 chunk's partial), products, ``max``/``min`` (a NaN carried by the chunk's epilogue into its
 partial), ``any``/``all``, and Welford mean and m2 (partials combined by Chan's formula, as
 the lanes of one chunk are). Each chunk runs the loop
-:func:`~kiln_cpp.vectorize.reduction_loop` or the column lanes render.
+:func:`~kiln_cpp.vectorize.reduction_loop` or the column lanes (:mod:`kiln_cpp.columns`)
+render.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from dataclasses import dataclass
 
 import sympy
 
+from kiln_cpp.columns import column_accumulators, column_block, column_lanes
 from kiln_cpp.printer import cexpr
-from kiln_cpp.vectorize import ACCUMULATOR, column_block, column_lanes, reduction_loop
+from kiln_cpp.vectorize import ACCUMULATOR, reduction_loop
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.symbols import index_vars
 
@@ -128,6 +130,12 @@ def _chunk_bounds(steps: str) -> list[str]:
     ]
 
 
+def _chunk_points(kernel: Kernel) -> str:
+    """The number of points a chunk reduces, as C++."""
+    rest = sympy.expand(math.prod(kernel.reduction_ranges[1:]))
+    return "r0_stop - r0_start" if rest == 1 else f"(r0_stop - r0_start) * ({cexpr(rest)})"
+
+
 def _reduction_headers(kernel: Kernel) -> list[str]:
     """The reduction loops' headers, the first over its chunk."""
     headers = ["for (int64_t r0 = r0_start; r0 < r0_stop; ++r0)"]
@@ -180,6 +188,7 @@ def full_reduction_lines(kernel: Kernel, loop, after: list[str], ind: str) -> li
         ind,
         f"kiln_oob{loop.id}",
         first,
+        _chunk_points(kernel),
     )
     combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{CHUNK}]")
     return [
@@ -221,7 +230,7 @@ def _column_units(kernel: Kernel) -> str:
 
 
 def column_split(kernel: Kernel, items: list) -> bool:
-    """Whether a column reduction (see :func:`kiln_cpp.vectorize.column_reduction`, which
+    """Whether a column reduction (see :func:`kiln_cpp.columns.column_reduction`, which
     the caller checked) may leave threads idle and is worth splitting."""
     loop, after = items[0], items[1:]
     if _partials(loop, after) is None:
@@ -237,7 +246,7 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
     x = f"x{n - 1}"
     size = cexpr(kernel.ranges[-1])
     lanes, end = column_block(x, size)
-    accs = [ACCUMULATOR.match(line) for line in loop.prologue]
+    accs = column_accumulators(loop, lanes, x, _chunk_points(kernel))
     outer = sympy.expand(math.prod(kernel.ranges))
     linear = sympy.S.Zero
     for var, r in zip(index_vars(n), kernel.ranges, strict=True):
@@ -247,8 +256,8 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
         f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
     ]
     points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
-    bind = [f"{m['type']}& {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
-    partial = {m["acc"]: f"{m['acc']}_parts" for m in accs}
+    reset = [f"{ind * 2}{points}", f"{ind * 2}{{", *[ind * 3 + ln for ln in accs.reset]]
+    reset.append(f"{ind * 2}}}")
     partials = _partials(loop, after)
     assert partials is not None, "column_split said no"
     combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{slot}]")
@@ -257,9 +266,8 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
         "{",
         ind + _chunks_line(kernel, _column_units(kernel)),
         *[
-            f"{ind}std::vector<{_element(m['type'])}> {partial[m['acc']]}"
-            f"({CHUNKS} * ({cexpr(outer)}));"
-            for m in accs
+            f"{ind}std::vector<{_element(acc_type)}> {acc}_parts({CHUNKS} * ({cexpr(outer)}));"
+            for acc, acc_type in accs.types.items()
         ],
         f"{ind}#pragma omp parallel for collapse({n + 1}) if({when})",
         f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
@@ -268,25 +276,20 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
         f"{ind}{{",
         *[ind * 2 + line for line in _chunk_bounds(cexpr(kernel.reduction_ranges[0]))],
         f"{ind * 2}const int64_t {x}_end = {end};",
-        *[f"{ind * 2}{m['type']} {m['acc']}_lanes[{lanes}];" for m in accs],
-        f"{ind * 2}{points}",
-        f"{ind * 2}{{",
-        *[f"{ind * 3}{m['acc']}_lanes[{x} - {x}_block] = {m['init']};" for m in accs],
-        f"{ind * 2}}}",
+        *[ind * 2 + line for line in accs.declare],
+        *(reset if accs.reset else []),
         *[ind * 2 + line for line in headers],
         f"{ind * 2}{{",
         f"{ind * 3}#pragma omp simd",
         f"{ind * 3}{points}",
         f"{ind * 3}{{",
-        *[ind * 4 + line for line in bind + loop.body],
+        *[ind * 4 + line for line in accs.bind + loop.body],
         f"{ind * 3}}}",
+        *[ind * 3 + line for line in accs.next_row],
         f"{ind * 2}}}",
         f"{ind * 2}{points}",
         f"{ind * 2}{{",
-        *[
-            f"{ind * 3}{partial[m['acc']]}[{slot}] = {m['acc']}_lanes[{x} - {x}_block];"
-            for m in accs
-        ],
+        *[f"{ind * 3}{acc}_parts[{slot}] = {value};" for acc, value in accs.read.items()],
         f"{ind * 2}}}",
         f"{ind}}}",
         *[ind + line for line in lead],

@@ -14,19 +14,21 @@ if-convert the selects that NaN-propagating ops need):
   :data:`LANES` points whose lanes update a ``kiln::WelfordLanes`` (one mean and m2 per
   lane, one count for all), with a scalar tail; the lanes are merged into the scalar
   accumulator after the loop (Chan's formula);
-- a float sum kept in float (``Accumulation.lane_type``) is strip-mined the same way into
-  an array of :data:`LANES` partial sums, added pairwise after the loop (a tree of vector
-  adds: a ``reduction(+:...)`` clause combines its lanes one after the other, which cost
-  half the time of a 64-point dot product per output);
+- a float sum (``Accumulation.lane_type``) is strip-mined the same way into an array of
+  :data:`LANES` partial sums in its value type, added pairwise after the loop (a tree of
+  vector adds: a ``reduction(+:...)`` clause combines its lanes one after the other, which
+  cost half the time of a 64-point dot product per output); a long one
+  (``Accumulation.cascade``) adds its lanes in a ``kiln::CascadeLanes``, the levels of
+  eager's cascade sum, so that it stays as accurate as eager's without adding in double;
 - a reduction along a strided dimension whose last outer dimension is contiguous (a column
-  sum) runs the lanes over outer points instead: blocks of :func:`column_lanes` points,
-  each with its accumulators in an array;
+  sum) runs the lanes over outer points instead (:mod:`kiln_cpp.columns`);
 - ``argmax``/``argmin``, and bodies that write through an indirect index (the
   out-of-range flag) or scatter, stay scalar.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -36,7 +38,7 @@ import torch
 from kiln_cpp.dtypes import value_type
 from kiln_cpp.printer import cexpr
 from kiln_loopir.ops import TraceHandler
-from kiln_loopir.symbols import index_vars, reduction_vars
+from kiln_loopir.symbols import index_vars
 
 # lanes of a strip-mined Welford loop: four AVX2 vectors of floats, enough independent
 # update chains to hide their latency (8 lanes ran 2.5x slower on var_mean of 1024 x 1024)
@@ -61,6 +63,8 @@ class Accumulation:
     update: list[str]
     # a sum accumulated in this C++ type, which may add in lanes (see ``reduction_loop``)
     lane_type: str | None = None
+    # a long sum: its lanes add in a cascade (``kiln::CascadeLanes``), as eager's
+    cascade: bool = False
 
 
 _OOB_STORE = re.compile(
@@ -241,7 +245,7 @@ def _without_repeats(first, second) -> tuple[list[str], list[str], list[Accumula
         )
         declaration = f"kiln::Welford<{value_type(a.dtype)}> {a.acc};"
         if twin is None or declaration not in prologue:
-            reductions.append(Accumulation(a.kind, a.acc, value, a.dtype, update, a.lane_type))
+            reductions.append(dataclasses.replace(a, value=value, update=update))
             continue
         prologue[prologue.index(declaration)] = (
             f"kiln::Welford<{value_type(a.dtype)}>& {a.acc} = {twin.acc};"
@@ -279,10 +283,12 @@ def reduction_loop(
     ind: str,
     flag: str,
     first: str = "0",
+    points: str = "0",
 ) -> list[str]:
     """The lines of one loop over the reduction ranges: ``loops`` are the ``for`` headers
     (the last one over ``first`` <= ``last_var`` < ``last_range``), ``body`` the handler's
-    scalar body; ``flag`` names the loop's own out-of-range flag."""
+    scalar body; ``flag`` names the loop's own out-of-range flag; ``points`` is about how
+    many points the loops run (C++: a cascade's steps between levels follow it)."""
     lanes_body = flag_lanes(body, flag)
     plan = simd_pragma(accs) if loops and lanes_body is not None else None
     if plan is None or lanes_body is None:
@@ -304,11 +310,19 @@ def reduction_loop(
     head += [
         f"kiln::WelfordLanes<{LANES}, {value_type(a.dtype)}> {lanes[a.acc]};" for a in welfords
     ]
-    head += [f"{a.lane_type} {lanes[a.acc]}[{LANES}] = {{}};" for a in sums]
+    cascades = [a for a in sums if a.cascade]
+    head += [
+        f"kiln::CascadeLanes<{LANES}, {a.lane_type}> {lanes[a.acc]}(({points}) / {LANES});"
+        if a.cascade
+        else f"{a.lane_type} {lanes[a.acc]}[{LANES}] = {{}};"
+        for a in sums
+    ]
     updates = {line: a for a in welfords + sums for line in a.update}
     lane = f"{last_var} - {last_var}_block"
 
     def lane_update(a: Accumulation) -> str:
+        if a.cascade:
+            return f"{lanes[a.acc]}.level[0][{lane}] += {a.value};"
         if a.lane_type:
             return f"{lanes[a.acc]}[{lane}] += {a.value};"
         return f"{lanes[a.acc]}.update({lane}, {a.value});"
@@ -335,6 +349,7 @@ def reduction_loop(
         f"{ind * 2}{{",
         *[ind * 3 + line for line in lane_body + extra],
         f"{ind * 2}}}",
+        *[f"{ind * 2}{lanes[a.acc]}.next_block();" for a in cascades],
         f"{ind}}}",
         f"{ind}for (int64_t {last_var} = {main_end}; {last_var} < {last_range}; ++{last_var})",
         f"{ind}{{",
@@ -344,6 +359,9 @@ def reduction_loop(
     ]
     merge = [f"{a.acc}.merge({lanes[a.acc]});" for a in welfords]
     for a in sums:
+        if a.cascade:
+            merge.append(f"{a.acc} += {lanes[a.acc]}.total();")
+            continue
         merge += pairwise_sum(lanes[a.acc], LANES)
         merge.append(f"{a.acc} += {lanes[a.acc]}[0];")
     return [*head, *lines, *merge, *epilogue]
@@ -364,110 +382,11 @@ def pairwise_sum(array: str, size: int) -> list[str]:
     return lines
 
 
-# outer points per block of a column reduction: 16 (two AVX2 vectors of floats), or 64
-# where the dimension has that many. A block walks all the rows, reading its points of
-# each: 64 bytes a row at a 4 KB stride with 16 points made a 1024 x 1024 column sum 0.54x
-# eager's speed on one thread, 256 bytes made it 1.06x (0.8x -> 1.5x in bfloat16).
-COLUMN_LANES = 16
-WIDE_COLUMN_LANES = 64
-
-
-def column_lanes(size: str) -> int:
-    """The outer points per block of a column reduction whose last outer dimension has
-    ``size`` points (a C expression: a symbolic size takes the narrow blocks)."""
-    wide = size.isdigit() and int(size) >= WIDE_COLUMN_LANES
-    return WIDE_COLUMN_LANES if wide else COLUMN_LANES
-
-
-def column_block(x: str, size: str) -> tuple[int, str]:
-    """``(points per block, where the block starting at {x}_block ends)`` for a column
-    reduction over ``size`` points of ``x``: a fixed trip count where the blocks are whole,
-    with no tail for the compiler to mask."""
-    lanes = column_lanes(size)
-    if size.isdigit() and int(size) % lanes == 0:
-        return lanes, f"{x}_block + {lanes}"
-    return lanes, f"std::min<int64_t>({x}_block + {lanes}, {size})"
-
-
 ACCUMULATOR = re.compile(r"^(?P<type>[\w:<>]+) (?P<acc>acc\d+) = (?P<init>.+);$")
 
 
-def _coefficient(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
+def coefficient(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
     return sympy.expand(index).coeff(var)
-
-
-def column_reduction(kernel, items: list) -> bool:
-    """Whether the kernel reduces along a strided dimension while its last outer dimension
-    is contiguous (``x.sum(0)``): then the lanes run over outer points instead (see
-    :func:`column_reduction_lines`). Only for one reduction loop, first in the body, of
-    clause-free accumulators (each lane keeps its own), with no indirect index."""
-    from kiln_cpp.handler import ReductionLoop  # the handler imports this module
-
-    if not kernel.ranges or not kernel.reduction_ranges or not items:
-        return False
-    loop, rest = items[0], items[1:]
-    if not isinstance(loop, ReductionLoop) or any(not isinstance(i, str) for i in rest):
-        return False
-    if any(a.kind not in ("sum", "dot", "prod", "max", "min") for a in loop.reductions):
-        return False
-    if not all(ACCUMULATOR.match(line) for line in loop.prologue):
-        return False
-    if any("kiln_oob" in line or "_spill" in line for line in loop.body + rest):
-        return False
-    x_last = index_vars(len(kernel.ranges))[-1]
-    r_last = reduction_vars(len(kernel.reduction_ranges))[-1]
-    loads = kernel.trace().loads
-    strided = any(_coefficient(ld.index, r_last) != 1 for ld in loads if ld.index.has(r_last))
-    contiguous = any(_coefficient(ld.index, x_last) == 1 for ld in loads)
-    return strided and contiguous
-
-
-def column_reduction_lines(
-    outer_loops: list[str],
-    outer_ranges: list[str],
-    when: str,
-    reduction_loops: list[str],
-    loop,
-    after: list[str],
-    ind: str,
-) -> list[str]:
-    """A column reduction: the last outer loop runs in blocks of :func:`column_lanes`
-    points; each point of a block keeps its accumulators in an array, the reduction loops
-    run outside and a ``omp simd`` loop over the block's points inside them."""
-    n = len(outer_loops)
-    x = f"x{n - 1}"
-    size = outer_ranges[-1]
-    lanes, end = column_block(x, size)
-    accs = [ACCUMULATOR.match(line) for line in loop.prologue]
-    bind = [f"{m['type']}& {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
-    read = [f"const {m['type']} {m['acc']} = {m['acc']}_lanes[{x} - {x}_block];" for m in accs]
-    points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
-    lines = [f"#pragma omp parallel for collapse({n}) if({when})", *outer_loops[:-1]]
-    lines += [
-        f"for (int64_t {x}_block = 0; {x}_block < {size}; {x}_block += {lanes})",
-        "{",
-        f"{ind}const int64_t {x}_end = {end};",
-        *[f"{ind}{m['type']} {m['acc']}_lanes[{lanes}];" for m in accs],
-        f"{ind}{points}",
-        f"{ind}{{",
-        *[f"{ind * 2}{m['acc']}_lanes[{x} - {x}_block] = {m['init']};" for m in accs],
-        f"{ind}}}",
-        *[ind + line for line in reduction_loops],
-        f"{ind}{{",
-        f"{ind * 2}#pragma omp simd",
-        f"{ind * 2}{points}",
-        f"{ind * 2}{{",
-        *[ind * 3 + line for line in bind + loop.body],
-        f"{ind * 2}}}",
-        f"{ind}}}",
-        *([f"{ind}#pragma omp simd"] if simd_safe(after) else []),
-        f"{ind}{points}",
-        f"{ind}{{",
-        *[ind * 2 + line for line in read + after],
-        f"{ind}}}",
-        "}",
-    ]
-    return lines
 
 
 # points per side of a tile of a transposing pointwise kernel (on a 1024 x 1024 transpose +
@@ -485,9 +404,9 @@ def _unit_stride_counts(kernel) -> tuple[int, int, bool]:
     indices = [ld.index for ld in handler.loads]
     indices += [stores[name] for name in kernel.stored_buffers() if name in stores]
     *_, x_a, x_b = index_vars(len(kernel.ranges))
-    along_a = sum(_coefficient(i, x_a) == 1 for i in indices)
-    along_b = sum(_coefficient(i, x_b) == 1 for i in indices)
-    crossing = any(_coefficient(i, x_a) == 1 and _coefficient(i, x_b) != 0 for i in indices)
+    along_a = sum(coefficient(i, x_a) == 1 for i in indices)
+    along_b = sum(coefficient(i, x_b) == 1 for i in indices)
+    crossing = any(coefficient(i, x_a) == 1 and coefficient(i, x_b) != 0 for i in indices)
     return along_a, along_b, crossing
 
 
@@ -533,7 +452,7 @@ def _transposed_loads(kernel, inner: str) -> list[tuple[str, str]]:
     x_in, x_out = (x_a, x_b) if inner == "a" else (x_b, x_a)
     found = []
     for ld in kernel.trace().loads:
-        if _coefficient(ld.index, x_out) == 1 and _coefficient(ld.index, x_in) != 0:
+        if coefficient(ld.index, x_out) == 1 and coefficient(ld.index, x_in) != 0:
             item = (ld.buffer, cexpr(sympy.expand(ld.index)))
             if item not in found:
                 found.append(item)
