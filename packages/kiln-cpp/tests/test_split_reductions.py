@@ -130,3 +130,30 @@ def test_small_and_wide_reductions_keep_their_serial_form(threads):
     _check(lambda a: a.sum(), [torch.randn(2 * SPLIT_MIN_POINTS - 1) + 0.5], expect_split=False)
     # 64 blocks of columns (of 64) occupy 64 threads: never split
     _check(lambda a: a.sum(0), [torch.randn(128, 4096) + 0.5], expect_split=False)
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda a: a.sum(-1), (3, 1 << 20)),  # rows not a multiple of the threads
+        (lambda a: (a.mean(-1), a.amax(-1), a.amin(-1)), (5, 200_003)),
+        (lambda a: torch.var_mean(a, -1), (3, 300_001)),
+        (lambda a: a.sum(-1), (2, 3, 100_000)),  # two outer dimensions
+        (lambda a: a[:, ::2].sum(-1), (3, 600_001)),  # strided rows
+    ],
+)
+def test_few_long_rows(threads, fn, shape):
+    _check(fn, [torch.randn(shape) * 2 + 5])  # an offset: Chan's merge must keep m2 exact
+
+
+def test_row_splits_give_the_same_result_every_call(threads):
+    x = torch.randn(3, 1 << 20) + 0.5
+    compiled, _ = _check(lambda a: a.sum(-1), [x])
+    first = compiled(x)[0]
+    assert all(torch.equal(compiled(x)[0], first) for _ in range(20))
+
+
+def test_many_or_short_rows_and_argmax_keep_their_serial_form(threads):
+    _check(lambda a: a.sum(-1), [torch.randn(64, 4096) + 0.5], expect_split=False)
+    _check(lambda a: a.sum(-1), [torch.randn(3, 20_000) + 0.5], expect_split=False)
+    _check(lambda a: a.argmax(-1), [torch.randn(3, 1 << 20)], expect_split=False)

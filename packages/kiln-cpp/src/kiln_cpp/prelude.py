@@ -13,6 +13,7 @@ PRELUDE = (
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 #include <omp.h>
 
@@ -41,14 +42,16 @@ inline int64_t pow_by_natural(int64_t base, int64_t exp) {
   return static_cast<int64_t>(out);
 }
 // how many contiguous chunks of its reduction a kernel runs on threads of their own (see
-// kiln_cpp/split.py): where its `outer` parallel units leave threads idle, enough chunks per
-// unit to occupy them all, each at least `min_points` of the kernel's `points`, at most
-// `steps` (the split loop's length) and `most`
+// kiln_cpp/split.py): where its `outer` parallel units would leave threads idle or share
+// them unevenly (fewer than 4 per thread, not a multiple of the threads), enough chunks per
+// unit that all the pieces divide evenly among the threads (their number the least common
+// multiple of the units and the threads), each at least `min_points` of the kernel's
+// `points`, at most `steps` (the split loop's length) and `most`
 inline int64_t split_chunks(int64_t points, int64_t outer, int64_t steps, int64_t min_points,
                             int64_t most) {
   const int64_t threads = omp_get_max_threads();
-  if (outer <= 0 || outer >= threads) return 1;
-  int64_t chunks = (threads + outer - 1) / outer;
+  if (outer <= 0 || outer % threads == 0 || outer >= 4 * threads) return 1;
+  int64_t chunks = threads / std::gcd(outer, threads);
   chunks = std::min({chunks, points / (outer * min_points), steps, most});
   return std::max<int64_t>(chunks, 1);
 }

@@ -20,7 +20,14 @@ from kiln_cpp.dtypes import value_type
 from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
 from kiln_cpp.index_facts import pieces
 from kiln_cpp.printer import cexpr
-from kiln_cpp.split import column_split, column_split_lines, full_reduction, full_reduction_lines
+from kiln_cpp.split import (
+    column_split,
+    column_split_lines,
+    full_reduction,
+    full_reduction_lines,
+    row_split,
+    row_split_lines,
+)
 from kiln_cpp.vectorize import (
     flag_lanes,
     merge_independent_loops,
@@ -179,6 +186,11 @@ def render_kernel(kernel: Kernel) -> str:
                 items[1:],
                 ind,
             )
+        lines += [ind + line for line in body]
+        lines += [ind + "return kiln_oob;", "}"]
+        return "\n".join(lines) + "\n"
+    if not handler.has_scatter and row_split(kernel, items):
+        body = row_split_lines(kernel, items[0], items[1:], _parallel_when(kernel), ind)
         lines += [ind + line for line in body]
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"

@@ -1,19 +1,22 @@
 """Reductions split across threads, for kernels whose outer loop leaves threads idle.
 
-A full reduction (``x.sum()``: no outer points) or a column reduction with few outer
-points (``x.sum(0)`` of a tall, narrow matrix) would run on one thread, or on fewer
-threads than there are, with its outer loop alone in parallel. Its first reduction loop is
+A full reduction (``x.sum()``: no outer points), a column reduction with few outer points
+(``x.sum(0)`` of a tall, narrow matrix) or a row reduction with few long rows
+(``x.sum(-1)`` of 3 x 1M) would run on one thread, or on fewer threads than there are (or
+share them unevenly), with its outer loop alone in parallel. Its first reduction loop is
 cut into contiguous chunks instead (``r0`` from ``r0_start`` to ``r0_stop``), each reduced
 by a thread of its own into a partial result; after the parallel region the partials are
 combined in chunk order, so the result depends on the number of chunks only, never on
 which thread ran which chunk or when.
 
 The number of chunks is decided when the kernel runs (``kiln::split_chunks`` in the
-prelude): one where the outer loop's parallel units (outer points, or blocks of
-:func:`~kiln_cpp.columns.column_lanes` columns) already occupy every thread; else enough
-per unit to occupy them all, each chunk at least :data:`SPLIT_MIN_POINTS` of the kernel's
-points (threads chosen by work size). A kernel known to be smaller than two chunks keeps
-its serial form.
+prelude): one where the outer loop's parallel units (rows, or blocks of
+:func:`~kiln_cpp.columns.column_lanes` columns) already occupy every thread evenly (a
+multiple of the threads, or at least four per thread); else enough per unit that units
+times chunks are a multiple of the threads (3 rows on 2 threads: 2 chunks each), each chunk
+at least :data:`SPLIT_MIN_POINTS` of the kernel's points (threads chosen by work size). A
+kernel known to be smaller than two chunks, or to have :data:`SPLIT_MAX_CHUNKS` units or
+more, keeps its serial form.
 
 Only reductions whose partials combine as their points do are split: sums (in the
 accumulator's type, ``double`` for long float sums; a sum in lanes adds its lanes into the
@@ -208,6 +211,79 @@ def full_reduction_lines(kernel: Kernel, loop, after: list[str], ind: str) -> li
         *[ind * 2 + line for line in combine],
         f"{ind}}}",
         *[ind + line for line in after],
+        "}",
+    ]
+
+
+def row_split(kernel: Kernel, items: list) -> bool:
+    """Whether a reduction along its contiguous rows (not a column reduction, which the
+    caller ruled out) has few enough rows to leave threads idle: one loop of combinable
+    accumulators first in the body, then lines that read them, and enough points."""
+    from kiln_cpp.handler import ReductionLoop
+
+    if not kernel.ranges or not kernel.reduction_ranges or not items:
+        return False
+    loop, after = items[0], items[1:]
+    if not isinstance(loop, ReductionLoop) or _partials(loop, after) is None:
+        return False
+    return _worth_splitting(kernel, cexpr(sympy.expand(math.prod(kernel.ranges))))
+
+
+def row_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str) -> list[str]:
+    """A row reduction in chunks: the chunks and the rows (outer points) in one parallel
+    loop, each reducing its chunk of its row into partials (an array per accumulator,
+    chunk-major), then each row's partials combined in chunk order."""
+    partials = _partials(loop, after)
+    assert partials is not None, "row_split said no"
+    n, m = len(kernel.ranges), len(kernel.reduction_ranges)
+    outer = sympy.expand(math.prod(kernel.ranges))
+    linear = sympy.S.Zero
+    for var, r in zip(index_vars(n), kernel.ranges, strict=True):
+        linear = linear * r + var
+    slot = f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
+    rows = [
+        f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
+    ]
+    first, last_range = (
+        ("r0_start", "r0_stop") if m == 1 else ("0", cexpr(kernel.reduction_ranges[-1]))
+    )
+    chunk_loop = reduction_loop(
+        _reduction_headers(kernel),
+        f"r{m - 1}",
+        last_range,
+        loop.prologue,
+        loop.body,
+        loop.reductions,
+        ind,
+        f"kiln_oob{loop.id}",
+        first,
+        _chunk_points(kernel),
+    )
+    combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{slot}]")
+    return [
+        "{",
+        ind + _chunks_line(kernel, cexpr(outer)),
+        *[
+            f"{ind}std::vector<{_element(p.type)}> {p.acc}_parts({CHUNKS} * ({cexpr(outer)}));"
+            for p in partials
+        ],
+        f"{ind}#pragma omp parallel for collapse({n + 1}) if({when})",
+        f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
+        *[ind + line for line in rows],
+        f"{ind}{{",
+        *[ind * 2 + line for line in _chunk_bounds(cexpr(kernel.reduction_ranges[0]))],
+        *[ind * 2 + line for line in chunk_loop],
+        *[f"{ind * 2}{p.acc}_parts[{slot}] = {p.acc};" for p in partials],
+        f"{ind}}}",
+        *[ind + line for line in rows],
+        f"{ind}{{",
+        *[ind * 2 + line for line in loop.prologue],
+        f"{ind * 2}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
+        f"{ind * 2}{{",
+        *[ind * 3 + line for line in combine],
+        f"{ind * 2}}}",
+        *[ind * 2 + line for line in after],
+        f"{ind}}}",
         "}",
     ]
 
