@@ -265,3 +265,25 @@ def test_an_unused_dropout_still_draws_as_in_eager():
     torch.manual_seed(3)
     (expected,) = drops(x)
     torch.testing.assert_close(out, expected)
+
+
+def test_inputs_in_one_storage_that_do_not_overlap_are_distinct():
+    """Two outputs of one CUDA-graph replay share its block; a graph that writes one in
+    place and reads the other runs as eager does. Overlapping views are still refused."""
+
+    def mul_into(x, y):
+        x.mul_(y)
+        return (x + 1,)
+
+    compiled = kiln_autograd.aot(
+        torch.fx.symbolic_trace(mul_into), [torch.randn(4, 3), torch.randn(4, 3)], lambda g, _: g
+    )
+    block = torch.randn(30)
+    x, y = block[:12].view(4, 3), block[12:24].view(4, 3)
+    expected_x = x * y
+    (out,) = compiled(x, y)
+    torch.testing.assert_close(x, expected_x)
+    torch.testing.assert_close(out, expected_x + 1)
+    overlapping = block[6:18].view(4, 3)
+    with pytest.raises(kiln_autograd.UnsupportedError, match="input 0.*shares memory with input 1"):
+        compiled(block[:12].view(4, 3), overlapping)

@@ -265,8 +265,10 @@ def _error_on_double_backward(grads: list[object]) -> list[object]:
 
 def _refuse_aliased_mutated_inputs(args: Sequence[object], meta: GraphMeta) -> None:
     """The graph was traced with distinct inputs: a write through one alias would be lost.
-    One pass over the inputs' storages (a model with a hundred BatchNorm buffers written
-    back has a hundred mutated inputs among hundreds of inputs)."""
+    Inputs that share a storage but not its bytes (the outputs of one CUDA-graph replay,
+    handed out in one block) are distinct. One pass over the inputs' storages (a model with
+    a hundred BatchNorm buffers written back has a hundred mutated inputs among hundreds of
+    inputs)."""
     if not meta.mutated_inputs:
         return
     holders: dict[int, list[int]] = {}
@@ -275,12 +277,29 @@ def _refuse_aliased_mutated_inputs(args: Sequence[object], meta: GraphMeta) -> N
             holders.setdefault(a.untyped_storage().data_ptr(), []).append(j)
     for i in meta.mutated_inputs:
         address = args[i].untyped_storage().data_ptr()
-        others = [j for j in holders[address] if j != i] if address else []
+        sharing = [j for j in holders[address] if j != i] if address else []
+        if not sharing:
+            continue
+        start, end = _byte_range(args[i])
+        others = [j for j in sharing if _overlaps(_byte_range(args[j]), start, end)]
         if others:
             raise UnsupportedError(
                 f"input {i}, which the graph writes in place, shares memory with input "
                 f"{others[0]}; kiln-autograd traced them as distinct tensors: pass a clone"
             )
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage that ``t`` can reach: ``[start, end)`` (empty: no elements)."""
+    start = t.storage_offset() * t.element_size()
+    if t.numel() == 0:
+        return start, start
+    last = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _overlaps(other: tuple[int, int], start: int, end: int) -> bool:
+    return other[0] < end and start < other[1] and other[0] < other[1] and start < end
 
 
 def _write_back(args: Sequence[object], meta: GraphMeta, values: Sequence[object]) -> None:
