@@ -294,12 +294,15 @@ class AtenCompiler:
             return None
 
     def show_frozen(self, frozen: FrozenGraph) -> None:
+        if self.frame.folder is None and not logs.enabled("graph"):
+            return  # printing both graphs costs more than freezing them
+        source = frozen.source()
         logs.logger("graph").info(
             "%s %s graph, frozen (%d batch norms folded, %d weights laid out):\n%s",
             self.frame.describe(), self.kind, frozen.folded_batch_norms,
-            frozen.laid_out_weights, frozen.source(),
+            frozen.laid_out_weights, source,
         )  # fmt: skip
-        self.frame.dump(self.frame.file_name(f"{self.kind}_frozen.py"), frozen.source())
+        self.frame.dump(self.frame.file_name(f"{self.kind}_frozen.py"), source)
 
     def pick_codegen(self, device: torch.device) -> object | None:
         """The code generator for ``device``; with ``backend="auto"`` and none installed,
