@@ -134,8 +134,9 @@ class RecordedGraph:
         self.pool = pool
         self._hand_out = outputs.fresh if fresh_outputs else outputs.hand_out
         self._indices = list(in_place)
+        self._last_index = max(in_place, default=-1)
         # torch's check reads the pointer of input i at position i: a list as long as the inputs
-        width = max(in_place, default=-1) + 1
+        width = self._last_index + 1
         self._pointers = [in_place.get(i) for i in range(width)]
         self._copies = (list(buffers.values()), list(buffers))
         self._copy = CopyPlan([b.numel() * b.element_size() for b in buffers.values()])
@@ -146,9 +147,9 @@ class RecordedGraph:
 
     def moved_inputs(self, inputs: Sequence[object]) -> list[int]:
         """The in-place inputs whose memory is not where the graph reads it."""
-        if self._indices and len(inputs) <= max(self._indices):
+        if len(inputs) <= self._last_index:
             raise RuntimeError(
-                f"a CUDA graph recorded reading input {max(self._indices)} in place was "
+                f"a CUDA graph recorded reading input {self._last_index} in place was "
                 f"called with {len(inputs)} inputs: report this to kiln-cudagraphs"
             )
         if _pointers_equal is not None and _pointers_equal(

@@ -17,6 +17,7 @@ tells whether any of them is still alive: a later replay must not overwrite them
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -117,13 +118,18 @@ class OutputPlan:
                 index = input_of[_storage(out)]
                 placement = _input_alias(i, out, index, static_inputs[index])
             self.placements.append(placement)
-        # for _assemble: the outputs not in graph memory, and where each output sits in the
-        # list of those in graph memory followed by these
+        # for _assemble: the outputs in graph memory, then the inputs passed on as they are
+        # (a forward's saved parameters), then the others; and each output's place in that
         self._elsewhere = [p for p in self.placements if not isinstance(p, GraphMemory)]
-        in_memory = [k for k, p in enumerate(self.placements) if isinstance(p, GraphMemory)]
-        elsewhere = [k for k, p in enumerate(self.placements) if not isinstance(p, GraphMemory)]
-        sits = {k: j for j, k in enumerate(in_memory + elsewhere)}
-        self._positions = [sits[k] for k in range(len(self.placements))]
+        kinds: dict[str, list[int]] = {"memory": [], "passed": [], "placed": []}
+        for k, p in enumerate(self.placements):
+            kind = "memory" if isinstance(p, GraphMemory) else "placed"
+            kind = "passed" if isinstance(p, InputAlias) and p.same else kind
+            kinds[kind].append(k)
+        self._passed = _gather([self.placements[k].index for k in kinds["passed"]])
+        self._placed = [self.placements[k] for k in kinds["placed"]]
+        sits = {k: j for j, k in enumerate(kinds["memory"] + kinds["passed"] + kinds["placed"])}
+        self._in_order = _gather([sits[k] for k in range(len(self.placements))])
 
         self.handed_out: torch.UntypedStorage | None = None  # the last outputs' storage
         self.kept_out: torch.UntypedStorage | None = None  # the last kept outputs' storage
@@ -211,8 +217,8 @@ class OutputPlan:
         placed by their kind."""
         if not self._elsewhere:
             return self.container(in_memory)
-        made = [*in_memory, *(_place(p, inputs) for p in self._elsewhere)]
-        return self.container([made[j] for j in self._positions])
+        made = [*in_memory, *self._passed(inputs), *(_place(p, inputs) for p in self._placed)]
+        return self.container(self._in_order(made))
 
 
 def _spans(
@@ -268,6 +274,13 @@ def _block_layout(
         for p in placements
     ]
     return nbytes, starts, offsets
+
+
+def _gather(indices: Sequence[int]) -> Callable[[Sequence[object]], tuple]:
+    """``lambda seq: tuple(seq[i] for i in indices)``, in one C call where it can."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    return lambda seq: tuple(seq[i] for i in indices)
 
 
 def _groups(placements: Sequence[Placement]) -> list[int]:

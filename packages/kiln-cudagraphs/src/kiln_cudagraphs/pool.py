@@ -41,7 +41,8 @@ class GraphPool:
     def __init__(self, handle: object = None, device_index: int | None = None) -> None:
         self.handle = handle
         self.device_index = device_index  # None: no stream to keep to (the runner's tests)
-        self.stream: torch.cuda.Stream | None = None  # the last replay's stream
+        # the last replay's stream, as torch names a stream: (id, device index, device type)
+        self.stream: tuple[int, int, int] | None = None
         self._graphs: list[weakref.ref] = []
         self._owner: dict[int, weakref.ref] = {}  # output data pointer -> its graph
 
@@ -97,10 +98,17 @@ class GraphPool:
         the two replays never run at once over the same memory."""
         if self.device_index is None:
             return
-        current = torch.cuda.current_stream(self.device_index)
+        current = _current_stream(self.device_index)  # no Stream object at every call
         if self.stream is not None and current != self.stream:
-            current.wait_stream(self.stream)
+            _stream(current).wait_stream(_stream(self.stream))
         self.stream = current
+
+
+_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
+
+
+def _stream(named: tuple[int, int, int]) -> torch.cuda.Stream:
+    return torch.cuda.Stream(stream_id=named[0], device_index=named[1], device_type=named[2])
 
 
 _POOLS: dict[object, GraphPool] = {}
