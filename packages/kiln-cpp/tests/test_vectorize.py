@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kiln_cpp import CppCodegen
-from kiln_loopir.testing import check_against_eager
+from kiln_cpp.codegen import CppKernel
+from kiln_loopir.testing import check_against_eager, compile_fn
 
 
 def _with_nans(x: torch.Tensor, every: int) -> torch.Tensor:
@@ -59,6 +60,22 @@ def test_welford_lanes_and_tail(n):
     assert "WelfordLanes" in source and "merge" in source
     # var and mean of one var_mean share one pass over the data and one accumulator
     assert source.count(".update(") == 2  # the lanes' update and the tail's
+
+
+@pytest.mark.parametrize("n", [64, 256, 4099])
+def test_welford_lanes_merge_at_once_against_float64(n):
+    # a far offset and a small spread: the lanes' means differ by little, the m2 is small
+    compiled = compile_fn(
+        lambda a: torch.var_mean(a, -1), [torch.randn(16, n)], codegen=CppCodegen()
+    )
+    assert isinstance(compiled.kernels[0].fn, CppKernel)
+    assert "kiln::WelfordLanes<32, float>" in compiled.kernels[0].source
+    x = torch.randn(16, n) * 0.01 + 1000
+    (var, mean), (var64, mean64) = compiled(x), torch.var_mean(x.double(), -1)
+    torch.testing.assert_close(mean.double(), mean64, rtol=1e-7, atol=0)
+    # the lanes keep their means in float (ulp 6e-5 near 1000, against a spread of 0.01):
+    # about 1e-3 of the variance is lost there, before and after the merge (eager: 5e-8)
+    torch.testing.assert_close(var.double(), var64, rtol=5e-3, atol=0)
 
 
 def test_welford_over_several_reduction_dims_and_a_nan():
