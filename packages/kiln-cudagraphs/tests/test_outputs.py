@@ -110,3 +110,45 @@ def test_kept_outputs_are_handed_out_over_graph_memory_until_they_die():
     del out_saved
     assert not plan.in_use()
     assert out_user.data_ptr() != plan.fresh(static_in)[0].data_ptr()
+
+
+def _in_own_storage(memory: torch.Tensor, start: int, size: tuple, dtype) -> torch.Tensor:
+    """A tensor at byte ``start`` of ``memory`` with a storage of its own, as the outputs of
+    a graph are: separate allocations, next to one another in the graph's memory."""
+    nbytes = torch.Size(size).numel() * dtype.itemsize
+    storage = torch._C._construct_storage_from_data_pointer(
+        memory.data_ptr() + start, memory.device, nbytes
+    )
+    return torch.empty(0, dtype=dtype).set_(storage, 0, size)
+
+
+def test_outputs_next_to_one_another_are_copied_in_one_copy(monkeypatch):
+    """A backward's gradients lie side by side in graph memory: the range they fill is
+    copied at once (no multi-tensor copy), and each is rebuilt at its place in the copy."""
+    memory = torch.randn(64)  # 256 bytes of graph memory
+    a = _in_own_storage(memory, 0, (4, 5), torch.float32)  # bytes 0-80
+    b = _in_own_storage(memory, 96, (3, 4), torch.float32)  # bytes 96-144
+    c = _in_own_storage(memory, 144, (8,), torch.float64)  # bytes 144-208
+    static_in = [torch.randn(3)]
+    plan = OutputPlan([a, b.t(), c], static_in)
+    assert plan.copy_bytes == 208  # the range, gaps included
+    monkeypatch.setattr(outputs.CopyPlan, "__call__", None)  # a copy per span would raise
+    got = plan.fresh(static_in)
+    for out, want in zip(got, (a, b.t(), c), strict=True):
+        assert out.dtype == want.dtype and out.stride() == want.stride()
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert got[0].untyped_storage().data_ptr() != memory.data_ptr()
+    memory.neg_()  # the next replay: the copies keep this call's values
+    torch.testing.assert_close(got[0], -a, rtol=0, atol=0)
+    again = plan.fresh(static_in)
+    torch.testing.assert_close(again[2], c, rtol=0, atol=0)
+
+
+def test_outputs_far_apart_are_copied_span_by_span():
+    memory = torch.randn(1024)
+    a = _in_own_storage(memory, 0, (4,), torch.float32)
+    b = _in_own_storage(memory, 4000, (4,), torch.float32)  # the range would be 250x their bytes
+    plan = OutputPlan([a, b], [torch.randn(3)])
+    assert plan.copy_bytes == 32
+    got = plan.fresh([torch.randn(3)])
+    torch.testing.assert_close(got[1], b, rtol=0, atol=0)

@@ -5,9 +5,11 @@ A graph writes its outputs into the same memory at every replay. Under
 later replay overwrites them (:meth:`OutputPlan.hand_out`). Fresh outputs
 (:meth:`OutputPlan.fresh`, the default mode) are copies: the bytes each group of outputs
 sharing one block of graph memory spans are copied, all groups into one new block (small
-groups in one multi-tensor copy, large ones a copy each), and the outputs are rebuilt on it
-with their size, stride and offset (outputs that were views of one another still are). An
-output that is an input, or a view of one, is rebuilt on the caller's input of this call.
+groups in one multi-tensor copy, large ones a copy each; where the groups fill most of the
+range of graph memory they lie in, as a backward's gradients do, that range in one copy),
+and the outputs are rebuilt on it with their size, stride and offset (outputs that were
+views of one another still are). An output that is an input, or a view of one, is rebuilt
+on the caller's input of this call.
 
 Fresh outputs may name some outputs ``kept``: a forward graph's saved tensors, which only
 its backward reads and which die once it ran. Those are handed out over graph memory
@@ -26,6 +28,9 @@ import torch
 from kiln_cudagraphs.copies import CopyPlan
 
 _ALIGN = 16  # bytes: copies start on this boundary, as the graph's memory did
+# fresh outputs copy the whole range of graph memory their spans lie in, in one copy, where
+# it holds at most this many times their bytes (the gaps cost less than a copy per span)
+DENSE_RANGE = 1.25
 
 OVERWRITTEN = (
     "accessing a tensor output of a kiln CUDA graph that a later replay has overwritten: "
@@ -144,7 +149,13 @@ class OutputPlan:
         in_memory = [p for p in self.placements if isinstance(p, GraphMemory)]
         self._window_views = _views(in_memory, self._window[2] if self._window else [])
         self._block_views = _views(copied, self._block[2])
-        # the block's copy: from each span to its place in the block
+        # the block's copy: from each span to its place in the block, or the whole range of
+        # graph memory the spans lie in, as it is, where they fill most of it (a backward's
+        # gradients: one copy instead of one per gradient)
+        self._range = _dense_range(self.spans, copied, self._block[0])
+        if self._range is not None:
+            self._block = (self._range.numel(), {}, [])
+            self._block_views = _views(copied, _window(self.spans, copied)[2])
         starts = self._block[1]
         self._block_sources = [self.spans[g] for g in starts]
         self._block_targets = _view_maker(
@@ -192,7 +203,10 @@ class OutputPlan:
         if nbytes:
             block = torch.empty(nbytes, dtype=torch.uint8, device=self.spans[0].device)
             storage = block.untyped_storage()
-            self._block_copy(self._block_targets(storage), self._block_sources)
+            if self._range is not None:
+                block.copy_(self._range)
+            else:
+                self._block_copy(self._block_targets(storage), self._block_sources)
             copies = self._block_views(storage)
         if self._kept_window is None:
             return self._assemble(copies, inputs)
@@ -281,6 +295,20 @@ def _gather(indices: Sequence[int]) -> Callable[[Sequence[object]], tuple]:
     if len(indices) > 1:
         return operator.itemgetter(*indices)
     return lambda seq: tuple(seq[i] for i in indices)
+
+
+def _dense_range(
+    spans: Sequence[torch.Tensor], placements: Sequence[Placement], nbytes: int
+) -> torch.Tensor | None:
+    """A uint8 tensor over the range of graph memory that the spans of ``placements`` lie
+    in (``nbytes`` in all), where that range is at most DENSE_RANGE times their bytes and
+    they are more than one; else None."""
+    window = _window(spans, placements)
+    if window is None or len(_groups(placements)) < 2 or window[1] > DENSE_RANGE * nbytes:
+        return None
+    base, size, _ = window
+    storage = torch._C._construct_storage_from_data_pointer(base, spans[0].device, size)
+    return torch.empty(0, dtype=torch.uint8, device=spans[0].device).set_(storage)
 
 
 def _groups(placements: Sequence[Placement]) -> list[int]:
