@@ -160,6 +160,30 @@ def test_indirect_indices_under_simd_still_raise():
         assert "#pragma omp simd" in _source(compiled)
 
 
+def test_an_embedding_row_is_found_once_before_its_reduction_loop():
+    def embed_add_norm(w, i, t, p):
+        rows = torch.nn.functional.embedding(i, w) + torch.nn.functional.embedding(t, p)
+        return torch.nn.functional.layer_norm(rows, (96,))
+
+    weight, types = torch.randn(100, 96), torch.randn(2, 96)
+    ids, kinds = torch.randint(0, 100, (3, 40)), torch.randint(0, 2, (3, 40))
+    compiled = check_against_eager(embed_add_norm, [weight, ids, kinds, types],
+                                   codegen=CppCodegen())  # fmt: skip
+    (kernel,) = [k for k in compiled.kernels if "WelfordLanes" in k.source]
+    before, loops = kernel.source.split("WelfordLanes")[:2]  # before the reduction loops
+    assert before.count("__atomic_store_n(&kiln_oob") == 2  # the word's and the type's row
+    assert "kiln_oob |=" not in loops and "reduction(|:kiln_oob" not in loops
+    bad = ids.clone()
+    bad[2, 7] = 100
+    with pytest.raises(IndexError):
+        compiled(weight, bad, kinds, types)
+    # an index that moves with the reduction stays in its loop
+    x, index = torch.randn(8, 300), torch.randint(0, 300, (8, 200))
+    compiled = check_against_eager(lambda a, i: torch.gather(a, 1, i).sum(-1), [x, index],
+                                   codegen=CppCodegen())  # fmt: skip
+    assert "reduction(|:kiln_oob" in _source(compiled)
+
+
 def test_out_of_range_gather_under_simd_raises():
     x, index = torch.randn(8, 64), torch.randint(0, 64, (8, 40))
     compiled = check_against_eager(lambda a, i: torch.gather(a, 1, i) * 2, [x, index],

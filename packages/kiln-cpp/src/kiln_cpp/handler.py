@@ -12,6 +12,7 @@ a reduction result starts a new reduction loop.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -107,6 +108,14 @@ class CppOpsHandler:
         self._count = 0
         self._spilled: set[str] = set()
         self._dead = 0  # inside a masked body whose mask is known false: no lines
+        # values the same at every point of the reduction loops (read nothing that moves with
+        # them), what each was computed from, and its line; an indirect index among them is
+        # computed before its loop (see hoist_invariant_indices)
+        self._invariant: set[str] = set()
+        self._operands: dict[str, tuple[str, ...]] = {}
+        self._lines: dict[str, str] = {}
+        self._invariant_indices: list[str] = []
+        self._guards: dict[str, str] = {}  # an invariant index -> its out-of-range flag line
 
     # -- where lines go --------------------------------------------------------------------
     def _place(self) -> tuple[list[str | ReductionLoop] | list[str], int]:
@@ -125,7 +134,9 @@ class CppOpsHandler:
         self._node += 1
         self._reduced = False
 
-    def _emit(self, rhs: str, dtype: torch.dtype) -> str:
+    def _emit(self, rhs: str, dtype: torch.dtype, operands: tuple[str, ...] | None = None) -> str:
+        """The value ``rhs`` as a variable; ``operands``, where the caller gives them, are
+        all the values it reads (None: it may read what moves with the reduction loops)."""
         target, scope = self._place()
         for key in ((scope, rhs), (0, rhs)):
             if key in self._cse:
@@ -135,10 +146,37 @@ class CppOpsHandler:
         self.dtypes[var] = dtype
         if self._dead:  # a value never computed: not written, not reused
             return var
-        target.append(f"const {value_type(dtype)} {var} = {rhs};")
+        line = f"const {value_type(dtype)} {var} = {rhs};"
+        target.append(line)
         self._cse[(scope, rhs)] = var
         self._scope[var] = scope
+        invariant = operands is not None and not self._masks
+        if scope and invariant and all(self._scope.get(o, 0) == 0 or o in self._invariant
+                                       for o in operands):  # fmt: skip
+            self._invariant.add(var)
+            self._operands[var], self._lines[var] = operands, line
         return var
+
+    def hoist_invariant_indices(self, items: list) -> list:
+        """``items`` with the lines that compute an indirect index the same at every point
+        of a reduction loop (an embedding's row, read once per output row) moved before
+        that loop, out of its vectorised body (BERT's embedding and layer norm: 180 us
+        against 33 us with the index computed per point)."""
+        hoisted: set[str] = set()
+        pending = list(self._invariant_indices)
+        while pending:
+            var = pending.pop()
+            if var in self._lines and self._lines[var] not in hoisted:
+                hoisted.add(self._lines[var])
+                pending += self._operands[var]
+        hoisted |= {self._guards[v] for v in self._invariant_indices if v in self._guards}
+        out: list = []
+        for item in items:
+            if isinstance(item, ReductionLoop) and hoisted & set(item.body):
+                out += [line for line in item.body if line in hoisted]
+                item.body = [line for line in item.body if line not in hoisted]
+            out.append(item)
+        return out
 
     def _visible(self, var: str) -> str:
         """``var`` as a variable of the current scope. A value computed inside another
@@ -175,17 +213,25 @@ class CppOpsHandler:
         element = load_expr(dtype, f"{name}[{cexpr(sympy.expand(index))}]")
         if self._masks:
             element = f"({self._masks[-1]} ? {element} : {value_type(dtype)}(0))"
-        return self._emit(element, dtype)
+        return self._emit(element, dtype, self._index_operands(index))
+
+    def _index_operands(self, index: sympy.Expr) -> tuple[str, ...] | None:
+        """The values an index reads (indirect indices), or None where it moves with a
+        reduction loop."""
+        names = [s.name for s in sympy.sympify(index).free_symbols]
+        if any(re.fullmatch(r"r\d+", n) for n in names):
+            return None
+        return tuple(n for n in names if n in self.dtypes)
 
     def constant(self, value: object, dtype: torch.dtype) -> str:
-        var = self._emit(literal(value, dtype), dtype)
+        var = self._emit(literal(value, dtype), dtype, ())
         if not dtype.is_floating_point:
             self.facts.constant(var, value)
         return var
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
         rhs = f"static_cast<{value_type(dtype)}>({cexpr(sympy.expand(expr))})"
-        var = self._emit(rhs, dtype)
+        var = self._emit(rhs, dtype, self._index_operands(expr))
         if not dtype.is_floating_point:
             self.facts.index_value(var, sympy.expand(expr))
         return var
@@ -194,14 +240,15 @@ class CppOpsHandler:
         src = self.dtypes[x]
         if src == dtype:
             return x
-        return self._emit(convert_expr(x, src, dtype), dtype)
+        return self._emit(convert_expr(x, src, dtype), dtype, (x,))
 
     def where(self, cond: str, a: str, b: str) -> str:
         dtype = result_dtype("where", self.dtypes[a], self.dtypes[b])
         if cond in self.facts.known:  # decided for this piece of the space
             return self.to_dtype(a if self.facts.known[cond] else b, dtype)
         vt = value_type(dtype)
-        return self._emit(f"({cond} ? static_cast<{vt}>({a}) : static_cast<{vt}>({b}))", dtype)
+        rhs = f"({cond} ? static_cast<{vt}>({a}) : static_cast<{vt}>({b}))"
+        return self._emit(rhs, dtype, (cond, a, b))
 
     def masked(self, mask: str, body: Callable[[], str], other: object) -> str:
         if self._masks:
@@ -228,14 +275,18 @@ class CppOpsHandler:
         """Negative indices wrap; an index out of range sets the kernel's ``kiln_oob`` flag
         (the launcher raises IndexError) and reads element 0 instead of outside memory."""
         size_c = cexpr(size)
-        raw = self._emit(f"static_cast<int64_t>({x})", torch.int64)
-        wrapped = self._emit(f"({raw} < 0 ? {raw} + {size_c} : {raw})", torch.int64)
-        ok = self._emit(f"({wrapped} >= 0 && {wrapped} < {size_c})", torch.bool)
+        raw = self._emit(f"static_cast<int64_t>({x})", torch.int64, (x,))
+        wrapped = self._emit(f"({raw} < 0 ? {raw} + {size_c} : {raw})", torch.int64, (raw,))
+        ok = self._emit(f"({wrapped} >= 0 && {wrapped} < {size_c})", torch.bool, (wrapped,))
         guard = f"{self._masks[-1]} && !{ok}" if self._masks else f"!{ok}"
         target, _ = self._place()
+        flag = f"if ({guard}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);"
         if not self._dead:
-            target.append(f"if ({guard}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);")
-        var = self._emit(f"({ok} ? {wrapped} : 0)", torch.int64)
+            target.append(flag)
+        var = self._emit(f"({ok} ? {wrapped} : 0)", torch.int64, (ok, wrapped))
+        if var in self._invariant:
+            self._invariant_indices.append(var)
+            self._guards[var] = flag
         return sympy.Symbol(var, integer=True)
 
     def rand(self, seed: str, offset: str) -> str:
@@ -429,7 +480,7 @@ class CppOpsHandler:
                 a if d == operand else f"static_cast<{vt}>({a})"
                 for a, d in zip(args, dtypes, strict=True)
             ]
-            return self._emit(fn(*casted), dtype)
+            return self._emit(fn(*casted), dtype, args)
 
         return op
 

@@ -194,6 +194,7 @@ def render_kernel(kernel: Kernel) -> str:
         lines += [ind + line for line in body]
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"
+    items = handler.hoist_invariant_indices(items)
     lines_only = [i for i in items if isinstance(i, str)]
     inner = None
     if not handler.has_scatter and len(lines_only) == len(items) and simd_safe(lines_only):
