@@ -48,6 +48,7 @@ def _micro_cases() -> dict[str, tuple[Callable, list[torch.Tensor]]]:
     small_a, small_b = torch.randn(256, 1, 64), torch.randn(1, 256, 64)
     m1, m2, bias = torch.randn(256, 512), torch.randn(512, 512), torch.randn(512)
     tall = torch.randn(n * 64, 16)
+    long_columns, long_rows = torch.randn(4096, 512), torch.randn(3, n * n)
     return {
         "pointwise chain (a*b+1).relu().sigmoid()": (
             lambda a, c: torch.sigmoid(torch.relu(a * c + 1)) * a,
@@ -59,6 +60,8 @@ def _micro_cases() -> dict[str, tuple[Callable, list[torch.Tensor]]]:
         "column sum": (lambda a: a.sum(0), [x]),
         "full sum (1M)": (lambda a: a.sum(), [u]),
         "tall column sum (65536 x 16)": (lambda a: a.sum(0), [tall]),
+        "long column sum (4096 x 512)": (lambda a: a.sum(0), [long_columns]),
+        "few long rows sum (3 x 1M)": (lambda a: a.sum(-1), [long_rows]),
         "var_mean rows": (lambda a: torch.var_mean(a, -1), [x]),
         "transpose + add": (lambda a, c: a.t() + c, [x, y]),
         "gather rows": (lambda a, i: torch.gather(a, 1, i) * 2, [x, index]),
