@@ -157,3 +157,10 @@ def test_many_or_short_rows_and_argmax_keep_their_serial_form(threads):
     _check(lambda a: a.sum(-1), [torch.randn(64, 4096) + 0.5], expect_split=False)
     _check(lambda a: a.sum(-1), [torch.randn(3, 20_000) + 0.5], expect_split=False)
     _check(lambda a: a.argmax(-1), [torch.randn(3, 1 << 20)], expect_split=False)
+    # a symbolic number of rows may be many: no split, whatever the size it runs at
+    codegen = CppCodegen()
+    compiled = compile_fn(lambda a: a.sum(-1), [torch.randn(3, 100_000)], codegen=codegen,
+                          dynamic=True)  # fmt: skip
+    assert all("kiln::split_chunks(" not in k.source for k in compiled.kernels)
+    x = torch.randn(5, 70_001)
+    torch.testing.assert_close(compiled(x)[0], x.sum(-1), rtol=1e-5, atol=1e-4)

@@ -218,15 +218,18 @@ def full_reduction_lines(kernel: Kernel, loop, after: list[str], ind: str) -> li
 def row_split(kernel: Kernel, items: list) -> bool:
     """Whether a reduction along its contiguous rows (not a column reduction, which the
     caller ruled out) has few enough rows to leave threads idle: one loop of combinable
-    accumulators first in the body, then lines that read them, and enough points."""
+    accumulators first in the body, then lines that read them, enough points, and a known
+    number of rows (rows of a symbolic number may be many: their combining loop, serial,
+    would cost more than the split gains)."""
     from kiln_cpp.handler import ReductionLoop
 
-    if not kernel.ranges or not kernel.reduction_ranges or not items:
+    rows = sympy.expand(math.prod(kernel.ranges))
+    if not kernel.ranges or not kernel.reduction_ranges or not items or not rows.is_Integer:
         return False
     loop, after = items[0], items[1:]
     if not isinstance(loop, ReductionLoop) or _partials(loop, after) is None:
         return False
-    return _worth_splitting(kernel, cexpr(sympy.expand(math.prod(kernel.ranges))))
+    return _worth_splitting(kernel, str(int(rows)))
 
 
 def row_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str) -> list[str]:
