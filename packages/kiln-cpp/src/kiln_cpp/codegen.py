@@ -115,6 +115,9 @@ class CppCodegen:
     """
 
     name = "cpp"
+    # adjacent reduction loops that every access walks as one run come as one loop
+    # (kiln_loopir.loops): a batch norm's H and W, vectorised as H*W points
+    merges_reduction_loops = True
     device_types = ("cpu",)
     renders_scans = True  # cumulative ops: a loop walked in order (render.py)
     # the caller's cache root for a compile (kiln's cache_dir): see kiln_cpp.cache_root

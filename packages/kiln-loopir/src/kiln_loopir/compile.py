@@ -23,6 +23,7 @@ from kiln_loopir.host import HostNotRendered, generate_host, kernel_launch_args
 from kiln_loopir.ir import LoopGraph
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.launch import LaunchGroup, launch_groups
+from kiln_loopir.loops import merge_reduction_loops
 from kiln_loopir.lowering import lower
 from kiln_loopir.memory import MemoryPlan, plan_memory
 from kiln_loopir.scheduler import order, unfused_schedule
@@ -242,6 +243,9 @@ def compile_fx(
         graph.verify()
     with stage("fusion"):
         schedule = schedule_graph(graph, fusion=fusion)  # 4. kernels, fusion, order
+        if getattr(backend, "merges_reduction_loops", False):  # runs as one loop where it can
+            for kernel in schedule.kernels():
+                merge_reduction_loops(kernel)
         schedule.verify()
     with stage("memory"):
         plan = plan_memory(schedule, reuse=reuse_memory)  # 5. allocation, reuse, in place

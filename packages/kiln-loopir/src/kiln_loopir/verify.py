@@ -17,6 +17,7 @@ from kiln_loopir.ir import (
     Scatter,
     TensorRef,
 )
+from kiln_loopir.loops import merged_from
 
 
 def _check(cond: bool, message: str) -> None:
@@ -41,7 +42,9 @@ def check_ref(ref: TensorRef, defined: dict[str, Buffer], where: str) -> None:
 def check_node_body(node: ComputedNode, defined: dict[str, Buffer], size_names: set[str]):
     body = node.body
     _check(
-        tuple(body.ranges) == tuple(node.buffer.size) or isinstance(body, Scatter),
+        tuple(body.ranges) == tuple(node.buffer.size)
+        or merged_from(body.ranges, node.buffer.size)
+        or isinstance(body, Scatter),
         f"{node.name}: ranges {list(body.ranges)} differ from the buffer size "
         f"{list(node.buffer.size)}",
     )

@@ -74,6 +74,7 @@ class ObservedCodegen:
         self.name = inner.name
         self.device_types = inner.device_types
         self.renders_scans = getattr(inner, "renders_scans", False)
+        self.merges_reduction_loops = getattr(inner, "merges_reduction_loops", False)
         self.frame = frame
         self.kind = kind
         if hasattr(inner, "render_group"):  # it chains kernels: one call per launch group
