@@ -44,6 +44,13 @@ def test_all_three_loops_of_a_whole_sum_become_one():
     got = compiled(x)
     torch.testing.assert_close(got[0], x.sum())
     torch.testing.assert_close(got[1], x.amax())
+    # a reduction whose result is read again at every point: nodes over the whole space
+    y = torch.randn(5, 5, 5)
+    centred = _compiled(lambda y: (y - y.mean(), torch.std(y)), [y])
+    assert [125] in _reduction_ranges(centred)
+    got = centred(y)
+    torch.testing.assert_close(got[0], y - y.mean())
+    torch.testing.assert_close(got[1], torch.std(y))
 
 
 def test_loops_that_are_not_one_run_stay_apart():
@@ -62,5 +69,6 @@ def test_loops_that_are_not_one_run_stay_apart():
 def test_merged_ranges_are_recognised_against_the_buffer():
     assert merged_from((8, 64, 1, 784), (8, 64, 28, 28))
     assert merged_from((8, 64, 28, 28), (8, 64, 28, 28))
+    assert merged_from((1, 1, 125), (5, 5, 5))  # three loops, merged twice
     assert not merged_from((8, 64, 784, 1), (8, 64, 28, 28))
     assert not merged_from((8, 1, 64 * 784), (8, 64, 28, 28))

@@ -15,7 +15,9 @@ STORAGE = {
     torch.int16: "int16_t",
     torch.int8: "int8_t",
     torch.uint8: "uint8_t",
-    torch.bool: "bool",
+    # bytes of 0 and 1, as torch stores booleans: gcc vectorises no loop that reads or
+    # writes C++ `bool` in memory (a ReLU's mask made every training kernel scalar)
+    torch.bool: "uint8_t",
 }
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -29,6 +31,8 @@ def storage_type(dtype: torch.dtype) -> str:
 
 def value_type(dtype: torch.dtype) -> str:
     """The C++ type a value of ``dtype`` is held in (half precision is held as float)."""
+    if dtype == torch.bool:
+        return "bool"
     return "float" if dtype in LOW_PRECISION else storage_type(dtype)
 
 
@@ -38,6 +42,8 @@ def load_expr(dtype: torch.dtype, element: str) -> str:
         return f"kiln::bf16_to_float({element})"
     if dtype == torch.float16:
         return f"static_cast<float>({element})"
+    if dtype == torch.bool:
+        return f"({element} != 0)"
     return element
 
 

@@ -20,7 +20,14 @@ import sympy
 import torch
 
 from kiln_cpp import ops_table
-from kiln_cpp.dtypes import convert_expr, load_expr, storage_type, store_expr, value_type
+from kiln_cpp.dtypes import (
+    LOW_PRECISION,
+    convert_expr,
+    load_expr,
+    storage_type,
+    store_expr,
+    value_type,
+)
 from kiln_cpp.errors import CppCodegenError
 from kiln_cpp.index_facts import IndexFacts
 from kiln_cpp.printer import cexpr
@@ -189,7 +196,8 @@ class CppOpsHandler:
         spill = f"{var}_spill"
         if spill not in self._spilled:
             self._spilled.add(spill)
-            vt = value_type(self.dtypes[var])
+            vt = storage_type(self.dtypes[var])  # bytes for booleans (no vector<bool>)
+            vt = "float" if self.dtypes[var] in LOW_PRECISION else vt
             loop.prologue.append(f"std::vector<{vt}> {spill}({self._rnumel()});")
             loop.body.append(f"{spill}[{self._rlinear()}] = {var};")
         return self._emit(f"{spill}[{self._rlinear()}]", self.dtypes[var])

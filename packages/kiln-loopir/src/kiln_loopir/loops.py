@@ -104,20 +104,18 @@ def _merge(kernel: Kernel, j: int) -> None:
 
 
 def merged_from(ranges, size) -> bool:
-    """Whether ``ranges`` are ``size`` with pairs of adjacent dimensions ``(a, b)`` made
-    ``(1, a*b)`` by :func:`merge_reduction_loops` (a node's loops over its buffer)."""
-    ranges, size = list(ranges), list(size)
+    """Whether ``ranges`` are ``size`` with runs of adjacent dimensions merged by
+    :func:`merge_reduction_loops`: each run ``(a, b, ..)`` made ``(1, .., a*b*..)``."""
     if len(ranges) != len(size):
         return False
-    i = 0
-    while i < len(size):
-        if ranges[i] == size[i]:
-            i += 1
-        elif i + 1 < len(size) and ranges[i] == 1 and ranges[i + 1] == size[i] * size[i + 1]:
-            i += 2
-        else:
+    pending = 1  # the product of the run not closed yet
+    for r, s in zip(ranges, size, strict=True):
+        pending *= s
+        if r == pending:
+            pending = 1
+        elif r != 1:
             return False
-    return True
+    return pending == 1
 
 
 def _dims_of(kernel: Kernel) -> int:
