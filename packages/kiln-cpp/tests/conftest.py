@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -9,3 +10,12 @@ def cpp_cache(tmp_path_factory):
     mp.setenv("KILN_CPP_CACHE_DIR", str(path))
     yield path
     mp.undo()
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    """The test runs at one thread, then at two (torch's and kiln-cpp's OpenMP count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

@@ -12,14 +12,6 @@ from kiln_cpp.codegen import CppKernel
 from kiln_loopir.testing import compile_fn
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def _mixed(shape, offset=0.0, seed=0):
     """Values of both signs over about six orders of magnitude, plus ``offset``."""
     g = torch.Generator().manual_seed(seed)

@@ -12,14 +12,6 @@ from kiln_cpp.split import SPLIT_MIN_POINTS
 from kiln_loopir.testing import compile_fn
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def _split_kernel(compiled, codegen):
     """The split kernel, after checking kiln-cpp built it into the library it loaded."""
     (kernel,) = [k for k in compiled.kernels if "kiln::split_chunks(" in k.source]

@@ -176,23 +176,7 @@ def full_reduction_lines(kernel: Kernel, loop, after: list[str], ind: str) -> li
     :data:`SPLIT_MAX_CHUNKS`, combined in chunk order after the parallel loop."""
     partials = _partials(loop, after)
     assert partials is not None, "full_reduction said no"
-    n = len(kernel.reduction_ranges)
-    # the chunk's own range where the split loop is the last (a strip-mined one's blocks)
-    first, last_range = (
-        ("r0_start", "r0_stop") if n == 1 else ("0", cexpr(kernel.reduction_ranges[-1]))
-    )
-    chunk_loop = reduction_loop(
-        _reduction_headers(kernel),
-        f"r{n - 1}",
-        last_range,
-        loop.prologue,
-        loop.body,
-        loop.reductions,
-        ind,
-        f"kiln_oob{loop.id}",
-        first,
-        _chunk_points(kernel),
-    )
+    chunk_loop = _chunk_loop(kernel, loop, ind)
     combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{CHUNK}]")
     return [
         "{",
@@ -232,25 +216,14 @@ def row_split(kernel: Kernel, items: list) -> bool:
     return _worth_splitting(kernel, str(int(rows)))
 
 
-def row_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str) -> list[str]:
-    """A row reduction in chunks: the chunks and the rows (outer points) in one parallel
-    loop, each reducing its chunk of its row into partials (an array per accumulator,
-    chunk-major), then each row's partials combined in chunk order."""
-    partials = _partials(loop, after)
-    assert partials is not None, "row_split said no"
-    n, m = len(kernel.ranges), len(kernel.reduction_ranges)
-    outer = sympy.expand(math.prod(kernel.ranges))
-    linear = sympy.S.Zero
-    for var, r in zip(index_vars(n), kernel.ranges, strict=True):
-        linear = linear * r + var
-    slot = f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
-    rows = [
-        f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
-    ]
+def _chunk_loop(kernel: Kernel, loop, ind: str) -> list[str]:
+    """The reduction loop of one chunk: over the chunk's own range where the split loop is
+    the last (a strip-mined one's blocks), else over the whole last loop."""
+    m = len(kernel.reduction_ranges)
     first, last_range = (
         ("r0_start", "r0_stop") if m == 1 else ("0", cexpr(kernel.reduction_ranges[-1]))
     )
-    chunk_loop = reduction_loop(
+    return reduction_loop(
         _reduction_headers(kernel),
         f"r{m - 1}",
         last_range,
@@ -262,6 +235,24 @@ def row_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str)
         first,
         _chunk_points(kernel),
     )
+
+
+def row_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str) -> list[str]:
+    """A row reduction in chunks: the chunks and the rows (outer points) in one parallel
+    loop, each reducing its chunk of its row into partials (an array per accumulator,
+    chunk-major), then each row's partials combined in chunk order."""
+    partials = _partials(loop, after)
+    assert partials is not None, "row_split said no"
+    n = len(kernel.ranges)
+    outer = sympy.expand(math.prod(kernel.ranges))
+    linear = sympy.S.Zero
+    for var, r in zip(index_vars(n), kernel.ranges, strict=True):
+        linear = linear * r + var
+    slot = f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
+    rows = [
+        f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
+    ]
+    chunk_loop = _chunk_loop(kernel, loop, ind)
     combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{slot}]")
     return [
         "{",

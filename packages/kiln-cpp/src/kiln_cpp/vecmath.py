@@ -96,13 +96,9 @@ SOURCE = (
     + r"""
 namespace kiln {
 
-inline float exp_f(float x) {
-  const float hi = 88.72283935546875f, lo = -103.97207708f;
-  float xc = x > hi ? hi : x;
-  xc = xc < lo ? lo : xc;
-  // x = n ln2 + r with |r| <= ln2 / 2; n rounded to nearest by the 1.5 * 2^23 trick
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = xc - n * 0.693359375f;
+// e^x / 2^n for x = n ln2 + r with |r| <= ln2 / 2 (n a whole number): Cephes' polynomial
+inline float exp_poly(float x, float n) {
+  float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -110,7 +106,16 @@ inline float exp_f(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+inline float exp_f(float x) {
+  const float hi = 88.72283935546875f, lo = -103.97207708f;
+  float xc = x > hi ? hi : x;
+  xc = xc < lo ? lo : xc;
+  // n rounded to nearest by the 1.5 * 2^23 trick
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float p = exp_poly(xc, n);
   // times 2^n in two factors, so n down to -150 (subnormal results) stays exact
   const int32_t ni = static_cast<int32_t>(n);
   const int32_t n1 = ni >> 1;
@@ -146,17 +151,8 @@ inline float tanh_f(float x) {
 // exp(-z) for 0 <= z <= 16 (erf's): exp_f without its clamps, its infinity and NaN checks,
 // and with one factor 2^n (no subnormal result to reach)
 inline float exp_neg_f(float z) {
-  const float n = (z * -1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = -z - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  const float n = (-z * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  return exp_poly(-z, n) * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
 }
 
 inline float erf_f(float x) {
