@@ -216,6 +216,16 @@ def row_split(kernel: Kernel, items: list) -> bool:
     return _worth_splitting(kernel, str(int(rows)))
 
 
+def _partial_slot(kernel: Kernel) -> tuple[sympy.Expr, str]:
+    """``(outer points, slot)``: where a chunk's partial for the current outer point lies in
+    an array of partials, chunk-major (``CHUNK`` times the outer points, plus the point)."""
+    outer = sympy.expand(math.prod(kernel.ranges))
+    linear = sympy.S.Zero
+    for var, r in zip(index_vars(len(kernel.ranges)), kernel.ranges, strict=True):
+        linear = linear * r + var
+    return outer, f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
+
+
 def _chunk_loop(kernel: Kernel, loop, ind: str) -> list[str]:
     """The reduction loop of one chunk: over the chunk's own range where the split loop is
     the last (a strip-mined one's blocks), else over the whole last loop."""
@@ -244,11 +254,7 @@ def row_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str)
     partials = _partials(loop, after)
     assert partials is not None, "row_split said no"
     n = len(kernel.ranges)
-    outer = sympy.expand(math.prod(kernel.ranges))
-    linear = sympy.S.Zero
-    for var, r in zip(index_vars(n), kernel.ranges, strict=True):
-        linear = linear * r + var
-    slot = f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
+    outer, slot = _partial_slot(kernel)
     rows = [
         f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
     ]
@@ -317,11 +323,7 @@ def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: s
     size = cexpr(kernel.ranges[-1])
     lanes, end = column_block(x, size)
     accs = column_accumulators(loop, lanes, x, _chunk_points(kernel))
-    outer = sympy.expand(math.prod(kernel.ranges))
-    linear = sympy.S.Zero
-    for var, r in zip(index_vars(n), kernel.ranges, strict=True):
-        linear = linear * r + var
-    slot = f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
+    outer, slot = _partial_slot(kernel)
     lead = [
         f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
     ]
