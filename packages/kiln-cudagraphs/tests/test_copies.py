@@ -1,10 +1,15 @@
-"""copy_all copies every pair: a few large tensors alone and the rest in one multi-tensor
+"""A copy plan copies every pair: a few large tensors alone and the rest in one multi-tensor
 copy; many large tensors all in one."""
 
 import torch
 
 from kiln_cudagraphs import copies
-from kiln_cudagraphs.copies import ALONE_BYTES, MAX_ALONE, copy_all
+from kiln_cudagraphs.copies import ALONE_BYTES, MAX_ALONE, CopyPlan
+
+
+def copy_all(targets, sources):
+    """Each pair copied by a plan made for the targets' sizes, as a graph makes one."""
+    CopyPlan([t.numel() * t.element_size() for t in targets])(targets, sources)
 
 
 def test_every_pair_is_copied_large_ones_alone(monkeypatch):

@@ -35,9 +35,3 @@ class CopyPlan:
         if self.together:
             together = self.together
             torch._foreach_copy_([targets[i] for i in together], [sources[i] for i in together])
-
-
-def copy_all(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
-    """``targets[i].copy_(sources[i])`` for every ``i``, in as few launches as keep the
-    copies at the memory's speed."""
-    CopyPlan([t.numel() * t.element_size() for t in targets])(targets, sources)
