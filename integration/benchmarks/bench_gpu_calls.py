@@ -6,7 +6,9 @@ the loss ``out.float().square().mean()``), and each mode (eager, ``torch.compile
 ``torch.compile(mode="reduce-overhead")``, ``kiln launches`` = ``kiln.compile`` with
 ``options={"cudagraphs": False}`` (every kernel launched by the host program), ``kiln.compile``
 (the default mode: big graphs replay CUDA graphs with fresh outputs) and
-``kiln.compile(mode="reduce-overhead")``):
+``kiln.compile(mode="reduce-overhead")``; in training also both Kiln modes with
+``options={"direct_gradients": True}``, rows ``kiln direct-gradients`` and
+``kiln reduce-overhead direct-gradients``: the backward writes ``.grad`` itself):
 
 - **wall µs**: ``n`` back-to-back calls between two ``torch.cuda.synchronize()``, over
   ``n``; the median of repeats in which the modes take turns;

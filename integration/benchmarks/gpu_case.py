@@ -24,8 +24,15 @@ from timing import take_turns
 
 REPEATS = int(os.environ.get("KILN_BENCH_REPEATS", "7"))
 MODES = ("eager", "torch.compile", "torch.compile reduce-overhead",
-         "kiln launches", "kiln", "kiln reduce-overhead")  # fmt: skip
-KILN_OPTIONS = {"kiln launches": {"cudagraphs": False}}  # kernel by kernel, no CUDA graph
+         "kiln launches", "kiln", "kiln reduce-overhead",
+         "kiln direct-gradients", "kiln reduce-overhead direct-gradients")  # fmt: skip
+KILN_OPTIONS = {
+    "kiln launches": {"cudagraphs": False},  # kernel by kernel, no CUDA graph
+    # the backward writes .grad itself (kiln_autograd.direct_gradients): training only
+    "kiln direct-gradients": {"direct_gradients": True},
+    "kiln reduce-overhead direct-gradients": {"direct_gradients": True},
+}
+TRAINING_ONLY = ("kiln direct-gradients", "kiln reduce-overhead direct-gradients")
 WARMUP_CALLS = 4  # CUDA-graph modes: warm-up, record, first replays
 
 
@@ -144,7 +151,8 @@ def run_case(name: str, size: str, phase: str, emit: Callable[[dict], None]) -> 
     reference = case.result(case.model)
     ready: dict[str, Callable] = {}
     notes: dict[str, str] = {}
-    for mode in MODES:
+    modes = [m for m in MODES if phase == "training" or m not in TRAINING_ONLY]
+    for mode in modes:
         try:
             started = time.perf_counter()
             fn, note = build_mode(case, mode)
@@ -152,9 +160,9 @@ def run_case(name: str, size: str, phase: str, emit: Callable[[dict], None]) -> 
                 note += f"{'; ' if note else ''}ready in {time.perf_counter() - started:.0f} s"
             checked = check(case, fn, reference) if mode != "eager" else ""
             ok = True
-            if "reduce-overhead" in mode or mode == "kiln":
+            if mode.startswith(("torch.compile reduce", "kiln")) and mode != "kiln launches":
                 ok, graphs = engaged(case, mode, fn)
-                ok = ok or mode == "kiln"  # the default mode replays big graphs only
+                ok = ok or "reduce-overhead" not in mode  # the default mode: big graphs only
                 note = ", ".join(filter(None, [note, graphs]))
             notes[mode] = "; ".join(filter(None, [note, checked]))
             if ok:
@@ -172,7 +180,7 @@ def run_case(name: str, size: str, phase: str, emit: Callable[[dict], None]) -> 
     _, eager_calls, _ = kiln_replay_delta(before, kiln_graph_counts())
     if "kiln reduce-overhead" in ready and eager_calls:
         notes["kiln reduce-overhead"] += f"; while timed: {eager_calls} calls without a graph"
-    for mode in MODES:
+    for mode in modes:
         row = {**head, "mode": mode, "note": notes[mode]}
         if mode in ready:
             wall = walls[mode]

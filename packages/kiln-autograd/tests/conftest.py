@@ -75,6 +75,7 @@ def check_against_eager(
     partitioner: str = "min_cut",
     seed: int = 0,
     trace: bool = True,
+    direct_gradients: bool = False,
 ) -> tuple[kiln_autograd.AOTCompiled, RecordingCompiler]:
     """Compile ``module`` (symbolically traced if it is not a GraphModule) and compare it
     with eager on fresh random inputs: outputs, their requires_grad, mutated inputs, buffers,
@@ -86,7 +87,9 @@ def check_against_eager(
         gm = torch.fx.symbolic_trace(module)
     reference = copy.deepcopy(gm)
     compiler = RecordingCompiler()
-    compiled = kiln_autograd.aot(gm, make_inputs(), compiler, partitioner=partitioner)
+    compiled = kiln_autograd.aot(
+        gm, make_inputs(), compiler, partitioner=partitioner, direct_gradients=direct_gradients
+    )
     for call in range(calls):
         inputs = make_inputs()
         ref_inputs = clone_inputs(inputs)

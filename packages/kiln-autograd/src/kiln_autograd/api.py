@@ -16,6 +16,7 @@ import torch.fx
 
 from kiln_autograd.analyze import analyze
 from kiln_autograd.decompositions import decomposition_table, verify_op_set
+from kiln_autograd.direct_gradients import eligible_parameters
 from kiln_autograd.fake import captured_examples, fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
 from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
@@ -56,6 +57,7 @@ class Options:
     partitioner: str
     dynamic: bool
     cache: SignatureCache | None = None
+    direct_gradients: bool = False
 
 
 def aot(
@@ -68,6 +70,7 @@ def aot(
     partitioner: str = "min_cut",
     dynamic: bool = False,
     cache: SignatureCache | None = None,
+    direct_gradients: bool = False,
 ) -> AOTCompiled:
     """Compile ``gm`` for ``example_inputs``; the result takes the graph's inputs.
 
@@ -89,6 +92,11 @@ def aot(
     this process or another) rebuilds them from it without tracing
     (:mod:`kiln_autograd.signature_cache`). A compiler given such a graph
     (:func:`is_restored`) may raise :class:`NeedsTrace` to have the signature traced.
+
+    ``direct_gradients=True`` has a training graph's backward write its parameters'
+    gradients into their ``.grad`` itself, in ``loss.backward()``, instead of through one
+    autograd accumulator node per parameter; parameters are then out of reach of
+    ``torch.autograd.grad`` and ``backward(inputs=...)`` (:mod:`kiln_autograd.direct_gradients`).
     """
     if partitioner not in PARTITIONERS:
         raise ValueError(
@@ -103,6 +111,7 @@ def aot(
         partitioner=partitioner,
         dynamic=dynamic or is_dynamic(example_inputs),
         cache=cache,
+        direct_gradients=direct_gradients,
     )
     lifted = lift(gm)
     state = captured_state_inputs(gm, list(example_inputs))
@@ -163,6 +172,10 @@ class AOTCompiled:
             options=self.options,
             static_inputs=self.static_inputs,
         )
+        if self.options.direct_gradients and isinstance(runner, TrainingRunner):
+            positions = eligible_parameters(args, self.static_inputs, runner.meta.mutated_inputs)
+            if positions:
+                runner.write_gradients_directly(positions, args[positions[0]].device)
         self.runners[self._key(args)] = runner
         return runner
 

@@ -205,6 +205,13 @@ def _tangents_read(graph: torch.fx.Graph, tangents: Sequence[torch.fx.Node]) -> 
     return found
 
 
+def view_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The value whose memory ``node`` views (``node`` itself where it is no view)."""
+    while node.op == "call_function" and getattr(node.target, "is_view", False):
+        node = node.args[0]
+    return node
+
+
 def _ancestors(roots: Sequence[torch.fx.Node], stop: set[torch.fx.Node]) -> set[torch.fx.Node]:
     """``roots`` and every node they read, not reading past the nodes in ``stop``."""
     found: set[torch.fx.Node] = set()

@@ -21,8 +21,9 @@ import torch.fx
 from torch._C import _functions
 
 from kiln_autograd.analyze import GraphMeta, OutputKind
+from kiln_autograd.direct_gradients import DirectGradients, distributed_initialized
 from kiln_autograd.errors import UnsupportedError
-from kiln_autograd.partition import PartitionedGraphs
+from kiln_autograd.partition import PartitionedGraphs, view_root
 from kiln_autograd.trace import JointGraph, differentiable_outputs
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
@@ -71,19 +72,41 @@ class TrainingRunner:
         compiled_bw: Callable | None = None,
     ) -> None:
         self.meta = joint.meta
+        self.parts = parts
+        self.joint = joint
         self.function = _make_function(compiled_fw, parts, joint, bw_compiler, compiled_bw)
         # autograd.Function.apply less its Python prologue, which binds default arguments
         # (the function has none) and unwraps dead functorch wrappers one argument at a
         # time (there are none unless a functorch transform is active): torch's C++ apply
         self._apply_directly = super(torch.autograd.Function, self.function).apply
+        self.direct: DirectGradients | None = None
+
+    def write_gradients_directly(self, positions: Sequence[int], device: torch.device) -> None:
+        """Have the backward write the gradients of the inputs at ``positions`` (parameters:
+        leaves requiring grad) into their ``.grad`` itself
+        (:mod:`kiln_autograd.direct_gradients`)."""
+        if positions:
+            gradient_of = {i: j for j, i in enumerate(self.joint.grad_inputs)}
+            self.direct = DirectGradients(
+                positions, self.joint.num_inputs, self.parts.bw, gradient_of, device
+            )
 
     def __call__(self, *args: object) -> object:
         _refuse_aliased_mutated_inputs(args, self.meta)
         side = _SideChannel()
-        if torch._C._are_functorch_transforms_active():
-            returned = self.function.apply(side, *args)
+        side.args = args
+        direct = self.direct
+        if direct is not None and not distributed_initialized():
+            side.direct = direct
+            side.parameters = direct.parameters_of(args)
+            tape = (direct.sentinel, *direct.tape_inputs_of(args))
         else:
-            returned = self._apply_directly(side, *args)
+            side.direct = None
+            tape = args
+        if torch._C._are_functorch_transforms_active():
+            returned = self.function.apply(side, *tape)
+        else:
+            returned = self._apply_directly(side, *tape)
         meta = self.meta
         n_mut = len(meta.mutated_inputs)
         plain = dict(zip(meta.plain_outputs(), returned, strict=False))
@@ -97,8 +120,13 @@ class TrainingRunner:
 
 
 class _SideChannel:
-    """Carries the forward's raw outputs (for view geometry) out of ``Function.forward``."""
+    """Carries the call's inputs into ``Function.forward`` (where the parameters whose
+    gradients are written directly are no inputs of the ``Function``), and the forward's raw
+    outputs (for view geometry) out of it."""
 
+    args: Sequence[object]
+    direct: DirectGradients | None
+    parameters: tuple[torch.Tensor, ...]
     raw: list[object]
 
 
@@ -141,11 +169,14 @@ def _make_function(
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, side: _SideChannel, *args: object) -> tuple[object, ...]:
-            outs = list(compiled_fw(*args))
+        def forward(ctx, side: _SideChannel, *tape: object) -> tuple[object, ...]:
+            outs = list(compiled_fw(*side.args))
             fw_outs, saved = outs[:n_fw], outs[n_fw:]
             ctx.save_for_backward(*saved[:n_tensors])
             ctx.symints = saved[n_tensors:]
+            ctx.direct = side.direct
+            if side.direct is not None:
+                ctx.parameters = side.parameters
             side.raw = fw_outs
             returned = tuple(
                 _not_a_view(fw_outs[k]) if p in fresh else fw_outs[k]
@@ -183,7 +214,12 @@ def _make_function(
                 result[i] = grads[j]
             if torch.is_grad_enabled():
                 result = _error_on_double_backward(result)
-            return (None, *result)
+            direct = ctx.direct
+            if direct is None:
+                return (None, *result)
+            if direct.full_backward():
+                direct.accumulate(ctx.parameters, direct.parameters_of(result))
+            return (None, None, *direct.tape_inputs_of(result))
 
     return CompiledFunction
 
@@ -217,23 +253,16 @@ def fresh_outputs(parts: PartitionedGraphs, returned_index: Sequence[int]) -> fr
     output = next(iter(reversed(parts.fw.graph.nodes)))
     values = list(output.args[0])
     fw_outs, saved = values[: parts.num_fw_outputs], values[parts.num_fw_outputs :]
-    saved_roots = {_view_root(n) for n in saved if isinstance(n, torch.fx.Node)}
-    readers = Counter(_view_root(n) for n in fw_outs if isinstance(n, torch.fx.Node))
+    saved_roots = {view_root(n) for n in saved if isinstance(n, torch.fx.Node)}
+    readers = Counter(view_root(n) for n in fw_outs if isinstance(n, torch.fx.Node))
     return frozenset(
         p
         for p, k in enumerate(returned_index)
         if isinstance(node := fw_outs[k], torch.fx.Node)
-        and (root := _view_root(node)).op == "call_function"
+        and (root := view_root(node)).op == "call_function"
         and root not in saved_roots
         and readers[root] == 1
     )
-
-
-def _view_root(node: torch.fx.Node) -> torch.fx.Node:
-    """The value whose memory ``node`` views (``node`` itself where it is no view)."""
-    while node.op == "call_function" and getattr(node.target, "is_view", False):
-        node = node.args[0]
-    return node
 
 
 def _not_a_view(t: object) -> object:

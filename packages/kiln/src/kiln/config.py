@@ -68,6 +68,11 @@ class Options:
     # hand-written attention (softmax(q @ k.T * scale + mask) @ v) rewritten to the fused
     # attention op (kiln/attention.py): None (graphs on CUDA), True (on the CPU too), False
     fused_attention: bool | None = None
+    # a training graph's backward writes its parameters' gradients into their .grad itself
+    # (kiln_autograd.direct_gradients), not through autograd's one accumulator node per
+    # parameter; parameters are then out of reach of torch.autograd.grad(loss, params) and
+    # backward(inputs=params), and hooks on accumulator nodes do not run (tensor hooks do)
+    direct_gradients: bool = False
 
     def code_settings(self) -> dict[str, object]:
         """The options that change a graph's generated code: part of its cache key."""

@@ -453,6 +453,7 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                 bw_compiler=AtenCompiler(config, frame, "backward", generate),
                 partitioner=config.options.partitioner,
                 cache=signature_records(config, frame),
+                direct_gradients=config.options.direct_gradients,
             ).guarded()
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[object]):
