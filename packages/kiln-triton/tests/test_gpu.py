@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import torch
 
-from kiln_loopir.testing import check_against_eager
+from kiln_loopir.testing import check_against_eager, compare_outputs, compile_fn
 from kiln_loopir.testing.cases import CASES
 from kiln_triton import TritonCodegen
 
@@ -262,3 +262,31 @@ def test_kernels_compiled_in_worker_processes_launch_and_match_eager(host_progra
         launch = k.fn._launches[()]
         expected = precompiled.binary(k.fn.source_hash, launch.config, launch.numels)
         assert expected is not None and launch.compiled is expected, k.name
+
+
+def test_a_new_size_of_the_same_specialization_launches_the_compiled_kernel():
+    """A kernel whose sizes are arguments, called at a new size whose integer arguments
+    Triton would specialize alike (not 1, no multiple of 16, 32 bits), launches the kernel
+    compiled for an earlier size directly; a size specialized otherwise compiles its own.
+    Results equal eager's at every size."""
+
+    def fn(a):
+        return torch.softmax(a * 2, -1) + 1
+
+    compiled = compile_fn(fn, [torch.randn(5, 19, device="cuda")], codegen=TritonCodegen(),
+                          dynamic=True)  # fmt: skip
+    compare_outputs(compiled(x := torch.randn(5, 19, device="cuda")), [fn(x)])
+    launchers = [k.fn for k in compiled.kernels]
+    firsts = [next(iter(f._launches.values())) for f in launchers]
+    assert all(f.compiled is not None for f in firsts), "not compiled for direct launches"
+    # rows in (4, 8], widths in (16, 32]: one power-of-two bucket each, so one configuration
+    for rows, width in [(6, 21), (7, 27), (5, 32)]:
+        x = torch.randn(rows, width, device="cuda")
+        known = [set(f._launches) for f in launchers]
+        compare_outputs(compiled(x), [fn(x)])
+        for f, first, sizes in zip(launchers, firsts, known, strict=True):
+            (new,) = [f._launches[s] for s in f._launches if s not in sizes]
+            if width % 16:
+                assert new.compiled is first.compiled, f"{rows}x{width} compiled again"
+            else:
+                assert new.compiled is not first.compiled, f"{rows}x{width} took another's"

@@ -1,5 +1,6 @@
 """kiln.compile on functions and modules, with each backend, against eager."""
 
+import inspect
 import warnings
 
 import pytest
@@ -66,6 +67,25 @@ def test_decorator_forms():
     torch.testing.assert_close(with_arguments(x), x.exp() - 1)
     assert plain.__name__ == "plain"
     assert isinstance(plain, kiln.CompiledFunction)
+
+
+def test_a_compiled_method_has_the_methods_signature():
+    """What ``inspect.signature`` says (Hugging Face's ``generate`` reads the forward's at
+    every step): the bound method's, without ``self``."""
+
+    class Model(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, *, cache=None):
+            return input_ids * 2
+
+    model = Model()
+    expected = inspect.signature(model.forward)
+    model.forward = kiln.compile(model.forward)
+    assert inspect.signature(model.forward) == expected
+    assert list(inspect.signature(model.forward).parameters) == [
+        "input_ids",
+        "attention_mask",
+        "cache",
+    ]
 
 
 def test_decorated_method():

@@ -4,6 +4,13 @@ On the first call at some sizes it evaluates the kernel's block counts (``META['
 picks a launch configuration (timed on the GPU for big kernels, remembered on disk; see
 :mod:`kiln_triton.autotune`) and whether indices need 64 bits; later calls at the same
 sizes go straight to the launch.
+
+A kernel whose sizes are arguments meets a new size at every call of a decode loop. Triton
+compiles a kernel for a *specialization* of its integer arguments (whether each is 1, a
+multiple of 16, and fits 32 bits), not for their values: a new size whose specialization
+and configuration match an earlier one's launches that compiled kernel directly with its
+own grid, without going through Triton's per-call dispatch. At most ``MAX_SIZES`` sizes
+keep their launch (the oldest planned goes first).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block p
 # repeated calls launch through the compiled kernel's own launcher, skipping Triton's
 # per-call argument specialization (KILN_TRITON_DIRECT_LAUNCH=0 goes through Triton's)
 DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") == "1"
+MAX_SIZES = 256  # sizes whose launch a kernel keeps
 
 
 @dataclass
@@ -54,6 +62,8 @@ class Launch:
     compiled: object = None  # the compiled kernel the runner launches
     tail: tuple = ()
     split: SplitLaunch | None = None
+    # what Triton compiled the kernel for, where its sizes are arguments (see _specialized)
+    specialization: tuple = ()
 
     def call(self, args: tuple) -> None:
         """Launch through Triton's launcher (both launches of a split reduction)."""
@@ -75,6 +85,12 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
 
 
+def _specialized(n: int) -> tuple[bool, bool, bool]:
+    """What Triton's compile of a kernel assumes of an integer argument: whether it is 1
+    (then a constant), a multiple of 16, and within 32 bits."""
+    return (n == 1, n % 16 == 0, -(2**31) <= n < 2**31)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -83,9 +99,7 @@ def direct_runner(kernel, grid: tuple[int, int, int]):
     """``runner(*args)`` launching a compiled Triton kernel on the current stream: its
     driver launcher called straight, skipping the per-call hook and metadata lookups of
     ``kernel[grid]`` while no launch hook is set (with one set, ``kernel[grid]`` itself)."""
-    from triton import knobs
-
-    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+    if launch_hooks_set():
         return kernel[grid]
     kernel[grid]  # loads the module: run, function and packed_metadata exist from here on
     run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
@@ -96,6 +110,15 @@ def direct_runner(kernel, grid: tuple[int, int, int]):
         run(g0, g1, g2, stream_of(device_now()), function, metadata, None, None, None, *args)
 
     return runner
+
+
+def launch_hooks_set() -> bool:
+    """Whether Triton has a launch hook to call (a profiler's). Newer Triton keeps its hooks
+    in chains that are never None: an empty chain is no hook."""
+    from triton import knobs
+
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return any(h is not None and getattr(h, "calls", True) for h in hooks)
 
 
 class TritonKernel:
@@ -114,6 +137,8 @@ class TritonKernel:
         self._numels = eval(f"lambda {params}: ({exprs},)", scope)  # noqa: S307 - generated
         self._numel_names = names
         self._launches: dict[tuple, Launch | None] = {}
+        # compiled kernels by (configuration, 64-bit indices, integer specialization)
+        self._compiled: dict[tuple, object] = {}
         self._tuning_dir = autotune.cache_dir()  # the compile's, kept for the first launches
         self.configs_timed = 0
 
@@ -125,6 +150,8 @@ class TritonKernel:
         launch = self._launches.get(sizes, False)
         if launch is False:
             launch = self._plan(args, sizes)
+            if len(self._launches) >= MAX_SIZES:
+                del self._launches[next(iter(self._launches))]
             self._launches[sizes] = launch
         if launch is None:  # nothing to compute
             return
@@ -162,6 +189,15 @@ class TritonKernel:
         launch.tail = (*launch.numels, *(launch.kwargs[n] for n in names))
         launch.runner = direct_runner(kernel, (*launch.grid, 1, 1)[:3])
         launch.compiled = kernel
+        if launch.specialization:
+            self._compiled.setdefault(launch.specialization, kernel)
+
+    def _reuse_compiled(self, launch: Launch) -> None:
+        """Launch directly with the kernel compiled for an earlier size of the same
+        specialization, where there is one."""
+        kernel = self._compiled.get(launch.specialization)
+        if kernel is not None:
+            self._launch_compiled(launch, kernel)
 
     # -- planning -------------------------------------------------------------------------------
     def numels(self, sizes: tuple[int, ...]) -> dict[str, int]:
@@ -194,7 +230,7 @@ class TritonKernel:
         config = configs[0]
         if len(configs) > 1 and not INTERPRET and autotune.worth_timing(self.meta["kind"], points):
             config = self._tune(configs, tensors, sizes, numels, index64)
-        return self._launch(config, numels, index64)
+        return self._launch_at(config, numels, index64, sizes)
 
     def _launch(self, config: Config, numels: dict[str, int], index64: bool) -> Launch:
         blocks = dict(config.blocks)
@@ -216,6 +252,18 @@ class TritonKernel:
             kernel = precompiled.binary(self.source_hash, config, launch.numels)
             if kernel is not None:  # compiled when the graph compiled (codegen.precompile)
                 self._launch_compiled(launch, kernel)
+        return launch
+
+    def _launch_at(self, config: Config, numels: dict[str, int], index64: bool, sizes: tuple):
+        """:meth:`_launch` at ``sizes`` (the kernel's size arguments), launched directly
+        from the first call where a kernel of its specialization was compiled before."""
+        launch = self._launch(config, numels, index64)
+        if self._nsizes and launch.split is None:
+            launch.specialization = (config, index64, *map(_specialized, (*sizes, *launch.numels)))
+            if launch.compiled is not None:  # compiled ahead for these sizes
+                self._compiled.setdefault(launch.specialization, launch.compiled)
+            elif DIRECT_LAUNCH and not INTERPRET:
+                self._reuse_compiled(launch)
         return launch
 
     def _split(self, launch: Launch, blocks: dict, numels: dict, nsplit: int, index64: bool):

@@ -10,8 +10,10 @@ and friends change the model and return the wrapper.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import inspect
 import threading
 import types
 
@@ -68,6 +70,10 @@ class CompiledFunction:
         self._session = session
         self._captured = captured
         functools.update_wrapper(self, fn)
+        # inspect.signature would unwrap to fn at every call: Hugging Face's generate()
+        # asks for the forward's signature at every step
+        with contextlib.suppress(TypeError, ValueError):  # none: the wrapper has none either
+            self.__signature__ = inspect.signature(fn)
 
     def __call__(self, *args, **kwargs):
         if compilation_disabled():
