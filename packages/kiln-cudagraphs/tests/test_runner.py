@@ -108,6 +108,28 @@ def test_warm_up_then_record_then_replay_fresh_inputs():
     assert graph.in_place == {1: w.data_ptr(), 2: b.data_ptr()}
 
 
+def test_more_warm_ups_before_a_key_records():
+    """``warmups=3``: a key's first three calls run without a graph, the fourth records;
+    a key seen fewer times never records."""
+    r = runner(static_inputs=PARAMS, warmups=3)
+    w, b = torch.randn(8, 5), torch.randn(5)
+    for rows in (2, 3, 4, 4, 4, 4, 4, 3):
+        x = torch.randn(rows, 8)
+        out, n = r(x, w, b)
+        expected, n_expected = mlp(x, w, b)
+        torch.testing.assert_close(out, expected)
+        assert n == n_expected == rows
+    s = kiln_cudagraphs.stats(r)
+    # rows 4: three warm-ups, a capture, a replay; rows 2 and 3: warm-ups only
+    assert (s.warmups, s.captures, s.replays, s.eager_calls) == (6, 1, 1, 0), s
+    assert len([e for e in r.entries.values() if isinstance(e, RecordedGraph)]) == 1
+
+
+def test_warm_ups_must_be_one_or_more():
+    with pytest.raises(ValueError, match="warmups=0"):
+        runner(warmups=0)
+
+
 def test_inputs_not_named_static_are_copied_whatever_their_address():
     r = runner()
     w, b = torch.randn(8, 5), torch.randn(5)

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import kiln
 from kiln import _plugins, runtime
@@ -40,7 +41,7 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
 
             def wrap(compiled, example_inputs, **hints):
                 fresh, limit = hints["fresh_outputs"], hints["max_copy_bytes"]
-                return ("replayed", compiled, example_inputs, fresh, limit)
+                return ("replayed", compiled, example_inputs, fresh, limit, hints["warmups"])
             """
         )
     )
@@ -55,13 +56,18 @@ def test_runtime_plugin_wraps_graphs_of_its_device(tmp_path, monkeypatch):
         cuda, big = torch.device("cuda"), runtime.MIN_GRAPH_STEPS
         reduce_overhead = kiln.Options(cudagraphs=True)
         wrapped = runtime.wrap_for_mode(f, ["x"], reduce_overhead, cuda, steps=1)
-        assert wrapped == ("replayed", f, ["x"], False, None)  # outputs over graph memory
+        assert wrapped == ("replayed", f, ["x"], False, None, 1)  # outputs over graph memory
         # the default mode replays graphs big enough to gain, with outputs of their own
         default = kiln.Options()
         limit = big * runtime.COPY_BYTES_PER_STEP  # bytes of outputs copied, at most
         assert runtime.wrap_for_mode(f, ["x"], default, cuda, steps=big) == (
-            "replayed", f, ["x"], True, limit
+            "replayed", f, ["x"], True, limit, 1
         )  # fmt: skip
+        # a graph of symbolic sizes records a size once it came back a few times
+        size = ShapeEnv().create_unbacked_symint()
+        wrapped = runtime.wrap_for_mode(f, [size], default, cuda, steps=big)
+        assert wrapped[-1] == runtime.SIZE_WARMUPS > 1
+        assert runtime.wrap_for_mode(f, [size], reduce_overhead, cuda, steps=big)[-1] == 1
         assert runtime.wrap_for_mode(f, ["x"], default, cuda, steps=big - 1) is f
         assert runtime.wrap_for_mode(f, ["x"], default, torch.device("cpu"), steps=big) is f
         launches = kiln.Options(cudagraphs=False)

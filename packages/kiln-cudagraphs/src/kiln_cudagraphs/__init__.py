@@ -55,6 +55,7 @@ def wrap(
     fresh_outputs: bool = False,
     max_copy_bytes: int | None = None,
     saved_outputs: Collection[int] = (),
+    warmups: int = 1,
 ) -> CudaGraphRunner:
     """``compiled`` replayed through CUDA graphs: the ``kiln.runtime`` contract.
 
@@ -74,7 +75,9 @@ def wrap(
     more than ``max_copy_bytes`` is not kept (the copy would cost more than it saves).
     ``saved_outputs`` (kiln-autograd's ``saved_outputs(gm)``: a forward graph's saved
     tensors) are not copied with ``fresh_outputs``: they are handed out over graph memory,
-    and a call that would overwrite ones still alive runs without a graph.
+    and a call that would overwrite ones still alive runs without a graph. ``warmups``:
+    calls of a key that run without a graph before the next one records it (1: the
+    second call records; more for a caller whose keys are sizes that may never come back).
     """
     return CudaGraphRunner(
         compiled,
@@ -86,6 +89,7 @@ def wrap(
         fresh_outputs=fresh_outputs,
         max_copy_bytes=max_copy_bytes,
         saved_outputs=saved_outputs,
+        warmups=warmups,
     )
 
 

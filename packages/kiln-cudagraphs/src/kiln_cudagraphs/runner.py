@@ -42,7 +42,9 @@ KEPT_ALIVE = (
 
 @dataclass(frozen=True)
 class WarmedUp:
-    """A key seen once."""
+    """A key whose ``calls`` ran without a graph so far."""
+
+    calls: int = 1
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ class CudaGraphRunner:
     """Runs ``compiled`` through CUDA graphs, one per input key (see the package docs).
 
     The first call of a key runs eagerly (lazy initialisation, autotuning and library
-    handles happen outside capture). The second runs eagerly too under torch's sync debug
+    handles happen outside capture), and so do its first ``warmups`` calls. The next runs
+    eagerly too under torch's sync debug
     mode: a key whose run synchronises with the host runs eagerly from then on, without a
     capture being attempted. Otherwise it records the graph, replays it once on the same
     inputs and keeps it only if the replay matches the eager run. The ``static_inputs``
@@ -93,9 +96,13 @@ class CudaGraphRunner:
         fresh_outputs: bool = False,
         max_copy_bytes: int | None = None,
         saved_outputs: Collection[int] = (),
+        warmups: int = 1,
     ) -> None:
         if max_graphs < 0:
             raise ValueError(f"max_graphs={max_graphs}: give 0 (never record) or more")
+        if warmups < 1:
+            raise ValueError(f"warmups={warmups}: a key runs at least once before it records")
+        self.warmups = warmups
         self.compiled = compiled
         self.__wrapped__ = compiled
         self.max_graphs = max_graphs
@@ -147,6 +154,10 @@ class CudaGraphRunner:
                 return entry(inputs)
             return self._record_again(key, inputs, entry, moved, now_in_pool)
         if isinstance(entry, WarmedUp):
+            if entry.calls < self.warmups:
+                self.entries[key] = WarmedUp(entry.calls + 1)
+                self._count("warmups")
+                return self.compiled(*inputs)
             return self._record(key, inputs)
         if isinstance(entry, Eager):
             return self._run_eagerly(inputs, entry.reason)

@@ -40,6 +40,10 @@ MIN_GRAPH_STEPS = 8  # kernels and extern calls from which the default mode repl
 # the host about 5 µs, and a copy (each byte read and written) moves about 1.5 MB per µs on
 # a current GPU, so the copy takes at most about half the host time the replay saves
 COPY_BYTES_PER_STEP = 4 * 1024 * 1024
+# calls of one size of a graph of symbolic sizes that run without a graph before the next
+# records one: a decode loop meets each length once per generate() call, and recording
+# (a capture, a checked replay: milliseconds) pays off only for a size that keeps coming
+SIZE_WARMUPS = 3
 
 log = logging.getLogger("kiln.runtime")
 _warned: set[str] = set()
@@ -125,14 +129,16 @@ def wrap_for_mode(
     if not asked:
         log.info("a graph of %d steps replays as a CUDA graph with fresh outputs", steps)
     tensor_views.register_with(plugin)
+    symbolic = _symbolic(example_inputs)
     return plugin.wrap(
         compiled,
         list(example_inputs),
         static_inputs=tuple(static_inputs),
         unchecked_outputs=tuple(unchecked_outputs),
         unused_inputs=tuple(unused_inputs),
-        pinned=not _symbolic(example_inputs),
+        pinned=not symbolic,
         fresh_outputs=not asked,
         max_copy_bytes=None if asked else steps * COPY_BYTES_PER_STEP,
         saved_outputs=tuple(saved_outputs),
+        warmups=SIZE_WARMUPS if symbolic and not asked else 1,
     )
