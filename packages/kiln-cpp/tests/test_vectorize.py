@@ -48,6 +48,18 @@ def test_int_and_bool_reductions_under_simd():
     )
 
 
+def test_sums_shorter_than_a_block_of_lanes_reduce_with_a_clause():
+    """A float sum over 16 points: no block of 32 lanes would run, so no lane array, no tree
+    of adds; one ``omp simd`` loop with a ``reduction(+:...)`` clause."""
+    x, y = torch.randn(64, 16), torch.randn(48, 16)
+    compiled = check_against_eager(
+        lambda a, b: (a @ b.t(), a.sum(-1)), [x, y], codegen=CppCodegen()
+    )
+    source = _source(compiled)
+    assert "_lanes[" not in source
+    assert "reduction(+:" in source
+
+
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 100, 1000])
 def test_welford_lanes_and_tail(n):
     x = torch.randn(5, n) * 3 + 50  # an offset mean: the lanes' merge must keep m2 exact
@@ -57,6 +69,9 @@ def test_welford_lanes_and_tail(n):
     source = _source(compiled)
     if n == 1:
         return  # no reduction loop at all
+    if n < 32:  # shorter than a block of lanes: one scalar loop
+        assert "WelfordLanes" not in source and source.count(".update(") == 1
+        return
     assert "WelfordLanes" in source and "merge" in source
     # var and mean of one var_mean share one pass over the data and one accumulator
     assert source.count(".update(") == 2  # the lanes' update and the tail's

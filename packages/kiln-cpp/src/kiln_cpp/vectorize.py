@@ -301,6 +301,11 @@ def reduction_loop(
         head.append(f"int {flag} = 0;")
         pragma += f" reduction(|:{flag})"
         epilogue = [*epilogue, OOB_STORE.format(flag=flag)]
+    if _shorter_than_a_block(last_range, first):  # no block would run: no lanes
+        if welfords:
+            return [*prologue, *loops, "{", *[ind + line for line in body], "}"]
+        pragma = " ".join([pragma, *(f"reduction(+:{a.acc})" for a in sums)])
+        sums = []
     if not welfords and not sums:
         lines = [*loops[:-1], pragma, loops[-1], "{"]
         lines += [ind + line for line in simd_body(lanes_body, accs) + extra]
@@ -365,6 +370,14 @@ def reduction_loop(
         merge += pairwise_sum(lanes[a.acc], LANES)
         merge.append(f"{a.acc} += {lanes[a.acc]}[0];")
     return [*head, *lines, *merge, *epilogue]
+
+
+def _shorter_than_a_block(last_range: str, first: str) -> bool:
+    """Whether the innermost reduction loop runs fewer than :data:`LANES` points, a number
+    known now: strip-mined, its blocks would never run and the lanes (an array to clear, a
+    tree of adds, a merge) would cost more than its points. It runs as one ``omp simd``
+    loop with a clause instead (a Welford loop: scalar)."""
+    return first == "0" and last_range.isdigit() and int(last_range) < LANES
 
 
 def pairwise_sum(array: str, size: int) -> list[str]:
