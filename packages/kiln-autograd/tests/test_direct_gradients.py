@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kiln_autograd
-from kiln_autograd.direct_gradients import DirectGradients
+from kiln_autograd.direct_gradients import DirectGradients, leaves_reached
 
 
 def rand(*shape: int, grad: bool = False) -> torch.Tensor:
@@ -34,18 +34,8 @@ def only_runner(compiled):
     return runner
 
 
-def accumulators_reached(out: torch.Tensor) -> set:
-    """The accumulator nodes autograd's graph reaches from ``out``."""
-    seen, found, todo = set(), set(), [out.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ == "AccumulateGrad":
-            found.add(node.variable)
-        todo.extend(n for n, _ in node.next_functions)
-    return {id(v) for v in found}
+def accumulators_reached(out: torch.Tensor) -> set[int]:
+    return {id(v) for v in leaves_reached(out)}
 
 
 @pytest.mark.parametrize("x_requires_grad", [False, True])

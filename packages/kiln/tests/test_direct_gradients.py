@@ -10,20 +10,12 @@ import torch
 from helpers import Block, copy_of
 
 import kiln
+from kiln_autograd.direct_gradients import leaves_reached
 
 
 def accumulators_reached(out: torch.Tensor) -> set[int]:
     """ids of the leaves whose accumulator autograd's graph reaches from ``out``."""
-    seen, found, todo = set(), set(), [out.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ == "AccumulateGrad":
-            found.add(id(node.variable))
-        todo.extend(n for n, _ in node.next_functions)
-    return found
+    return {id(v) for v in leaves_reached(out)}
 
 
 def train_side_by_side(device: str, tmp_path, steps: int = 4, **compile_args):

@@ -124,6 +124,22 @@ class DirectGradients:
             torch._foreach_add_(into, added)
 
 
+def leaves_reached(out: torch.Tensor) -> list[torch.Tensor]:
+    """The leaves whose accumulator autograd's graph reaches from ``out``: those a
+    ``backward()`` from it runs an ``AccumulateGrad`` node for (parameters written
+    directly are not among them)."""
+    seen, found, todo = set(), [], [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "AccumulateGrad":
+            found.append(node.variable)
+        todo.extend(n for n, _ in node.next_functions)
+    return found
+
+
 def _getter(positions: tuple[int, ...]):
     """``args -> tuple`` of the items at ``positions`` (an empty tuple for none)."""
     if not positions:
