@@ -32,6 +32,7 @@ hooks such as ``DistributedDataParallel``'s) do not run. A process with
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from operator import itemgetter
 
@@ -74,8 +75,8 @@ class DirectGradients:
         device: torch.device,
     ) -> None:
         self.positions = tuple(positions)
-        kept = [i for i in range(num_inputs) if i not in set(positions)]
-        self.tape_positions = tuple(kept)
+        chosen = set(positions)
+        self.tape_positions = tuple(i for i in range(num_inputs) if i not in chosen)
         self.parameters_of = _getter(self.positions)
         self.tape_inputs_of = _getter(self.tape_positions)
         self.sentinel = torch.zeros((), device=device, requires_grad=True)
@@ -157,10 +158,7 @@ def _held_gradients(bw: torch.fx.GraphModule, outputs: Sequence[int | None]) -> 
     output = next(iter(reversed(bw.graph.nodes)))
     values = list(output.args[0])
     roots = [view_root(v) if isinstance(v, torch.fx.Node) else None for v in values]
-    counts: dict[torch.fx.Node, int] = {}
-    for r in roots:
-        if r is not None:
-            counts[r] = counts.get(r, 0) + 1
+    counts = Counter(r for r in roots if r is not None)
     held = []
     for j in outputs:
         root = roots[j] if j is not None else None
