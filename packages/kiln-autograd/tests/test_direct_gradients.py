@@ -150,3 +150,29 @@ def test_without_the_option_parameters_stay_in_autograds_graph():
     assert only_runner(compiled).direct is None
     reached = accumulators_reached(compiled(rand(4, 6)))
     assert {id(p) for p in gm.parameters()} <= reached
+
+
+def test_with_torch_distributed_initialized_parameters_stay_in_autograds_graph(caplog):
+    """DDP's reducer hooks the parameters' accumulators: with a process group, the
+    parameters stay inputs (logged once), and the gradients are still eager's."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not built")
+    gm, compiled = compile_direct(Block(), rand(4, 6))
+    reference = Block()
+    reference.load_state_dict(gm.state_dict())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with caplog.at_level("INFO", logger="kiln_autograd"):
+            for _ in range(2):
+                x = rand(4, 6)
+                out = compiled(x)
+                assert {id(p) for p in gm.parameters()} <= accumulators_reached(out)
+                out.square().sum().backward()
+                reference(x).square().sum().backward()
+    finally:
+        dist.destroy_process_group()
+    for (name, p), q in zip(gm.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=name)
+    notes = [r for r in caplog.records if "torch.distributed is initialized" in r.message]
+    assert len(notes) == 1

@@ -32,6 +32,7 @@ hooks such as ``DistributedDataParallel``'s) do not run. A process with
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from operator import itemgetter
@@ -40,6 +41,8 @@ import torch
 import torch.fx
 
 from kiln_autograd.partition import view_root
+
+log = logging.getLogger("kiln_autograd")
 
 
 def eligible_parameters(
@@ -85,6 +88,19 @@ class DirectGradients:
         self._sentinel_node = self.sentinel.view_as(self.sentinel).grad_fn.next_functions[0][0]
         self._held = _held_gradients(bw, [gradient_of.get(i) for i in self.positions])
         self._copied: list[bool] | None = None
+        self._noted_distributed = False
+
+    def note_distributed(self) -> None:
+        """Say once that this graph's parameters stay in autograd's graph because
+        ``torch.distributed`` is initialized (its hooks on accumulators must run)."""
+        if not self._noted_distributed:
+            self._noted_distributed = True
+            log.info(
+                "direct gradients off for %d parameters: torch.distributed is initialized, "
+                "and DistributedDataParallel's reducer hooks their accumulators; autograd "
+                "accumulates their gradients",
+                len(self.positions),
+            )
 
     def full_backward(self) -> bool:
         """Whether the running backward accumulates into every leaf it reaches."""

@@ -96,7 +96,10 @@ class TrainingRunner:
         side = _SideChannel()
         side.args = args
         direct = self.direct
-        if direct is not None and not distributed_initialized():
+        if direct is not None and distributed_initialized():
+            direct.note_distributed()  # DDP's reducer hooks the accumulators: keep them
+            direct = None
+        if direct is not None:
             side.direct = direct
             side.parameters = direct.parameters_of(args)
             tape = (direct.sentinel, *direct.tape_inputs_of(args))
