@@ -117,7 +117,7 @@ class CapturedFunction:
         self.bound_self = bound_self
         self.observer = observer
         self.entries: list[CacheEntry] = []
-        self.dispatch: list[tuple] = []  # (guard check, transformed function), newest first
+        self.dispatch: list[tuple] = []  # (guard check, capture result), newest first
         self.stats = CaptureStats()
         self.dynamic_sizes = DynamicSizes(dynamic)
         # functions called at graph breaks and resume functions, shared by the whole tree of
@@ -138,9 +138,9 @@ class CapturedFunction:
     def __call__(self, *args, **kwargs):
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        for check, function in self.dispatch:
+        for check, result in self.dispatch:
             if check(*args, **kwargs):
-                return function(*args, **kwargs)
+                return result.function(*args, **kwargs)
         return self.cache_miss(args, kwargs)
 
     def __get__(self, obj, objtype=None):
@@ -182,12 +182,12 @@ class CapturedFunction:
             )
         self.stats.compiles += 1
         self.entries.insert(0, CacheEntry(result))
-        self.dispatch.insert(0, (result.guard.check, result.function))
+        self.dispatch.insert(0, (result.guard.check, result))
         with collecting_new_objects_only():
             self.rebuild_dispatch()
         if self.observer is not None:
             self.observer.on_capture(self, result)
-        out = result.function(*args, **kwargs)
+        out = result.run_first(args, kwargs)
         if self.is_root:
             self.warn_if_nothing_compiled()
         return out

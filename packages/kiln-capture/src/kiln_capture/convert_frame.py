@@ -16,11 +16,13 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import operator
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -120,7 +122,10 @@ class GraphBreakRecord:
 class CaptureResult:
     """What one cache miss produced."""
 
-    function: types.FunctionType  # the transformed function, same signature as the original
+    # makes the transformed function (same signature as the original), on first use of
+    # ``function``: where the dispatcher calls the graph itself, nothing ever needs it, and
+    # assembling a frame that loads hundreds of parameters costs a tenth of a second
+    make_function: Callable[[], types.FunctionType]
     guard: GuardFunction
     graph: torch.fx.GraphModule | None
     graph_break: GraphBreakRecord | None = None
@@ -132,6 +137,32 @@ class CaptureResult:
     # dispatcher calls the graph on the inputs its guards read, then
     # ``epilogue(graph outputs, *arguments)`` (the transformed code after the graph call)
     after_graph: tuple | None = None
+    # the graph's inputs in the call that was captured, until :meth:`run_first` uses them
+    first_inputs: list | None = field(default=None, repr=False)
+    _function: types.FunctionType | None = field(default=None, repr=False)
+
+    @property
+    def function(self) -> types.FunctionType:
+        """The transformed function."""
+        if self._function is None:
+            self._function = self.make_function()
+        return self._function
+
+    @function.setter
+    def function(self, function) -> None:
+        self._function = function
+
+    def run_first(self, args, kwargs):
+        """The call that was captured, run as the dispatcher runs this entry (the graph on
+        the inputs the trace read, then the epilogue) where it calls the graph itself."""
+        inputs, self.first_inputs = self.first_inputs, None  # the call's tensors, not kept
+        if self.direct is not None and inputs is not None:
+            compiled, _, index = self.direct
+            return compiled(*inputs)[index]
+        if self.after_graph is not None and inputs is not None:
+            compiled, _, epilogue = self.after_graph
+            return epilogue(compiled(*inputs), *args, **kwargs)
+        return self.function(*args, **kwargs)
 
 
 class LazyLocal(Variable):
@@ -422,11 +453,12 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
     output.side_effects.replay(cg, fn.__globals__)
     cg.emit_return()
     return CaptureResult(
-        make_function(fn, cg),
+        functools.partial(make_function, fn, cg),
         build_guard_function(fn, output.guards, shape_guards(output)),
         gm,
         direct=direct_call(output, compiled, indices, returned),
         after_graph=graph_then_epilogue(fn, output, compiled, cg),
+        first_inputs=graph_inputs(output, compiled),
     )
 
 
@@ -562,12 +594,13 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         depth = handler.stack_depth + handler.push_lasti + 1
         resume_after(handler.target, (False,) * depth)
     return CaptureResult(
-        make_function(fn, cg),
+        functools.partial(make_function, fn, cg),
         build_guard_function(fn, output.guards, shape_guards(output)),
         gm,
         break_info,
         resumes,
         after_graph=graph_then_epilogue(fn, output, compiled, cg),
+        first_inputs=graph_inputs(output, compiled),
     )
 
 
@@ -646,6 +679,11 @@ def graph_then_epilogue(fn, output: OutputGraph, compiled, cg: Codegen):
     epilogue.__kwdefaults__ = fn.__kwdefaults__
     epilogue.__kiln_keep_alive__ = cg.keep_alive
     return compiled, input_expressions(output), epilogue
+
+
+def graph_inputs(output: OutputGraph, compiled) -> list | None:
+    """The graph's inputs in the call that was captured (what the backend was given)."""
+    return None if compiled is None else [value for _, value, _ in output.inputs]
 
 
 def input_expressions(output: OutputGraph) -> list[str]:
