@@ -15,7 +15,7 @@ import re
 
 import sympy
 
-from kiln_cpp.columns import column_reduction, column_reduction_lines, reduction_points
+from kiln_cpp.columns import column_passes, column_reduction_lines, reduction_points
 from kiln_cpp.dtypes import value_type
 from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
 from kiln_cpp.index_facts import pieces
@@ -172,18 +172,18 @@ def render_kernel(kernel: Kernel) -> str:
         lines += [ind + line for line in full_reduction_lines(kernel, items[0], items[1:], ind)]
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"
-    if not handler.has_scatter and column_reduction(kernel, items):
-        if column_split(kernel, items):
-            body = column_split_lines(kernel, items[0], items[1:], _parallel_when(kernel), ind)
+    passes = None if handler.has_scatter else column_passes(kernel, items)
+    if passes is not None:
+        if column_split(kernel, passes):
+            body = column_split_lines(kernel, passes, _parallel_when(kernel), ind)
         else:
             body = column_reduction_lines(
+                passes,
                 _loops("x", kernel.ranges, ""),
                 [cexpr(r) for r in kernel.ranges],
                 _parallel_when(kernel),
                 _loops("r", kernel.reduction_ranges, ""),
                 reduction_points(kernel),
-                items[0],
-                items[1:],
                 ind,
             )
         lines += [ind + line for line in body]

@@ -36,7 +36,16 @@ from dataclasses import dataclass
 
 import sympy
 
-from kiln_cpp.columns import column_accumulators, column_block, column_lanes
+from kiln_cpp.columns import (
+    WELFORD,
+    WELFORD_REFERENCE,
+    ColumnPasses,
+    column_accumulators,
+    column_block,
+    column_lanes,
+    kept_binds,
+    kept_stores,
+)
 from kiln_cpp.printer import cexpr
 from kiln_cpp.vectorize import ACCUMULATOR, reduction_loop
 from kiln_loopir.kernel import Kernel
@@ -48,8 +57,6 @@ SPLIT_MIN_POINTS = 32768
 # at most this many chunks (the length of a full reduction's array of partials)
 SPLIT_MAX_CHUNKS = 64
 _KINDS = ("sum", "dot", "prod", "max", "min", "any", "all", "welford.mean", "welford.m2")
-_WELFORD = re.compile(r"^(?P<type>kiln::Welford<[\w:]+>) (?P<acc>acc\d+);$")
-_WELFORD_REFERENCE = re.compile(r"^kiln::Welford<[\w:]+>& (?P<acc>acc\d+) = (?P<twin>acc\d+);$")
 _VALUE = re.compile(r"^tmp\d+$")
 CHUNK = "kiln_chunk"
 CHUNKS = "kiln_chunks"
@@ -82,9 +89,9 @@ def _partials(loop, after: list) -> list[_Partial] | None:
     for line in loop.prologue:
         if m := ACCUMULATOR.match(line):
             partials[m["acc"]] = _Partial(m["acc"], m["type"], False)
-        elif m := _WELFORD.match(line):
+        elif m := WELFORD.match(line):
             partials[m["acc"]] = _Partial(m["acc"], m["type"], True)
-        elif not ((m := _WELFORD_REFERENCE.match(line)) and m["twin"] in partials):
+        elif not ((m := WELFORD_REFERENCE.match(line)) and m["twin"] in partials):
             return None
     if sorted(a.acc for a in loop.reductions) != sorted(partials):
         return None
@@ -216,14 +223,19 @@ def row_split(kernel: Kernel, items: list) -> bool:
     return _worth_splitting(kernel, str(int(rows)))
 
 
+def _outer_position(kernel: Kernel) -> str:
+    """The row-major position of the current outer point, as C++."""
+    linear = sympy.S.Zero
+    for var, r in zip(index_vars(len(kernel.ranges)), kernel.ranges, strict=True):
+        linear = linear * r + var
+    return cexpr(sympy.expand(linear))
+
+
 def _partial_slot(kernel: Kernel) -> tuple[sympy.Expr, str]:
     """``(outer points, slot)``: where a chunk's partial for the current outer point lies in
     an array of partials, chunk-major (``CHUNK`` times the outer points, plus the point)."""
     outer = sympy.expand(math.prod(kernel.ranges))
-    linear = sympy.S.Zero
-    for var, r in zip(index_vars(len(kernel.ranges)), kernel.ranges, strict=True):
-        linear = linear * r + var
-    return outer, f"{CHUNK} * ({cexpr(outer)}) + {cexpr(sympy.expand(linear))}"
+    return outer, f"{CHUNK} * ({cexpr(outer)}) + {_outer_position(kernel)}"
 
 
 def _chunk_loop(kernel: Kernel, loop, ind: str) -> list[str]:
@@ -305,73 +317,90 @@ def _column_units(kernel: Kernel) -> str:
     return f"({cexpr(lead_points)}) * (({cexpr(last)} + {lanes - 1}) / {lanes})"
 
 
-def column_split(kernel: Kernel, items: list) -> bool:
-    """Whether a column reduction (see :func:`kiln_cpp.columns.column_reduction`, which
-    the caller checked) may leave threads idle and is worth splitting."""
-    loop, after = items[0], items[1:]
-    if _partials(loop, after) is None:
+def column_split(kernel: Kernel, passes: ColumnPasses) -> bool:
+    """Whether a column kernel (see :func:`kiln_cpp.columns.column_passes`) may leave
+    threads idle and is worth splitting."""
+    if _partials(passes.loops[0], []) is None:
         return False
     return _worth_splitting(kernel, _column_units(kernel))
 
 
-def column_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str) -> list[str]:
-    """A column reduction in chunks: the chunks and the blocks of columns in one parallel
-    loop, each block's lanes stored as the chunk's partials (an array per accumulator,
-    chunk-major), then the partials of each outer point combined in chunk order."""
+def column_split_lines(kernel: Kernel, passes: ColumnPasses, when: str, ind: str) -> list[str]:
+    """A column kernel in chunks of rows: each pass over the rows runs the chunks and the
+    blocks of columns in one parallel loop. The reduction's blocks store their lanes as
+    the chunk's partials (an array per accumulator, chunk-major); each outer segment then
+    runs per outer point, the first after the reduction combining the point's partials
+    in chunk order. A value a segment computes for a later pass is kept per outer point."""
     n = len(kernel.ranges)
     x = f"x{n - 1}"
     size = cexpr(kernel.ranges[-1])
     lanes, end = column_block(x, size)
+    loop = passes.loops[0]
     accs = column_accumulators(loop, lanes, x, _chunk_points(kernel))
     outer, slot = _partial_slot(kernel)
+    kept = f"{{name}}_kept[{_outer_position(kernel)}]"
     lead = [
         f"for (int64_t x{i} = 0; x{i} < {cexpr(r)}; ++x{i})" for i, r in enumerate(kernel.ranges)
     ]
     points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
-    reset = [f"{ind * 2}{points}", f"{ind * 2}{{", *[ind * 3 + ln for ln in accs.reset]]
-    reset.append(f"{ind * 2}}}")
-    partials = _partials(loop, after)
+    partials = _partials(loop, [])
     assert partials is not None, "column_split said no"
     combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{slot}]")
     headers = _reduction_headers(kernel)
-    return [
+
+    def chunked(body: list[str], start: list[str], done: list[str]) -> list[str]:
+        """One pass over the rows, in chunks: ``body`` in the simd loop, ``start`` before
+        the block's rows, ``done`` after them."""
+        return [
+            f"{ind}#pragma omp parallel for collapse({n + 1}) if({when})",
+            f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
+            *[ind + line for line in lead[:-1]],
+            f"{ind}for (int64_t {x}_block = 0; {x}_block < {size}; {x}_block += {lanes})",
+            f"{ind}{{",
+            *[ind * 2 + line for line in _chunk_bounds(cexpr(kernel.reduction_ranges[0]))],
+            f"{ind * 2}const int64_t {x}_end = {end};",
+            *[ind * 2 + line for line in start],
+            *[ind * 2 + line for line in headers],
+            f"{ind * 2}{{",
+            *[ind * 3 + line for line in (accs.row_start if body is first else [])],
+            f"{ind * 3}#pragma omp simd",
+            f"{ind * 3}{points}",
+            f"{ind * 3}{{",
+            *[ind * 4 + line for line in kept_binds(passes, body, kept) + body],
+            f"{ind * 3}}}",
+            *[ind * 3 + line for line in (accs.next_row if body is first else [])],
+            f"{ind * 2}}}",
+            *[ind * 2 + line for line in done],
+            f"{ind}}}",
+        ]
+
+    first = accs.body(loop.body)
+    reset = [points, "{", *[ind + ln for ln in accs.reset], "}"] if accs.reset else []
+    store = [*accs.done, points, "{"]
+    store += [f"{ind}{acc}_parts[{slot}] = {value};" for acc, value in accs.read.items()]
+    store.append("}")
+    lines = [
         "{",
         ind + _chunks_line(kernel, _column_units(kernel)),
         *[
             f"{ind}std::vector<{_element(acc_type)}> {acc}_parts({CHUNKS} * ({cexpr(outer)}));"
             for acc, acc_type in accs.types.items()
         ],
-        f"{ind}#pragma omp parallel for collapse({n + 1}) if({when})",
-        f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
-        *[ind + line for line in lead[:-1]],
-        f"{ind}for (int64_t {x}_block = 0; {x}_block < {size}; {x}_block += {lanes})",
-        f"{ind}{{",
-        *[ind * 2 + line for line in _chunk_bounds(cexpr(kernel.reduction_ranges[0]))],
-        f"{ind * 2}const int64_t {x}_end = {end};",
-        *[ind * 2 + line for line in accs.declare],
-        *(reset if accs.reset else []),
-        *[ind * 2 + line for line in headers],
-        f"{ind * 2}{{",
-        f"{ind * 3}#pragma omp simd",
-        f"{ind * 3}{points}",
-        f"{ind * 3}{{",
-        *[ind * 4 + line for line in accs.bind + loop.body],
-        f"{ind * 3}}}",
-        *[ind * 3 + line for line in accs.next_row],
-        f"{ind * 2}}}",
-        f"{ind * 2}{points}",
-        f"{ind * 2}{{",
-        *[f"{ind * 3}{acc}_parts[{slot}] = {value};" for acc, value in accs.read.items()],
-        f"{ind * 2}}}",
-        f"{ind}}}",
-        *[ind + line for line in lead],
-        f"{ind}{{",
-        *[ind * 2 + line for line in loop.prologue],
-        f"{ind * 2}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
-        f"{ind * 2}{{",
-        *[ind * 3 + line for line in combine],
-        f"{ind * 2}}}",
-        *[ind * 2 + line for line in after],
-        f"{ind}}}",
-        "}",
+        *[
+            f"{ind}std::vector<{_element(t)}> {name}_kept({cexpr(outer)});"
+            for name, t in passes.kept.items()
+        ],  # fmt: skip
     ]
+    for i, segment in enumerate(passes.segments):
+        if i == 1:
+            segment = [*loop.prologue, f"for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
+                       "{", *[ind + line for line in combine], "}", *segment]  # fmt: skip
+        body = [*kept_binds(passes, segment, kept), *segment, *kept_stores(passes, segment, kept)]
+        if body:
+            lines += [*[ind + line for line in lead], f"{ind}{{"]
+            lines += [*[ind * 2 + line for line in body], f"{ind}}}"]
+        if i == 0:
+            lines += chunked(first, [*accs.declare, *reset], store)
+        elif i < len(passes.loops):
+            lines += chunked(passes.loops[i].body, [], [])
+    return [*lines, "}"]
