@@ -117,7 +117,7 @@ class CapturedFunction:
         self.bound_self = bound_self
         self.observer = observer
         self.entries: list[CacheEntry] = []
-        self.dispatch: list[tuple] = []  # (guard check, capture result), newest first
+        self.dispatch: list = []  # capture results, newest first
         self.stats = CaptureStats()
         self.dynamic_sizes = DynamicSizes(dynamic)
         # functions called at graph breaks and resume functions, shared by the whole tree of
@@ -138,8 +138,8 @@ class CapturedFunction:
     def __call__(self, *args, **kwargs):
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        for check, result in self.dispatch:
-            if check(*args, **kwargs):
+        for result in self.dispatch:
+            if result.guard.check(*args, **kwargs):
                 return result.function(*args, **kwargs)
         return self.cache_miss(args, kwargs)
 
@@ -182,7 +182,7 @@ class CapturedFunction:
             )
         self.stats.compiles += 1
         self.entries.insert(0, CacheEntry(result))
-        self.dispatch.insert(0, (result.guard.check, result))
+        self.dispatch.insert(0, result)
         with collecting_new_objects_only():
             self.rebuild_dispatch()
         if self.observer is not None:

@@ -140,7 +140,6 @@ class SharedReads:
         return "".join(parts) + code[done:] if parts else code
 
 
-_HEAD = re.compile(r"(?<![\w.])\w+")  # a name that is not an attribute: where a read can start
 _CHUNK = re.compile(r"\W\w*")  # one step of a read: ``.attr``, ``['key``, ``]``, ``(``, ...
 
 
@@ -165,6 +164,10 @@ class _ChunkTree:
             for step in _CHUNK.findall(expr, head.end()):
                 node = node.setdefault(step, {})
             node[None] = expr
+        # where a read can start: a name of the tree's first level that is not an attribute
+        # (the rest of a guard's names, ``type``, ``and``, constants, are never looked at)
+        heads = "|".join(map(re.escape, sorted(self.root, key=len, reverse=True)))
+        self.heads = re.compile(rf"(?<![\w.])(?:{heads})(?!\w)") if heads else None
 
     def occurrences(self, code: str):
         """``(start, end, expression)`` of each read in ``code``, left to right."""
@@ -172,11 +175,13 @@ class _ChunkTree:
             for found in self.fallback.finditer(code):
                 yield found.start(), found.end(), found.group(0)
             return
+        if self.heads is None:
+            return
         done = 0
-        for head in _HEAD.finditer(code):
-            node = self.root.get(head.group())
-            if node is None or head.start() < done:
+        for head in self.heads.finditer(code):
+            if head.start() < done:
                 continue
+            node = self.root[head.group()]
             found, end, at = node.get(None), head.end(), head.end()
             while (step := _CHUNK.match(code, at)) is not None:
                 node = node.get(step.group())

@@ -298,9 +298,8 @@ def describe_tensor(t: torch.Tensor) -> str:
 
 @dataclass
 class GuardFunction:
-    """A compiled guard with its source; ``why(*args)`` names the first failing guard."""
+    """A guard with its source; ``why(*args)`` names the first failing guard."""
 
-    check: object
     source: str
     lines: list[Guard]
     scope: dict
@@ -309,6 +308,21 @@ class GuardFunction:
     # the state tensors' expressions, checked in this order by scope["___tensors_match"]
     tensor_exprs: list[str] = field(default_factory=list)
     tensors: TensorMatcher | None = None
+    # the guard function's own source (``source`` less the tensor matcher's) and the names
+    # it reads: compiled on first use of ``check``, since the generated dispatcher inlines
+    # the lines instead (compiling a 12-layer model's guard costs 50 ms)
+    function_source: str = field(default="", repr=False)
+    namespace: dict = field(default_factory=dict, repr=False)
+    _check: object = field(default=None, repr=False)
+
+    @property
+    def check(self):
+        """The guard as a function of the captured function's parameters."""
+        if self._check is None:
+            code = compile(self.function_source, "<kiln guard>", "exec")
+            exec(code, self.namespace)  # noqa: S102
+            self._check = self.namespace["guard"]
+        return self._check
 
     @property
     def inline_lines(self) -> list[Guard]:
@@ -420,15 +434,12 @@ def build_guard_function(fn, guards: GuardSet, extra: list[str] = ()) -> GuardFu
         lines.append("        return False")
     guards.examples.clear()  # the matcher keeps no tensor alive
     lines.append("    return True")
-    source = "\n".join(lines) + "\n"
-    namespace = dict(scope)
-    exec(compile(source, "<kiln guard>", "exec"), namespace)  # noqa: S102
+    function_source = source = "\n".join(lines) + "\n"
     if matcher is not None:
         source += f"\n\n# ___tensors_match, checked by the {matcher.name} tensor matcher:\n"
         source += matcher.source
     all_lines = list(guards.lines) + [Guard(code, f"symbolic shapes: {code}") for code in extra]
     return GuardFunction(
-        namespace["guard"],
         source,
         all_lines,
         scope,
@@ -436,6 +447,8 @@ def build_guard_function(fn, guards: GuardSet, extra: list[str] = ()) -> GuardFu
         guards.sources,
         [spec.expr for spec in grouped],
         matcher,
+        function_source=function_source,
+        namespace=dict(scope),
     )
 
 

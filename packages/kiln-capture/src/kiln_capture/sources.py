@@ -15,6 +15,14 @@ from typing import ClassVar
 
 class Source:
     def expr(self) -> str:
+        """The source as a Python expression, rendered once (a source never changes)."""
+        rendered = self.__dict__.get("_expr")
+        if rendered is None:
+            rendered = self.render()
+            object.__setattr__(self, "_expr", rendered)  # a cache, not a field
+        return rendered
+
+    def render(self) -> str:
         raise NotImplementedError
 
     def over(self, base: str) -> str:
@@ -34,7 +42,7 @@ class LocalSource(Source):
 
     name: str
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return self.name
 
     def emit(self, cg) -> None:
@@ -45,7 +53,7 @@ class LocalSource(Source):
 class GlobalSource(Source):
     name: str
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return f"___G[{self.name!r}]"
 
     def emit(self, cg) -> None:
@@ -59,7 +67,7 @@ class ClosureSource(Source):
     name: str
     index: int
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return f"___closure[{self.index}].cell_contents"
 
     def emit(self, cg) -> None:
@@ -72,7 +80,7 @@ class PassedCellSource(Source):
 
     name: str
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return f"{self.name}.cell_contents"
 
     def emit(self, cg) -> None:
@@ -84,7 +92,7 @@ class AttrSource(Source):
     base: Source
     attr: str
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return f"{self.base.expr()}.{self.attr}"
 
     def emit(self, cg) -> None:
@@ -103,7 +111,7 @@ class GenericAttrSource(Source):
     base: Source
     attr: str
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return self.over(self.base.expr())
 
     def over(self, base: str) -> str:
@@ -145,7 +153,7 @@ class ItemSource(Source):
     base: Source
     key: object
 
-    def expr(self) -> str:
+    def render(self) -> str:
         key = repr(self.key) if is_literal_key(self.key) else key_name(self.key)
         return f"{self.base.expr()}[{key}]"
 
@@ -165,7 +173,7 @@ class DictAttrSource(Source):
     base: Source
     key: str
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return f"{self.base.expr()}.__dict__[{self.key!r}]"
 
     def emit(self, cg) -> None:
@@ -186,7 +194,7 @@ class ModuleMemberSource(Source):
     registry: str  # "_parameters", "_buffers" or "_modules"
     key: str
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return f"{self.base.expr()}.{self.registry}[{self.key!r}]"
 
     def emit(self, cg) -> None:
@@ -213,7 +221,7 @@ class ObjectSource(Source):
     def __eq__(self, other):
         return isinstance(other, ObjectSource) and other.obj is self.obj
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return f"___{self.label}"
 
     def emit(self, cg) -> None:
@@ -239,7 +247,7 @@ class HelperSource(Source):
     base: Source
     helper: ClassVar[staticmethod]
 
-    def expr(self) -> str:
+    def render(self) -> str:
         return self.over(self.base.expr())
 
     def over(self, base: str) -> str:
