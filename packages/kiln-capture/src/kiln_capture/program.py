@@ -11,7 +11,7 @@ from __future__ import annotations
 import dis
 import functools
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bytecode import Bytecode, Instr, Label
 
@@ -31,6 +31,9 @@ class Program:
     positions: list[int]  # index of each instruction in ``abstract``
     label_index: dict[int, int]  # id(Label) -> index of the instruction after it
     handlers: list[Handler | None]
+    # instruction index -> its place as a traceback writes it: every node a layer records
+    # asks again, and each of a model's layers runs the same instructions
+    traceback_text: dict[int, str] = field(default_factory=dict)
 
     def target(self, label: Label) -> int:
         return self.label_index[id(label)]
@@ -57,6 +60,8 @@ def load_program(code: types.CodeType) -> Program:
 
 def exception_handlers(code: types.CodeType, instrs: list[Instr]) -> list[Handler | None]:
     """The handler covering each instruction, from CPython's exception table."""
+    if not getattr(code, "co_exceptiontable", b""):  # no try, with or comprehension
+        return [None] * len(instrs)
     real = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     if [i.opname for i in real] != [i.name for i in instrs]:
         raise RuntimeError(f"instructions of {code.co_qualname} do not line up with dis")
@@ -80,9 +85,13 @@ def _line(program: Program, index: int) -> tuple[int | None, str]:
 
 def traceback_lines(program: Program, index: int) -> str:
     """An instruction's place as a traceback's two lines (file, line, function; code)."""
-    lineno, text = _line(program, index)
-    code = program.code
-    return f'  File "{code.co_filename}", line {lineno or 0}, in {code.co_name}\n    {text}\n'
+    found = program.traceback_text.get(index)
+    if found is None:
+        lineno, text = _line(program, index)
+        code = program.code
+        found = f'  File "{code.co_filename}", line {lineno or 0}, in {code.co_name}\n    {text}\n'
+        program.traceback_text[index] = found
+    return found
 
 
 def source_line(program: Program, index: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import types
+import weakref
 
 import torch
 from bytecode import Instr
@@ -103,7 +104,7 @@ class UserFunctionVariable(BaseFunctionVariable):
         return self.fn.__globals__
 
     def bind(self, tx, args, kwargs) -> inspect.BoundArguments:
-        return bind_arguments(tx, self.fn, args, kwargs)
+        return bind_arguments(tx, self.fn, args, kwargs, signature_of(self.fn))
 
     def closure_cells(self, tx) -> dict[str, CellVariable]:
         from kiln_capture.sources import AttrSource, ItemSource
@@ -186,13 +187,32 @@ class NestedFunctionVariable(BaseFunctionVariable):
         cg.make_function(self.code_object, flags)
 
 
-def bind_arguments(tx, fn, args, kwargs) -> inspect.BoundArguments:
+# function -> (what its signature is read from, the signature): a model's layers call the
+# same functions, and reading a signature is a fifth of binding a call
+_SIGNATURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def signature_of(fn) -> inspect.Signature:
+    """``inspect.signature(fn, follow_wrapped=False)``, read again only where the function's
+    code, defaults or ``__signature__`` changed."""
+    if type(fn) is not types.FunctionType:
+        return inspect.signature(fn, follow_wrapped=False)
+    made_from = (fn.__code__, fn.__defaults__, fn.__kwdefaults__, vars(fn).get("__signature__"))
+    found = _SIGNATURES.get(fn)
+    if found is None or any(a is not b for a, b in zip(found[0], made_from, strict=True)):
+        found = _SIGNATURES[fn] = (made_from, inspect.signature(fn, follow_wrapped=False))
+    return found[1]
+
+
+def bind_arguments(tx, fn, args, kwargs, signature=None) -> inspect.BoundArguments:
     """Bind variables to ``fn``'s parameters; defaults that are real objects get wrapped."""
     from kiln_capture.exc import UserError
     from kiln_capture.variables.builder import wrap_derived
 
+    if signature is None:
+        signature = inspect.signature(fn, follow_wrapped=False)
     try:
-        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
         raise UserError(TypeError(f"{fn.__name__}() {exc}")) from None
     bound.apply_defaults()
