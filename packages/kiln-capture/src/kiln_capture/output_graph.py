@@ -15,6 +15,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln_capture.dynamic_shapes import DynamicSizes
 from kiln_capture.exc import GraphBreak, UserError
+from kiln_capture.fake_memo import FakeMemo, states, tensor_arguments
 from kiln_capture.fake_results import meta_errors_unlogged, run_fake
 from kiln_capture.guards import GuardSet
 from kiln_capture.side_effects import SideEffects
@@ -39,6 +40,7 @@ class OutputGraph:
         # the graph, as .item() does: it runs between two compiled graphs
         self.shape_env = ShapeEnv(allow_dynamic_output_shape_ops=False)
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
+        self.fake_memo = FakeMemo(self.fake_mode)  # a repeated layer's calls, run once
         self.guards = GuardSet(f_globals, closure)
         self.side_effects = SideEffects()
         self.dynamic = dynamic  # which sizes and ints are symbolic
@@ -133,6 +135,26 @@ class OutputGraph:
         node_kwargs = {k: as_node_arg(v) for k, v in kwargs.items()}
         fake_args = tuple(as_fake_arg(a) for a in args)
         fake_kwargs = {k: as_fake_arg(v) for k, v in kwargs.items()}
+        memo_key, tensors = None, []
+        if not self.symbolic_inputs:  # sizes are symbolic: every call runs
+            memo_key = self.fake_memo.key(kind, target, fake_args, fake_kwargs)
+        if memo_key is not None:
+            tensors = tensor_arguments(fake_args, fake_kwargs)
+        result = self.fake_memo.recall(memo_key, tensors)
+        if result is None:
+            result = self.fake_result(kind, target, fake_args, fake_kwargs, memo_key, tensors)
+        node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        if self.current is not None:
+            node.meta["stack_trace"] = self.current.stack_trace()
+        for arg in args:  # an in-place op returns its input: the same variable, so `is` holds
+            if isinstance(arg, TensorVariable) and arg.example is result:
+                return arg
+        return self.wrap_result(node, result)
+
+    def fake_result(self, kind, target, fake_args, fake_kwargs, memo_key, tensors):
+        """``target`` run on fake tensors; its result is remembered under ``memo_key``
+        (``tensors``: the fake tensors among the arguments)."""
+        before = states(tensors)
         try:
             with self.fake_mode, self.symbolic_dispatch(), meta_errors_unlogged():
                 result = run_fake(kind, target, fake_args, fake_kwargs)
@@ -151,13 +173,8 @@ class OutputGraph:
             if "meta" in str(exc) and "not implemented" in str(exc).lower():
                 raise GraphBreak(f"{describe_target(target)} has no fake implementation") from exc
             raise UserError(exc) from None
-        node = self.graph.create_node(kind, target, node_args, node_kwargs)
-        if self.current is not None:
-            node.meta["stack_trace"] = self.current.stack_trace()
-        for arg in args:  # an in-place op returns its input: the same variable, so `is` holds
-            if isinstance(arg, TensorVariable) and arg.example is result:
-                return arg
-        return self.wrap_result(node, result)
+        self.fake_memo.remember(memo_key, result, tensors, before)
+        return result
 
     def symbolic_dispatch(self):
         """Where sizes are symbolic, ops run through torch's Python decompositions: the C++
