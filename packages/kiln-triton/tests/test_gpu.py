@@ -290,3 +290,35 @@ def test_a_new_size_of_the_same_specialization_launches_the_compiled_kernel():
                 assert new.compiled is first.compiled, f"{rows}x{width} compiled again"
             else:
                 assert new.compiled is not first.compiled, f"{rows}x{width} took another's"
+
+
+def _rows_block(x, w, b):
+    h = torch.addmm(b, x, w)  # an ATen call at a symbolic size
+    return torch.softmax(h * 2, -1) + x.sum(1, keepdim=True), x.t().contiguous()
+
+
+def _rows_inputs(rows: int):
+    return [
+        torch.randn(rows, 96, device="cuda"),
+        torch.randn(96, 96, device="cuda") / 10,
+        torch.randn(96, device="cuda"),
+    ]
+
+
+def test_native_host_program_learns_each_new_size():
+    from kiln_loopir.testing import compile_symbolic
+
+    compiled = compile_symbolic(
+        _rows_block, _rows_inputs(40), codegen=TritonCodegen(), host_program="native"
+    )
+    assert compiled.graph.size_hints, "compiled with symbolic sizes"
+    assert "kiln_find_size" in compiled.native_host.source
+    table = compiled.native_host.program.learn_sizes
+    for rows in (40, 77, 40, 77, 131, 131):
+        fresh = _rows_inputs(rows)
+        got, want = compiled(*fresh), _rows_block(*fresh)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+            assert g.stride() == w.stride()
+    # the first call at each size ran the Python program; the second launched from C++
+    assert (table.handed_back, table.learned) == (3, 3)

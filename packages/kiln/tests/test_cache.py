@@ -96,6 +96,18 @@ def test_the_key_follows_inputs_and_options(tmp_path):
     assert len(entries(tmp_path)) == 4
 
 
+def test_an_entry_for_the_python_host_program_is_not_loaded_for_the_native_one(tmp_path):
+    options = {"cache_dir": str(tmp_path)}
+    compile_and_check({**options, "host_program": "python"})
+    kiln.reset()
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(4, 16)
+    compiled = kiln.compile(model, options={**options, "host_program": "native"})
+    torch.testing.assert_close(compiled(x), model(x))  # "native" raises without one
+    assert "loopir" in kiln.compile_times(), "compiled again, with its native host program"
+    assert len(entries(tmp_path)) == 2
+
+
 def test_cache_off_writes_nothing(tmp_path):
     compile_and_check({"cache_dir": str(tmp_path), "cache": False})
     assert not (tmp_path / "graphs").exists()

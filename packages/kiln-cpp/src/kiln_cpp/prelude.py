@@ -6,20 +6,9 @@ float functions of :mod:`kiln_cpp.vecmath`."""
 from kiln_cpp.special import SOURCE as SPECIAL_SOURCE
 from kiln_cpp.vecmath import SOURCE as VECMATH_SOURCE
 
-PRELUDE = (
-    r"""
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <numeric>
-#include <vector>
-#include <omp.h>
-
-namespace kiln {
-
-template <typename T> inline T floordiv(T a, T b) {
+# integer division, modulo and powers that floor as sizes do: what size expressions call
+# (kiln_cpp.printer), in kernels and in host programs alike
+SIZE_FUNCTIONS = r"""template <typename T> inline T floordiv(T a, T b) {
   if (b == 0) return 0;  // only reached under a mask (torch raises before a kernel runs)
   T q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
@@ -41,7 +30,24 @@ inline int64_t pow_by_natural(int64_t base, int64_t exp) {
   }
   return static_cast<int64_t>(out);
 }
-// how many contiguous chunks of its reduction a kernel runs on threads of their own (see
+"""
+
+PRELUDE = (
+    r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+#include <omp.h>
+
+namespace kiln {
+
+"""
+    + SIZE_FUNCTIONS
+    + r"""// how many contiguous chunks of its reduction a kernel runs on threads of their own (see
 // kiln_cpp/split.py): where its `outer` parallel units would leave threads idle or share
 // them unevenly (fewer than 4 per thread, not a multiple of the threads), enough chunks per
 // unit that all the pieces divide evenly among the threads (their number the least common

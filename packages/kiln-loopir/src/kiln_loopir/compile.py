@@ -132,13 +132,28 @@ def load_host_program(
     call = namespace["call"]
     call.host_source = host_source  # what the CUDA-graph runtime inspects
     if native is not None:
-        n = call.__code__.co_argcount  # the Python program runs calls the native one hands back
-        native.set_fallback(lambda *inputs: call(*inputs[:n]))
+        native.set_fallback(python_fallback(call, getattr(native, "learn_sizes", None)))
     if native is not None and constants:
         native = native.bind_last(tuple(constants.values()))
     if native is not None:
         native.host_source = host_source
     return HostProgram(call, namespace["check"], host_source, native)  # type: ignore[arg-type]
+
+
+def python_fallback(call: Callable[..., tuple], learn: Callable | None) -> Callable[..., tuple]:
+    """What runs a call the native program hands back: the Python program ``call`` (given
+    the inputs it takes); then ``learn(inputs)`` where the native program learns sizes
+    from the Python one's launches (``inputs``: all of them, constants last)."""
+    n = call.__code__.co_argcount
+    if learn is None:
+        return lambda *inputs: call(*inputs[:n])
+
+    def run_and_learn(*inputs: object) -> tuple:
+        outputs = call(*inputs[:n])
+        learn(inputs)
+        return outputs
+
+    return run_and_learn
 
 
 class CompiledGraph:

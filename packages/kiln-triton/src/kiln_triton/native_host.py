@@ -7,7 +7,9 @@ arguments' layouts, and the compiled kernel is loaded. What a launch needs is th
 and written into the source: the grid, the block, the shared memory and each parameter
 (pointers, sizes, the null scratch pointers newer Triton appends). The kernel handles are
 handed to the program when it loads. A call whose input tensors are not 16-byte aligned
-(as the kernels were compiled to assume) is handed to the Python host program.
+(as the kernels were compiled to assume) is handed to the Python host program. A graph
+whose sizes are symbols keeps its launches per size instead
+(:mod:`kiln_triton.sized_launches`).
 
 It is kiln-cpp's host program and runtime (kiln-triton depends on kiln-cpp for them).
 
@@ -32,6 +34,7 @@ from kiln_loopir.memory import MemoryPlan
 from kiln_triton.attention import AttentionCall, attention_call, attention_fwd, compile_attention
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
+from kiln_triton.sized_launches import SizedLauncher, SizeTable, is_sized
 
 C_TYPES = {"i32": "int32_t", "i64": "int64_t", "u32": "uint32_t", "u64": "uint64_t"}
 C_TYPES |= {"fp32": "float", "fp64": "double"}
@@ -56,13 +59,26 @@ class PlannedLaunch:
 
 
 def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKernel]):
-    """The loaded native host program of ``schedule`` (raises ``HostNotRendered``)."""
+    """The loaded native host program of ``schedule`` (raises ``HostNotRendered``): its
+    launches planned now where its sizes are numbers, else learned per size (see
+    :mod:`kiln_triton.sized_launches`)."""
     from kiln_cpp.host import load_runtime, render_host
 
+    _require_compiled_kernels()
+    if is_sized(schedule):
+        host = render_host(schedule, plan, load_runtime(), SizedLauncher(schedule, kernels))
+        return _with_size_table(_loaded(host), kernels)
     launcher = CudaLauncher(schedule, kernels)
     host = render_host(schedule, plan, load_runtime(), launcher)
     host.workspaces = launcher.workspaces  # their addresses are in the program
     return _loaded(host)
+
+
+def _with_size_table(host, kernels: dict[str, TritonKernel]):
+    """``host`` whose program learns each new size after the Python program ran it."""
+    record = host.launches[0]["sized"]
+    host.program.learn_sizes = SizeTable(record, kernels, host.program.library)
+    return host
 
 
 def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
@@ -73,6 +89,8 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
 
     _require_compiled_kernels()
     host = NativeHost.from_dict(data, load_runtime())
+    if host.launches and "sized" in host.launches[0]:
+        return _with_size_table(_loaded(host), kernels)
     workspaces: list[torch.Tensor] = []  # split reductions': kept while the program lives
     for record in host.launches:
         if "attention" in record:

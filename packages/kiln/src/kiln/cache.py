@@ -44,7 +44,7 @@ from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 11  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products);
+FORMAT = 12  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products);
 # 6: float32 attention in full float32; 7: no store in place before a reduction (memory
 # plans of earlier formats could read a looped reduction's input after overwriting it);
 # 8: no per-output store of a reduction kernel in place (split reductions with a loop
@@ -52,7 +52,8 @@ FORMAT = 11  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt
 # programs call ATen's generated out= overloads (a copy after the call) no more; 10:
 # float powers without pow, producers inlined through strided views (kernels of format 9
 # are slower, not wrong); 11: kiln-cpp's reduction loops merged where they are one run, its
-# booleans read and written as bytes (kernels of format 10 are slower, not wrong)
+# booleans read and written as bytes (kernels of format 10 are slower, not wrong); 12:
+# native host programs on CUDA for graphs with symbolic sizes (format 11 ran them in Python)
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 DEFAULT_MAX_MB = 4096
 # kiln-autograd's signature records (kiln.signature_records) lie beside the entries

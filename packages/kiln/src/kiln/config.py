@@ -75,11 +75,13 @@ class Options:
     direct_gradients: bool = False
 
     def code_settings(self) -> dict[str, object]:
-        """The options that change a graph's generated code: part of its cache key."""
+        """The options that change a graph's generated code: part of its cache key (an
+        entry made for the Python host program holds no native one)."""
         return {
             "fusion": self.fusion,
             "reuse_memory": self.reuse_memory,
             "max_autotune": self.max_autotune,
+            "host_program": self.host_program,
         }
 
 

@@ -172,8 +172,9 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
 
     Kernels are C++ functions of the same library, called directly; or, with ``launcher``,
     whatever ``launcher.lines(kernel)`` writes (kiln-triton: a CUDA launch), after the
-    lines of ``launcher.prologue(inputs)``, with ``launcher.functions`` (kernel handles)
-    passed to the program when it loads."""
+    lines of ``launcher.prologue(inputs)`` and below the file-scope lines of
+    ``launcher.declarations()`` where it has them, with ``launcher.functions`` (kernel
+    handles) passed to the program when it loads."""
     graph = schedule.graph
     for inp in graph.inputs:
         if inp.buffer is None:
@@ -229,6 +230,7 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
         f"#define KILN_EXTERNS {len(renderer.externs)}",
         f"#define KILN_FUNCTIONS {len(launcher.functions) if launcher else 0}",
         PRELUDE,
+        *getattr(launcher, "declarations", list)(),  # what its launch lines use
         "namespace {",
         *renderer.layouts.lines(),
         "}  // namespace",
