@@ -77,8 +77,9 @@ class FakeMemo:
         if kind == "new":
             return self.new_tensor(*made)
         base, size, stride, offset = made  # a view of a new tensor (F.linear's over 3 dims)
-        with self.fake_mode:
-            return torch.as_strided(self.new_tensor(*base), size, stride, offset)
+        base = self.new_tensor(*base)  # made outside the fake mode, as a meta tensor
+        with self.fake_mode:  # the view through autograd's view tracking: its _base is set
+            return torch.as_strided(base, size, stride, offset)
 
     def new_tensor(self, size, stride, dtype, device) -> FakeTensor:
         empty = torch.empty_strided(size, stride, dtype=dtype, device="meta")
