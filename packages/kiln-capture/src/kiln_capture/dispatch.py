@@ -97,7 +97,12 @@ class SharedReads:
     def occurrences(self, code: str) -> list:
         found = self.found.get(code)
         if found is None:
-            found = self.found[code] = list(self.tree.occurrences(code))
+            if code in self.sources and self.tree.fallback is None:
+                # a read itself (a state tensor, a graph input): the longest read that
+                # starts at its first name is all of it
+                found = self.found[code] = [(0, len(code), code)]
+            else:
+                found = self.found[code] = list(self.tree.occurrences(code))
         return found
 
     def plan(self, codes: list[str]) -> None:
