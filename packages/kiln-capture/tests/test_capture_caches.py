@@ -110,8 +110,9 @@ def test_repeated_layers_get_the_fake_results_of_running_each_call(monkeypatch):
             with monkeypatch.context() as patched:
                 patched.setattr(FakeMemo, "key", lambda self, *args: None)
                 _, every_call_run = example_values(model, x)
-        # blocks 2 and 3, mostly; with grad, results that require grad run every time
-        assert sum(r is not None for r in answered) >= (2 if grad else 6)
+        # blocks 2 and 3, mostly (with grad too: a result that requires grad, written to
+        # in place after, gets autograd history of its own)
+        assert sum(r is not None for r in answered) >= 6
         assert remembered == every_call_run
         torch.testing.assert_close(out[0], model(x)[0])
         assert out[1:] == (True, True)

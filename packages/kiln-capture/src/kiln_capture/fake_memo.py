@@ -13,14 +13,15 @@ The key is the call (kind, target) with each argument's metadata (a fake tensor'
 stride, storage offset, dtype, device, ``requires_grad``, conjugate and negative bits) or
 value (a constant), and the state that can change a result (grad mode, the default dtype
 and device). A call with anything else among its arguments (a symbolic size, an object, an
-inference tensor), or made under autocast or inference mode, always runs, as does one whose
-result requires grad (it has autograd history to make).
+inference tensor), or made under autocast or inference mode, always runs. A result that
+requires grad gets autograd history of its own (the clone of a leaf; its ``_base`` where the
+first run's had one), so it is no leaf, as the first run's was not.
 """
 
 from __future__ import annotations
 
 import torch
-from torch._prims_common import compute_required_storage_length
+from torch._prims_common import compute_required_storage_length, make_contiguous_strides_for
 from torch._subclasses.fake_tensor import FakeTensor
 
 CONSTANT_TYPES = (
@@ -81,9 +82,15 @@ class FakeMemo:
         with self.fake_mode:  # the view through autograd's view tracking: its _base is set
             return torch.as_strided(base, size, stride, offset)
 
-    def new_tensor(self, size, stride, dtype, device) -> FakeTensor:
+    def new_tensor(self, size, stride, dtype, device, requires_grad) -> FakeTensor:
         empty = torch.empty_strided(size, stride, dtype=dtype, device="meta")
-        return FakeTensor(self.fake_mode, empty, device)
+        made = FakeTensor(self.fake_mode, empty, device)
+        if not requires_grad:
+            return made
+        # autograd history of its own (a leaf's clone): no leaf, so in-place ops on it run
+        made.requires_grad_()
+        with self.fake_mode:
+            return made.clone()
 
     def remember(self, key: tuple | None, result, tensors: list, before: list) -> None:
         """Keep what ``result``, the first run of ``key``, is made of, where the run changed
@@ -100,13 +107,14 @@ class FakeMemo:
         if any(t.untyped_storage()._cdata == storage for t in tensors):
             return
         base = result._base
-        if base is None and _is_new(result):
+        if base is None and _is_new(result) and _history_remade(result):
             self.results[key] = ("new", *_metadata(result))
         elif (
             base is not None
             and base._base is None
             and _is_plain(base, self.fake_mode)
             and _is_new(base)
+            and _history_remade(base)
             and base.untyped_storage()._cdata == storage
         ):
             size, stride, offset = tuple(result.shape), result.stride(), result.storage_offset()
@@ -152,13 +160,19 @@ def _describe(value):
         return (float, repr(value))
     if type(value) in CONSTANT_TYPES:
         return (type(value), value)
-    if type(value) in (tuple, list):
+    if type(value) in (tuple, list, torch.Size):
         return (type(value), tuple(_describe(v) for v in value))
     raise Unkeyable
 
 
 def _metadata(t) -> tuple:
-    return tuple(t.shape), t.stride(), t.dtype, t.device
+    return tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad
+
+
+def _history_remade(t) -> bool:
+    """Whether :meth:`FakeMemo.new_tensor` makes ``t`` again with the strides it has: a
+    tensor that requires grad is made by a clone, which keeps contiguous strides only."""
+    return not t.requires_grad or t.stride() == tuple(make_contiguous_strides_for(t.shape))
 
 
 def _is_plain(t, fake_mode) -> bool:
@@ -166,7 +180,7 @@ def _is_plain(t, fake_mode) -> bool:
     return (
         type(t) is FakeTensor
         and t.fake_mode is fake_mode
-        and not t.requires_grad
+        and (not t.requires_grad or t.grad_fn is not None)  # a leaf is made by a factory
         and getattr(t, "constant", None) is None
         and t.layout is torch.strided
         and not t.is_conj()
