@@ -129,3 +129,23 @@ def test_a_remembered_result_is_a_new_tensor_each_time():
     a, b = capture(fn, Recorder())(x)
     torch.testing.assert_close(a, x + 1)
     torch.testing.assert_close(b, (x + 1) * 2)
+
+
+def test_a_dispatcher_that_cannot_be_built_runs_the_function_eagerly(monkeypatch):
+    import pytest
+
+    import kiln_capture.api
+
+    make_call = kiln_capture.api.make_call
+
+    def broken(fn, captured, bound, entries=()):
+        if entries:  # the guard function is compiled here first: a line that does not compile
+            raise SyntaxError("a guard line")
+        return make_call(fn, captured, bound, entries)
+
+    monkeypatch.setattr(kiln_capture.api, "make_call", broken)
+    captured = capture(calls_scaled, Recorder())
+    x = torch.ones(2)
+    with pytest.warns(RuntimeWarning, match="internal error: SyntaxError"):
+        torch.testing.assert_close(captured(x), x * 2)
+    torch.testing.assert_close(captured(x), x * 2)

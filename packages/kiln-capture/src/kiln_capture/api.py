@@ -180,11 +180,21 @@ class CapturedFunction:
             return self.run_eagerly(
                 f"internal error: {type(exc).__name__}: {exc}", args, kwargs, warn=True
             )
-        self.stats.compiles += 1
         self.entries.insert(0, CacheEntry(result))
         self.dispatch.insert(0, result)
-        with collecting_new_objects_only():
+        try:  # the guard's lines are compiled here first (its own function only if called)
+            with collecting_new_objects_only():
+                self.rebuild_dispatch()
+        except Exception as exc:
+            if self.fullgraph:
+                raise
+            del self.entries[0], self.dispatch[0]
             self.rebuild_dispatch()
+            log.warning("capture of %s failed", self.fn.__qualname__, exc_info=True)
+            return self.run_eagerly(
+                f"internal error: {type(exc).__name__}: {exc}", args, kwargs, warn=True
+            )
+        self.stats.compiles += 1
         if self.observer is not None:
             self.observer.on_capture(self, result)
         out = result.run_first(args, kwargs)

@@ -13,9 +13,10 @@ The key is the call (kind, target) with each argument's metadata (a fake tensor'
 stride, storage offset, dtype, device, ``requires_grad``, conjugate and negative bits) or
 value (a constant), and the state that can change a result (grad mode, the default dtype
 and device). A call with anything else among its arguments (a symbolic size, an object, an
-inference tensor), or made under autocast or inference mode, always runs. A result that
-requires grad gets autograd history of its own (the clone of a leaf; its ``_base`` where the
-first run's had one), so it is no leaf, as the first run's was not.
+inference tensor, a fake tensor that holds its data), or made under autocast or inference
+mode, always runs. A result that requires grad gets autograd history of its own (the clone
+of a leaf; its ``_base`` where the first run's had one), so it is no leaf, as the first
+run's was not.
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def _describe(value):
             type(value) is not FakeTensor
             or value.layout is not torch.strided
             or value.is_inference()  # no version counter to tell a write by
+            or value.constant is not None  # its data can decide a result's size
         ):
             raise Unkeyable
         return (
