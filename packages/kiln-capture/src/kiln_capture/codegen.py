@@ -9,6 +9,8 @@ input is read twice.
 
 from __future__ import annotations
 
+import copy
+import functools
 import types
 
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
@@ -196,7 +198,9 @@ class Codegen:
     # --- frames -----------------------------------------------------------------
 
     def prologue(self) -> None:
-        for inst in Bytecode.from_code(self.code):
+        from kiln_capture.program import load_program
+
+        for inst in load_program(self.code).abstract:  # decoded once per code object
             if not isinstance(inst, Instr) or inst.name not in PROLOGUE_OPS:
                 break
             self.emit(Instr(inst.name, inst.arg) if inst.arg is not None else Instr(inst.name))
@@ -265,8 +269,7 @@ class Codegen:
         return self._assemble(instrs, "_after_graph", first_argument=GRAPH_OUT)
 
     def _assemble(self, instrs, name_suffix: str, first_argument: str | None = None):
-        bytecode = Bytecode.from_code(self.code)
-        bytecode.clear()
+        bytecode = copy.copy(_attributes_of(self.code))  # the name, arguments, flags, ...
         bytecode.extend(instrs)
         bytecode.flags &= ~(0x20 | 0x80 | 0x100 | 0x200)
         if name_suffix:
@@ -281,6 +284,15 @@ class Codegen:
         # for the native instruction that the original's handler does not keep (the values
         # below a call's operands; from 3.12 the iterator under a FOR_ITER's jump)
         return bytecode.to_code(compute_exception_stack_depths=False)
+
+
+@functools.lru_cache(maxsize=512)
+def _attributes_of(code: types.CodeType) -> Bytecode:
+    """``code``'s attributes as a ``Bytecode`` without instructions, to copy (decoding a
+    frame's code for them costs milliseconds, and every capture of it assembles its code)."""
+    bytecode = Bytecode.from_code(code)
+    bytecode.clear()
+    return bytecode
 
 
 def _binary_add():
