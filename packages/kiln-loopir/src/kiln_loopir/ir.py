@@ -68,11 +68,19 @@ class Buffer:
         return strided_index(index, self.stride)
 
     def storage_numel(self) -> sympy.Expr:
-        """Elements of storage the layout spans (0 for an empty tensor)."""
+        """Elements of storage the layout spans (0 for an empty tensor); worked out once
+        per layout (memory planning asks it of every pair of buffers it compares)."""
+        layout = (self.size, self.stride)
+        known = self.__dict__.get("_storage_numel")
+        if known is not None and known[0] == layout:
+            return known[1]
         if any(s == 0 for s in self.size):
-            return sympy.S.Zero
-        pairs = zip(self.size, self.stride, strict=True)
-        return sympy.expand(1 + sum(((s - 1) * st for s, st in pairs), 0))
+            numel = sympy.S.Zero
+        else:
+            pairs = zip(self.size, self.stride, strict=True)
+            numel = sympy.expand(1 + sum(((s - 1) * st for s, st in pairs), 0))
+        self.__dict__["_storage_numel"] = (layout, numel)
+        return numel
 
     def nbytes(self) -> sympy.Expr:
         return self.storage_numel() * self.dtype.itemsize

@@ -44,11 +44,12 @@ class MemoryPlan:
 
 
 def _same_storage(a: Buffer, b: Buffer) -> bool:
-    return (
-        a.device == b.device
-        and a.dtype == b.dtype
-        and sympy.expand(a.storage_numel() - b.storage_numel()) == 0
-    )
+    if a.device != b.device or a.dtype != b.dtype:
+        return False
+    n, m = a.storage_numel(), b.storage_numel()
+    if n.is_Integer and m.is_Integer:
+        return n == m
+    return sympy.expand(n - m) == 0
 
 
 def _in_place_ok(kernel: Kernel, new: str, old: str) -> bool:

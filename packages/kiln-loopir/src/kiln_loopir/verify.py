@@ -28,7 +28,10 @@ def _check(cond: bool, message: str) -> None:
 def check_buffer(buf: Buffer, size_names: set[str]) -> None:
     _check(len(buf.size) == len(buf.stride), f"{buf.name}: size and stride differ in rank")
     for e in (*buf.size, *buf.stride):
-        _check(isinstance(e, sympy.Expr), f"{buf.name}: {e!r} is not a sympy expression")
+        if not isinstance(e, sympy.Expr):  # (the message prints e: built only on failure)
+            raise IRError(f"{buf.name}: {e!r} is not a sympy expression")
+        if e.is_Integer:
+            continue
         unknown = {s.name for s in e.free_symbols} - size_names
         _check(not unknown, f"{buf.name}: layout uses unknown symbols {sorted(unknown)}")
 
@@ -41,13 +44,15 @@ def check_ref(ref: TensorRef, defined: dict[str, Buffer], where: str) -> None:
 
 def check_node_body(node: ComputedNode, defined: dict[str, Buffer], size_names: set[str]):
     body = node.body
-    _check(
+    if not (
         tuple(body.ranges) == tuple(node.buffer.size)
         or merged_from(body.ranges, node.buffer.size)
-        or isinstance(body, Scatter),
-        f"{node.name}: ranges {list(body.ranges)} differ from the buffer size "
-        f"{list(node.buffer.size)}",
-    )
+        or isinstance(body, Scatter)
+    ):
+        raise IRError(
+            f"{node.name}: ranges {list(body.ranges)} differ from the buffer size "
+            f"{list(node.buffer.size)}"
+        )
     if isinstance(body, Reduction):
         _check(body.reduction_type in REDUCTION_TYPES, f"{node.name}: unknown reduction type")
     if isinstance(body, Scan):
@@ -58,12 +63,27 @@ def check_node_body(node: ComputedNode, defined: dict[str, Buffer], size_names: 
     p, r = body.loop_ranges()
     loop_names = {f"x{i}" for i in range(len(p))} | {f"r{i}" for i in range(len(r))}
     allowed = loop_names | size_names | set(handler.indirect)
+    loaded, used = _reads_of(handler, store)
+    if used <= allowed and all(name in defined for name in loaded):
+        return  # else the loop below names what is wrong
     for load in handler.loads:
         _check(load.buffer in defined, f"{node.name} loads {load.buffer} before it is defined")
         unknown = {s.name for s in load.index.free_symbols} - allowed
         _check(not unknown, f"{node.name}: index of {load.buffer} uses {sorted(unknown)}")
     unknown = {s.name for s in store.free_symbols} - allowed
     _check(not unknown, f"{node.name}: store index uses {sorted(unknown)}")
+
+
+def _reads_of(handler, store: sympy.Expr) -> tuple[set[str], set[str]]:
+    """The buffers a traced body loads and the symbol names its indexes use (its loads'
+    and its store's), worked out once per trace: every pass verifies the graph again."""
+    found = handler.__dict__.get("_reads")
+    if found is None:
+        used = {s.name for s in store.free_symbols}
+        for load in handler.loads:
+            used |= {s.name for s in load.index.free_symbols}
+        found = handler.__dict__["_reads"] = ({load.buffer for load in handler.loads}, used)
+    return found
 
 
 def verify_graph(graph: LoopGraph) -> None:

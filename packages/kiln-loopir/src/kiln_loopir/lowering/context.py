@@ -58,6 +58,9 @@ class LoweringContext:
         # producers inlined into them (see :attr:`ComputedNode.origins`)
         self.origin: str | None = None
         self.inlined_origins: list[str] = []
+        # the graph's buffers by name, found again when a name is not among them (a name
+        # names one buffer for good: lowering adds nodes, it replaces no buffer)
+        self._buffers: dict[str, Buffer] = {}
 
     def origins(self) -> tuple[str, ...]:
         """The origins of a node added now: inlined producers' ops, then the FX node's."""
@@ -232,7 +235,11 @@ class LoweringContext:
 
     # -- lookups -------------------------------------------------------------------------
     def buffer(self, name: str) -> Buffer:
-        return self.graph.buffers()[name]
+        found = self._buffers.get(name)
+        if found is None:
+            self._buffers = self.graph.buffers()
+            found = self._buffers[name]
+        return found
 
     @property
     def device(self) -> torch.device:
