@@ -227,6 +227,9 @@ class SizeTable:
         self._learn.restype = None
         self.library = library  # kept loaded while the table lives
         self.refused: dict[tuple, str] = {}  # sizes the table cannot hold, and why
+        # the compiled kernels of each entry, in the program's order of replacement: an
+        # entry's kernel handles stay valid while it may be launched
+        self._held: list[list | None] = [None] * SIZES
         self.handed_back = 0
         self.learned = 0
 
@@ -236,18 +239,22 @@ class SizeTable:
         if key in self.refused:
             return
         try:
-            entry = self._entry(key)
+            entry, compiled = self._entry(key)
         except LaunchRefused as exc:
             if exc.lasting:
+                if len(self.refused) >= 16 * SIZES:  # the oldest refusal goes first
+                    del self.refused[next(iter(self.refused))]
                 self.refused[key] = str(exc)
                 if len(self.refused) == 1:  # once per program
                     log.info("sizes %s stay with the Python host program: %s", key, exc)
             return
-        self._learn(ctypes.byref(entry))
+        self._learn(ctypes.byref(entry))  # the program's slot learned % SIZES
+        self._held[self.learned % SIZES] = compiled
         self.learned += 1
 
-    def _entry(self, key: tuple):
-        entry = self.size_type()
+    def _entry(self, key: tuple) -> tuple[object, list]:
+        """The table entry of size ``key`` and the compiled kernels it launches."""
+        entry, compiled = self.size_type(), []
         entry.key[:] = key
         values = dict(zip(self.names, key, strict=True))
         for slot, (fn, n_tensors, names) in enumerate(self.kernels):
@@ -257,7 +264,8 @@ class SizeTable:
                 raise LaunchRefused(f"{fn.name} has no plan at {sizes}", lasting=False)
             if launch is not None:  # None: nothing to compute at these sizes
                 _fill(entry.launches[slot], launch, sizes, n_tensors, self.slots)
-        return entry
+                compiled.append(launch.compiled)
+        return entry, compiled
 
 
 def _fill(target, launch, sizes: tuple, n_tensors: int, max_slots: int) -> None:
