@@ -270,6 +270,18 @@ def test_pinned_inputs_compute_no_key():
     assert kiln_cudagraphs.stats(r).replays == 2
 
 
+def test_keyed_inputs_alone_make_the_key():
+    r = runner(static_inputs=PARAMS, keyed_inputs={0})
+    w, b = torch.randn(8, 5), torch.randn(5)
+    for rows in (2, 3, 2, 3, 2, 3):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(r(x, w, b)[0], mlp(x, w, b)[0])
+    assert sorted(r.entries) == sorted(
+        [(3, ("tensor", torch.Size([n, 8]), (8, 1), torch.float32, x.device)) for n in (2, 3)]
+    )
+    assert kiln_cudagraphs.stats(r).replays == 2
+
+
 def test_each_shape_gets_its_graph_and_the_least_recently_used_is_evicted():
     r = runner(max_graphs=2, static_inputs=PARAMS)
     w, b = torch.randn(8, 5), torch.randn(5)

@@ -56,13 +56,15 @@ def wrap(
     max_copy_bytes: int | None = None,
     saved_outputs: Collection[int] = (),
     warmups: int = 1,
+    keyed_inputs: Collection[int] | None = None,
 ) -> CudaGraphRunner:
     """``compiled`` replayed through CUDA graphs: the ``kiln.runtime`` contract.
 
     ``static_inputs``: indices of the inputs that are parameters, buffers or constants
     (kiln-autograd's metadata says which): read in place, never copied. ``pinned``: every
     call's inputs match ``example_inputs`` in shape, stride, dtype and device (the caller
-    guards them), so no key is computed per call. ``example_inputs`` are otherwise
+    guards them), so no key is computed per call; ``keyed_inputs``: the guards pin every
+    input but these (symbolic sizes), which alone make the key. ``example_inputs`` are otherwise
     accepted as the contract gives them; graphs are recorded from the real inputs of the
     calls. ``unchecked_outputs``: outputs whose values differ between runs (fused
     attention's random-number seed and offset), left out of the check of a recording
@@ -90,6 +92,7 @@ def wrap(
         max_copy_bytes=max_copy_bytes,
         saved_outputs=saved_outputs,
         warmups=warmups,
+        keyed_inputs=keyed_inputs,
     )
 
 

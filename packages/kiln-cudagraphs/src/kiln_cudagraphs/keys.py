@@ -7,12 +7,15 @@ from collections.abc import Sequence
 import torch
 
 
-def input_key(inputs: Sequence[object]) -> tuple:
+def input_key(inputs: Sequence[object], keyed: Sequence[int] | None = None) -> tuple:
     """Shape, stride, dtype and device of every tensor input and the value of every other
-    input: calls with equal keys can replay one graph.
+    input (of the inputs ``keyed`` only, where given: the caller's guards pin the others):
+    calls with equal keys can replay one graph.
 
     Raises ``TypeError`` naming the input when a non-tensor input cannot be a dict key.
     """
+    if keyed is not None:
+        return (len(inputs), *(_key_of(i, inputs[i]) for i in keyed))
     return tuple(_key_of(i, x) for i, x in enumerate(inputs))
 
 

@@ -70,6 +70,9 @@ class CudaGraphRunner:
 
     ``pinned=True``: the caller guarantees that every call's inputs match in shape,
     stride, dtype and device (capture's guards do), so no key is computed per call.
+    ``keyed_inputs``: the caller's guards pin every input but these (a graph with symbolic
+    sizes: its inputs of symbolic layout, and its numbers), so the key is read from them
+    alone, and what can refuse a graph (devices, autograd) is found once per grad mode.
 
     ``fresh_outputs=True`` (kiln's default mode): every call returns outputs of its own, as
     the compiled callable does (one copy of the outputs' bytes per replay), and a key that
@@ -97,6 +100,7 @@ class CudaGraphRunner:
         max_copy_bytes: int | None = None,
         saved_outputs: Collection[int] = (),
         warmups: int = 1,
+        keyed_inputs: Collection[int] | None = None,
     ) -> None:
         if max_graphs < 0:
             raise ValueError(f"max_graphs={max_graphs}: give 0 (never record) or more")
@@ -113,6 +117,7 @@ class CudaGraphRunner:
         self.unchecked_outputs = frozenset(unchecked_outputs)
         self.unused_inputs = frozenset(unused_inputs)
         self.pinned = pinned
+        self.keyed_inputs = None if keyed_inputs is None else tuple(sorted(keyed_inputs))
         self.fresh_outputs = fresh_outputs
         self.max_copy_bytes = max_copy_bytes
         self.saved_outputs = frozenset(saved_outputs)
@@ -138,7 +143,7 @@ class CudaGraphRunner:
             key = (len(inputs),)  # the caller's guards pin the rest
         else:
             try:
-                key = input_key(inputs)
+                key = input_key(inputs, self.keyed_inputs)
             except TypeError as exc:
                 return self._run_eagerly(inputs, str(exc))
         entry = self.entries.get(key)
@@ -187,7 +192,7 @@ class CudaGraphRunner:
         return False
 
     def _call_refusal(self, inputs: Sequence[object]) -> str | None:
-        if not self.pinned:
+        if not self.pinned and self.keyed_inputs is None:
             return call_refusal(inputs, self.device_type, self.unused_inputs)
         grad = torch.is_grad_enabled()
         if grad not in self._refusals:

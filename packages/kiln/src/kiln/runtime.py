@@ -2,12 +2,13 @@
 
 A runtime plug-in is an object with ``device_types`` (the ``torch.device`` types it
 serves) and ``wrap(compiled, example_inputs, *, static_inputs, unchecked_outputs,
-unused_inputs, pinned, fresh_outputs)``, which returns a callable that replays
-``compiled`` as graphs. ``static_inputs`` are the indices of the inputs that are module
+unused_inputs, pinned, fresh_outputs, keyed_inputs, ...)``, which returns a callable
+that replays ``compiled`` as graphs. ``static_inputs`` are the indices of the inputs that are module
 state (kiln-autograd's metadata); ``unchecked_outputs`` the outputs whose values differ
 between runs (fused attention's random-number seed and offset); ``pinned`` says that every
 call's inputs match the example inputs' sizes and strides (no symbolic sizes: the caller's
-guards pin them); ``fresh_outputs`` that every call must return outputs of its own.
+guards pin them), ``keyed_inputs`` which inputs the guards leave free where some are
+(symbolic sizes); ``fresh_outputs`` that every call must return outputs of its own.
 
 - ``mode="reduce-overhead"`` (``options.cudagraphs`` True) replays every graph, its outputs
   handed out over graph memory. Where no loaded plug-in serves the graph's device (on the
@@ -81,15 +82,18 @@ def find_runtime(device_type: str) -> tuple[object | None, str]:
     return None, "; ".join(reasons) or "no kiln.runtime plug-in is installed"
 
 
-def _symbolic(example_inputs: Sequence[object]) -> bool:
-    for x in example_inputs:
-        if isinstance(x, torch.SymInt | torch.SymFloat):
-            return True
-        if isinstance(x, torch.Tensor) and any(
-            isinstance(n, torch.SymInt) for n in (*x.shape, *x.stride())
-        ):
-            return True
-    return False
+def _free_inputs(example_inputs: Sequence[object]) -> list[int]:
+    """The inputs whose layout or value a graph's guards leave free: its numbers (sizes)
+    and its tensors of symbolic size or stride."""
+    return [i for i, x in enumerate(example_inputs) if _free(x)]
+
+
+def _free(x: object) -> bool:
+    if isinstance(x, torch.SymInt | torch.SymFloat):
+        return True
+    return isinstance(x, torch.Tensor) and any(
+        isinstance(n, torch.SymInt) for n in (*x.shape, *x.stride())
+    )
 
 
 def wrap_for_mode(
@@ -129,16 +133,17 @@ def wrap_for_mode(
     if not asked:
         log.info("a graph of %d steps replays as a CUDA graph with fresh outputs", steps)
     tensor_views.register_with(plugin)
-    symbolic = _symbolic(example_inputs)
+    free = _free_inputs(example_inputs)  # what the guards leave free: symbolic sizes
     return plugin.wrap(
         compiled,
         list(example_inputs),
         static_inputs=tuple(static_inputs),
         unchecked_outputs=tuple(unchecked_outputs),
         unused_inputs=tuple(unused_inputs),
-        pinned=not symbolic,
+        pinned=not free,
         fresh_outputs=not asked,
         max_copy_bytes=None if asked else steps * COPY_BYTES_PER_STEP,
         saved_outputs=tuple(saved_outputs),
-        warmups=SIZE_WARMUPS if symbolic and not asked else 1,
+        warmups=SIZE_WARMUPS if free and not asked else 1,
+        keyed_inputs=free or None,
     )
