@@ -41,7 +41,7 @@ def test_an_object_is_used_as_given():
 
 
 def test_missing_codegen_names_the_device_and_what_to_install(monkeypatch):
-    monkeypatch.setattr(codegen_module, "installed_codegens", lambda: ())
+    monkeypatch.setattr(codegen_module, "codegens", lambda: iter(()))
     with pytest.raises(RuntimeError, match=r"device 'cpu'.*kiln-cpp.*codegen='reference'"):
         resolve_codegen(None, "cpu")
     with pytest.raises(RuntimeError, match="kiln-triton"):
@@ -51,9 +51,7 @@ def test_missing_codegen_names_the_device_and_what_to_install(monkeypatch):
 def test_discovery_picks_the_codegen_serving_the_device(monkeypatch):
     gpu, cpu = CountingCodegen(), CountingCodegen()
     gpu.device_types = ("cuda",)
-    monkeypatch.setattr(
-        codegen_module, "installed_codegens", lambda: (("a-gpu", gpu), ("b-cpu", cpu))
-    )
+    monkeypatch.setattr(codegen_module, "codegens", lambda: iter((("a-gpu", gpu), ("b-cpu", cpu))))
     assert resolve_codegen(None, "cpu") is cpu
     assert resolve_codegen(None, "cuda") is gpu
     assert resolve_codegen("a-gpu", "cpu") is gpu
@@ -74,11 +72,38 @@ def test_entry_points_that_do_not_implement_the_protocol_are_skipped(monkeypatch
             return object()  # a package with only its metadata so far
 
     monkeypatch.setattr(codegen_module.metadata, "entry_points", lambda group: [EP()])
-    codegen_module.installed_codegens.cache_clear()
+    monkeypatch.setattr(codegen_module, "_LOADED", {})
+    codegen_module._entry_points.cache_clear()
     try:
         assert codegen_module.installed_codegens() == ()
     finally:
-        codegen_module.installed_codegens.cache_clear()
+        codegen_module._entry_points.cache_clear()
+
+
+def test_the_codegen_for_a_device_loads_no_code_generator_after_it(monkeypatch):
+    loaded: list[str] = []
+
+    class EP:
+        def __init__(self, name, device_types):
+            self.name, self.value, self.device_types = name, f"{name}_module", device_types
+
+        def load(self):
+            loaded.append(self.name)
+            backend = CountingCodegen()
+            backend.device_types = self.device_types
+            return backend
+
+    eps = [EP("cpp", ("cpu",)), EP("triton", ("cuda",))]
+    monkeypatch.setattr(codegen_module.metadata, "entry_points", lambda group: eps)
+    monkeypatch.setattr(codegen_module, "_LOADED", {})
+    codegen_module._entry_points.cache_clear()
+    try:
+        assert resolve_codegen(None, "cpu").device_types == ("cpu",)
+        assert loaded == ["cpp"]
+        assert resolve_codegen(None, "cuda").device_types == ("cuda",)
+        assert loaded == ["cpp", "triton"]  # each loaded once
+    finally:
+        codegen_module._entry_points.cache_clear()
 
 
 def test_compiled_graph_exposes_every_stage():

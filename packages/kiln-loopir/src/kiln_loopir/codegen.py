@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from typing import Protocol, runtime_checkable
 
@@ -48,20 +48,39 @@ def builtin_codegens() -> dict[str, Codegen]:
 
 
 @functools.cache
+def _entry_points() -> tuple[metadata.EntryPoint, ...]:
+    return tuple(sorted(metadata.entry_points(group=CODEGEN_GROUP), key=lambda e: e.name))
+
+
+_LOADED: dict[str, object | None] = {}  # entry-point name -> its codegen, or None (skipped)
+
+
+def codegens() -> Iterator[tuple[str, object]]:
+    """(name, codegen) for each loadable entry point of ``kiln.codegen``, sorted by name,
+    each loaded when the iteration first reaches it: finding the CPU's code generator does
+    not import the GPU's (and Triton with it)."""
+    for ep in _entry_points():
+        if ep.name not in _LOADED:
+            _LOADED[ep.name] = _load(ep)
+        if _LOADED[ep.name] is not None:
+            yield ep.name, _LOADED[ep.name]
+
+
 def installed_codegens() -> tuple[tuple[str, object], ...]:
-    """(name, codegen) for each loadable entry point of ``kiln.codegen``, sorted by name."""
-    found = []
-    for ep in sorted(metadata.entry_points(group=CODEGEN_GROUP), key=lambda e: e.name):
-        try:
-            obj = ep.load()
-        except Exception as exc:  # a broken plug-in must not stop the others
-            log.warning("skipping code generator %s (%s): %s", ep.name, ep.value, exc)
-            continue
-        if not _implements(obj):
-            log.info("skipping %s: it does not implement the codegen protocol yet", ep.name)
-            continue
-        found.append((ep.name, obj))
-    return tuple(found)
+    """Every loadable code generator (see :func:`codegens`)."""
+    return tuple(codegens())
+
+
+def _load(ep: metadata.EntryPoint) -> object | None:
+    try:
+        obj = ep.load()
+    except Exception as exc:  # a broken plug-in must not stop the others
+        log.warning("skipping code generator %s (%s): %s", ep.name, ep.value, exc)
+        return None
+    if not _implements(obj):
+        log.info("skipping %s: it does not implement the codegen protocol yet", ep.name)
+        return None
+    return obj
 
 
 def _implements(obj: object) -> bool:
@@ -77,16 +96,16 @@ def resolve_codegen(codegen: object, device_type: str) -> Codegen:
                 "implementing kiln_loopir.Codegen, or a name"
             )
         return codegen  # type: ignore[return-value]
-    installed = dict(installed_codegens())
     if isinstance(codegen, str):
         builtins = builtin_codegens()
         if codegen in builtins:
             return builtins[codegen]
-        if codegen in installed:
-            return installed[codegen]  # type: ignore[return-value]
-        known = sorted(set(builtins) | set(installed))
+        for name, obj in codegens():
+            if name == codegen:
+                return obj  # type: ignore[return-value]
+        known = sorted(set(builtins) | {name for name, _ in codegens()})
         raise ValueError(f"no code generator named {codegen!r}; known: {known}")
-    for _, obj in installed.items():
+    for _, obj in codegens():
         if device_type in tuple(obj.device_types):
             return obj  # type: ignore[return-value]
     suggestion = {"cpu": "kiln-cpp", "cuda": "kiln-triton"}.get(device_type, "a code generator")
