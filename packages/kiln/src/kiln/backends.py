@@ -39,9 +39,10 @@ class Session:
         frame = Frame(self.config.options.debug_dir)
         frame.function = _captured_function_name(gm)
         gm.meta["kiln_frame"] = frame
-        code = gm.print_readable(print_output=False)
-        logs.logger("graph").info("%s captured graph:\n%s", frame.name, code)
-        frame.dump("captured_graph.py", code)
+        if frame.folder is not None or logs.enabled("graph"):  # printing costs ~20 ms
+            code = gm.print_readable(print_output=False)
+            logs.logger("graph").info("%s captured graph:\n%s", frame.name, code)
+            frame.dump("captured_graph.py", code)
         return self.backend_for(frame)(gm, example_inputs)
 
     def backend_for(self, frame: Frame) -> Callable:
