@@ -20,7 +20,7 @@ import math
 import torch
 import torch.fx
 
-from kiln.graph_edits import call, copy_module, value
+from kiln.graph_edits import call, copy_graph, module_of, value
 
 aten = torch.ops.aten
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -39,12 +39,11 @@ def gelu_epilogues(
             found[node] = product
     if not found:
         return None
-    new, copies = copy_module(gm)
+    graph, copies = copy_graph(gm)
     for gelu, (product, view) in found.items():
-        _fuse(new.graph, copies[gelu], copies[product], copies[view] if view else None)
-    new.graph.lint()
-    new.recompile()
-    return new
+        _fuse(graph, copies[gelu], copies[product], copies[view] if view else None)
+    graph.lint()
+    return module_of(gm, graph)
 
 
 def tanh_gelu_input(node: torch.fx.Node) -> torch.fx.Node | None:

@@ -23,7 +23,7 @@ from collections.abc import Collection
 import torch
 import torch.fx
 
-from kiln.graph_edits import call, computed_from, copy_module, value
+from kiln.graph_edits import call, computed_from, copy_graph, module_of, value
 
 aten = torch.ops.aten
 CONVOLUTION = aten.convolution.default
@@ -74,8 +74,7 @@ def biases_after_convolutions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule 
     ]
     if not convs:
         return None
-    new, copies = copy_module(gm)
-    graph = new.graph
+    graph, copies = copy_graph(gm)
     for conv in (copies[n] for n in convs):
         bias, ndim = conv.args[2], value(conv).dim()
         conv.update_arg(2, None)
@@ -84,8 +83,7 @@ def biases_after_convolutions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule 
         with graph.inserting_after(per_channel):
             biased = call(graph, aten.add.Tensor, conv, per_channel)
         conv.replace_all_uses_with(biased, delete_user_cb=lambda user, b=biased: user is not b)
-    new.recompile()
-    return new
+    return module_of(gm, graph)
 
 
 # --- batch norm --------------------------------------------------------------------------

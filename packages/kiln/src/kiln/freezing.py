@@ -33,7 +33,7 @@ import torch.fx
 
 import kiln_autograd
 from kiln import folding
-from kiln.graph_edits import copy_module
+from kiln.graph_edits import copy_graph, module_of
 
 # the most memory a graph's frozen values may take: they live beside the parameters, and
 # a model cast under autocast would otherwise keep a second copy of all its weights
@@ -69,8 +69,7 @@ def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Frozen
     state_indices = kiln_autograd.unwritten_state(gm)
     if not state_indices:
         return None
-    frozen, _ = copy_module(gm)
-    graph = frozen.graph
+    graph, _ = copy_graph(gm)
     placeholders = list(graph.find_nodes(op="placeholder"))
     state = {placeholders[i] for i in state_indices}
     folded = folding.fold_batch_norms(graph, state)
@@ -87,7 +86,7 @@ def freeze(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Frozen
     state_graph, read = _state_graph(graph, needed, derived, state)
     _read_as_inputs(graph, derived, needed, constant)
     graph.lint()
-    frozen.recompile()
+    frozen = module_of(gm, graph)
     n_inputs = len(placeholders)
     static = kiln_autograd.static_inputs(gm) or ()
     frozen.meta[kiln_autograd.STATIC_INPUTS] = (

@@ -36,14 +36,21 @@ def computed_from(node: torch.fx.Node, inputs: Collection[torch.fx.Node]) -> boo
     return all(computed_from(x, inputs) for x in node.all_input_nodes)
 
 
-def copy_module(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
-    """A copy of ``gm`` (its graph, its ``meta``) to edit, and each node's copy."""
+def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.Graph, dict]:
+    """A copy of ``gm``'s graph to edit, and each node's copy; :func:`module_of` makes the
+    module once the edits are done (a module generates and compiles its code when made)."""
     graph = torch.fx.Graph()
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, copies))
+    return graph, copies
+
+
+def module_of(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """``graph``, edited from :func:`copy_graph`'s copy of ``gm``'s, as a module over
+    ``gm``'s attributes, with ``gm``'s ``meta``."""
     new = torch.fx.GraphModule(gm, graph)
     new.meta.update(gm.meta)
-    return new, copies
+    return new
 
 
 def _fake_mode(values: object):

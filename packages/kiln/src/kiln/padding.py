@@ -23,7 +23,7 @@ import torch
 import torch.fx
 
 import kiln_autograd
-from kiln.graph_edits import call, computed_from, copy_module, value
+from kiln.graph_edits import call, computed_from, copy_graph, module_of, value
 
 aten = torch.ops.aten
 ALIGN = 8  # elements: 16 bytes of a 16-bit dtype
@@ -39,12 +39,11 @@ def padded_products(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
     chosen = {n: p for n in gm.graph.nodes if (p := _padding(n, state)) is not None}
     if not chosen:
         return None
-    new, copies = copy_module(gm)
+    graph, copies = copy_graph(gm)
     for node, (pad_n, pad_k) in chosen.items():
-        _pad(new.graph, copies[node], pad_n, pad_k)
-    new.graph.lint()
-    new.recompile()
-    return new
+        _pad(graph, copies[node], pad_n, pad_k)
+    graph.lint()
+    return module_of(gm, graph)
 
 
 def _padding(node: torch.fx.Node, state: set[torch.fx.Node]) -> tuple[int, int] | None:
