@@ -1,7 +1,6 @@
 """Channels-last activations around 2-D convolutions (kiln/layouts.py): on the CPU with
-``options={"channels_last": True}``, and by default for training graphs (the default turns
-it on for inference graphs on CUDA too; the GPU entry point runs the models that use it
-there)."""
+``options={"channels_last": True}`` (the default turns it on for inference graphs on CUDA
+only; the GPU entry point runs the models that use it there)."""
 
 from __future__ import annotations
 
@@ -81,29 +80,14 @@ def test_a_view_the_layout_forbids_traces_the_graph_as_captured(tmp_path, caplog
     assert "aten.convolution.default" in forward
 
 
-def test_on_for_cpu_training_graphs_by_default(tmp_path):
-    forward, backward = compiled_against_eager(ConvNet, tmp_path, channels_last=None)
-    assert forward.count("memory_format = torch.channels_last") == 1
-    assert backward.count("aten.convolution_backward.default") == 2
+def test_off_on_the_cpu_by_default(tmp_path):
+    forward, _ = compiled_against_eager(ConvNet, tmp_path, channels_last=None)
+    assert "memory_format = torch.channels_last" not in forward
 
 
-def test_off_for_cpu_inference_graphs_by_default(tmp_path):
-    model = ConvNet().eval()
-    compiled = kiln.compile(copy.deepcopy(model), options={"debug_dir": str(tmp_path),
-                                                           "cache": False})  # fmt: skip
-    x = torch.randn(2, 3, 10, 10)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x))
-    assert "memory_format = torch.channels_last" not in aten_source(tmp_path, "forward")
-
-
-def test_by_default_inference_graphs_and_training_graphs_on_the_cpu():
+def test_by_default_only_graphs_autograd_does_not_differentiate():
     weight = torch.randn(4, 3, 3, 3, requires_grad=True)
-    # training: on the CPU only (on CUDA, or anything not on the CPU, NCHW as before)
-    assert layouts.wanted(None, [torch.randn(1, 3, 8, 8), weight]) == (True, True)
-    elsewhere = torch.randn(4, 3, 3, 3, device="meta", requires_grad=True)
-    assert layouts.wanted(None, [torch.randn(1, 3, 8, 8), elsewhere]) == (False, False)
-    # inference: laid out where the convolutions run on CUDA
+    assert layouts.wanted(None, [torch.randn(1, 3, 8, 8), weight]) == (False, False)
     with torch.no_grad():
         assert layouts.wanted(None, [torch.randn(1, 3, 8, 8), weight]) == (True, False)
     assert layouts.wanted(None, [torch.randn(1, 3, 8, 8), weight.detach()]) == (True, False)

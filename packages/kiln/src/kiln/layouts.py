@@ -14,17 +14,13 @@ Each 4-D output of the graph is given back in the layout eager returns (``contig
 where the captured graph gave a contiguous tensor). Graphs with no such convolution are
 returned as they are.
 
-By default (``options={"channels_last": None}``) inference graphs on CUDA and training
-graphs on the CPU are laid out so. On CUDA a training step's batch norms reduce each
-channel over the batch and the image, which in channels-last layout is a reduction across
-the innermost dimension that Kiln's Triton reduction kernels read more slowly (ResNet-50's
-step at batch 8, GPU-busy: 4.2 ms in NCHW, 5.1 ms in channels-last on an H200; inference
-on an H100: 1.70 ms NCHW, 1.30 ms channels-last). On the CPU, kiln-cpp reduces such
-channels with one channel per vector lane (its column passes) and oneDNN's channels-last
-convolutions are faster, backward above all (six conv + batch norm + ReLU blocks of
-8 x 64 x 28 x 28, a training step: see docs/benchmarks.md, 2026-11-27); CPU inference
-graphs keep NCHW (there, channels-last was slower). ``True`` lays out every graph with
-convolutions, on the CPU too; ``False`` none.
+By default (``options={"channels_last": None}``) only inference graphs on CUDA are laid
+out so: a training step's batch norms reduce each channel over the batch and the image,
+which in channels-last layout is a reduction across the innermost dimension that Kiln's
+reduction kernels read more slowly (ResNet-50's step at batch 8, GPU-busy: 4.2 ms in NCHW,
+5.1 ms in channels-last on an H200; inference on an H100: 1.70 ms NCHW, 1.30 ms
+channels-last). ``True`` lays out every graph with convolutions, on the CPU too;
+``False`` none.
 """
 
 from __future__ import annotations
@@ -36,17 +32,14 @@ CONV2D = frozenset({torch.conv2d, torch.convolution, torch.ops.aten.convolution.
 
 
 def wanted(setting: bool | None, example_inputs: list[object]) -> tuple[bool, bool]:
-    """(lay out this graph, on the CPU too) for ``options.channels_last``: by default
-    graphs that autograd does not differentiate (grad mode off, or no input needs grad),
-    on CUDA, and training graphs whose tensors are all on the CPU."""
+    """(lay out this graph, on the CPU too) for ``options.channels_last``: by default only
+    graphs that autograd does not differentiate (grad mode off, or no input needs grad)."""
     if setting is not None:
         return setting, setting
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    training = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
-    if not training:
-        return True, False
-    on_cpu = bool(tensors) and all(x.device.type == "cpu" for x in tensors)
-    return on_cpu, on_cpu
+    training = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    )
+    return not training, False
 
 
 def channels_last(gm: torch.fx.GraphModule, on_cpu: bool = False) -> torch.fx.GraphModule | None:
