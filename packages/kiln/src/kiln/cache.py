@@ -44,7 +44,7 @@ from kiln_loopir import HostProgram, load_host_program
 
 log = logging.getLogger("kiln.cache")
 
-FORMAT = 12  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products);
+FORMAT = 13  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt products);
 # 6: float32 attention in full float32; 7: no store in place before a reduction (memory
 # plans of earlier formats could read a looped reduction's input after overwriting it);
 # 8: no per-output store of a reduction kernel in place (split reductions with a loop
@@ -53,7 +53,9 @@ FORMAT = 12  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt
 # float powers without pow, producers inlined through strided views (kernels of format 9
 # are slower, not wrong); 11: kiln-cpp's reduction loops merged where they are one run, its
 # booleans read and written as bytes (kernels of format 10 are slower, not wrong); 12:
-# native host programs on CUDA for graphs with symbolic sizes (format 11 ran them in Python)
+# native host programs on CUDA for graphs with symbolic sizes (format 11 ran them in Python);
+# 13: no arena buffer is read by an op that takes a storage offset (as_strided_scatter read
+# an arena temporary as if it started the arena: wrong results in format 12's programs)
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 DEFAULT_MAX_MB = 4096
 # kiln-autograd's signature records (kiln.signature_records) lie beside the entries

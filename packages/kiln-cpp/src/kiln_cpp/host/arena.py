@@ -7,7 +7,9 @@ is live from the step that allocates it to the last step that reads or writes an
 those. Storages whose lives overlap get disjoint byte ranges (largest first, each at the
 lowest offset that fits); the others may share one. Left out of the arena, and allocated
 on their own as before: storages the graph's outputs live in (a user holds them after the
-call), storages of symbolic size, and those on another device than the arena's.
+call), storages of symbolic size, those on another device than the arena's, and those an
+ATen op reads that takes a storage offset (``as_strided_scatter``: the offset counts from
+the start of its tensor's storage, and an arena buffer is a view past the arena's start).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from kiln_loopir.ir import Buffer
+from kiln_loopir.ir import Buffer, ExternNode
 from kiln_loopir.kernel import Schedule
 from kiln_loopir.memory import MemoryPlan
 from kiln_loopir.scheduler import step_reads, step_writes
@@ -60,10 +62,11 @@ def plan_arena(
     or a kernel computing it in the op's place)."""
     buffers = schedule.graph.buffers()
     storages = _storages(schedule, plan, buffers, out_filled)
+    left_out = kept | _read_at_storage_offsets(schedule)
     placeable = [
         s
         for s in storages.values()
-        if s.nbytes is not None and not kept.intersection(s.members) and s.nbytes > 0
+        if s.nbytes is not None and not left_out.intersection(s.members) and s.nbytes > 0
     ]
     if not placeable:
         return Arena()
@@ -75,6 +78,20 @@ def plan_arena(
     size = max(offset + _aligned(s.nbytes) for s, offset in placed)
     offsets = {name: offset for s, offset in placed for name in s.members}
     return Arena(device, size, offsets)
+
+
+def _read_at_storage_offsets(schedule: Schedule) -> set[str]:
+    """Buffers an extern step reads whose op takes a ``storage_offset`` argument."""
+    found: set[str] = set()
+    for step in schedule.steps:
+        if isinstance(step, ExternNode) and _takes_storage_offset(step.target):
+            found |= {ref.buffer for ref in step.input_refs()}
+    return found
+
+
+def _takes_storage_offset(op: object) -> bool:
+    schema = getattr(op, "_schema", None)
+    return schema is not None and any(a.name == "storage_offset" for a in schema.arguments)
 
 
 def _storages(
