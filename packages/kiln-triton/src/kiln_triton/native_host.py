@@ -34,7 +34,7 @@ from kiln_loopir.memory import MemoryPlan
 from kiln_triton.attention import AttentionCall, attention_call, attention_fwd, compile_attention
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
-from kiln_triton.sized_launches import SizedLauncher, SizeTable, is_sized
+from kiln_triton.sized_launches import SizedLauncher, SizeTable, alignment_checks, is_sized
 
 C_TYPES = {"i32": "int32_t", "i64": "int64_t", "u32": "uint32_t", "u64": "uint64_t"}
 C_TYPES |= {"fp32": "float", "fp64": "double"}
@@ -280,13 +280,7 @@ class CudaLauncher:
     # -- what render_host asks for --------------------------------------------------------
     def prologue(self, inputs: list[str]) -> list[str]:
         lines = ["void* kiln_stream = kiln_api->cuda_stream();"]
-        for name in inputs:
-            if name in self.pointer_args:  # kernels assume 16-byte aligned pointers
-                lines += [
-                    f"if (reinterpret_cast<uintptr_t>(kiln_api->data_ptr({name}.get())) & 15)",
-                    "  return KILN_RUN_PYTHON;",
-                ]
-        return lines
+        return lines + alignment_checks(inputs, self.pointer_args)
 
     def lines(self, kernel: Kernel, pointer) -> list[str]:
         """The launch of ``kernel``; ``pointer(name)`` is a buffer's data pointer as C++."""

@@ -106,11 +106,24 @@ def is_sized(schedule: Schedule) -> bool:
     )
 
 
+def alignment_checks(inputs: list[str], pointer_args: set[str]) -> list[str]:
+    """C++ handing the call to the Python host program where an input a kernel takes is
+    not 16-byte aligned, as the kernels were compiled to assume."""
+    lines = []
+    for name in inputs:
+        if name in pointer_args:
+            lines += [
+                f"if (reinterpret_cast<uintptr_t>(kiln_api->data_ptr({name}.get())) & 15)",
+                "  return KILN_RUN_PYTHON;",
+            ]
+    return lines
+
+
 class SizedLauncher:
     """What :func:`kiln_cpp.host.render_host` asks of a kernel launcher, for a graph whose
     sizes are symbols: each launch read from the table entry of the call's size."""
 
-    functions: list[int] = []  # kernel handles come with each size, not at load
+    functions: tuple[int, ...] = ()  # kernel handles come with each size, not at load
 
     def __init__(self, schedule: Schedule, kernels: dict[str, TritonKernel]) -> None:
         graph = schedule.graph
@@ -149,14 +162,7 @@ class SizedLauncher:
         ).splitlines()  # fmt: skip
 
     def prologue(self, inputs: list[str]) -> list[str]:
-        lines = []
-        for name in inputs:
-            if name in self.pointer_args:  # kernels assume 16-byte aligned pointers
-                lines += [
-                    f"if (reinterpret_cast<uintptr_t>(kiln_api->data_ptr({name}.get())) & 15)",
-                    "  return KILN_RUN_PYTHON;",
-                ]
-        return lines + [
+        return alignment_checks(inputs, self.pointer_args) + [
             f"const int64_t kiln_key[] = {{{', '.join(self.symbols)}}};",
             "const KilnSize* const kiln_size = kiln_find_size(kiln_key);",
             "if (kiln_size == nullptr) return KILN_RUN_PYTHON;  // a size not learned yet",
