@@ -117,3 +117,12 @@ def test_the_held_kernels_follow_the_programs_ring_of_sizes():
     # the program's slot 0 and 1 hold the last two sizes now, and so does the table
     assert table._held[0] == [launches[(SIZES + 1,)].compiled]
     assert table._held[1] == [launches[(SIZES + 2,)].compiled]
+
+
+def test_a_kernel_that_needs_scratch_memory_stays_with_python():
+    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32", "xnumel": "i32"}
+    launch = _launch(2, (1,), 4, signature)
+    launch.compiled.metadata.global_scratch_size = 64
+    table = _table(SimpleNamespace(name="kernel0", _launches={(4,): launch}))
+    table((torch.randn(4, 2),))
+    assert table.learned == 0 and "global_scratch_size=64" in table.refused[(4,)]

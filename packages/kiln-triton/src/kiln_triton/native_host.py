@@ -21,7 +21,6 @@ Python host program runs the graph.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import sympy
@@ -32,6 +31,7 @@ from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
 from kiln_triton.attention import AttentionCall, attention_call, attention_fwd, compile_attention
+from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
 from kiln_triton.sized_launches import SizedLauncher, SizeTable, alignment_checks, is_sized
@@ -249,14 +249,9 @@ class CudaLauncher:
         """One launch of ``compiled``: its parameters from ``positional`` (in the kernel's
         order) and ``kwargs``; its handle appended to the program's."""
         meta = compiled.metadata
-        for attr, plain in (("num_ctas", 1), ("launch_cooperative_grid", False)):
-            if getattr(meta, attr, plain) != plain:
-                raise HostNotRendered(f"{what}: {attr}={getattr(meta, attr)}")
-        if getattr(meta, "launch_pdl", False):
-            raise HostNotRendered(f"{what} launches with programmatic dependencies")
-        for attr in ("global_scratch_size", "profile_scratch_size"):
-            if getattr(meta, attr, 0):
-                raise HostNotRendered(f"{what} needs {attr}={getattr(meta, attr)}")
+        reason = unlaunchable(meta)
+        if reason is not None:
+            raise HostNotRendered(f"{what}: {reason}")
         names = list(names)
         values = dict(zip(names, positional, strict=False))
         values.update({n: kwargs[n] for n in names if n in kwargs})
@@ -350,7 +345,10 @@ def _params(kernel: str, names: list[str], values: dict, compiled) -> list[tuple
             params.append((C_TYPES[kind], values[name]))
         else:
             raise HostNotRendered(f"{kernel}: parameter {name} of type {kind}")
-    extra = _ptx_params(compiled) - len(params)
+    counted = ptx_params(compiled)
+    if counted is None:
+        raise HostNotRendered(f"{kernel}: no entry point in PTX to count its parameters in")
+    extra = counted - len(params)
     if extra < 0:
         raise HostNotRendered(f"{kernel}: its PTX takes fewer parameters than expected")
     return params + [("void*", None)] * extra  # scratch pointers, unused at size 0
@@ -373,17 +371,3 @@ def _launch_lines(planned: PlannedLaunch, pointer, what: str) -> list[str]:
         "    return -1;",
         f"}}  // {what}",
     ]
-
-
-_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
-
-
-def _ptx_params(compiled) -> int:
-    """The parameters of the compiled kernel's entry point, counted in its PTX."""
-    ptx = compiled.asm.get("ptx") if hasattr(compiled, "asm") else None
-    if not ptx:
-        raise HostNotRendered("the compiled kernel keeps no PTX to count its parameters in")
-    m = _ENTRY.search(ptx if isinstance(ptx, str) else ptx.decode())
-    if m is None:
-        raise HostNotRendered("no .entry in the kernel's PTX")
-    return m.group(2).count(".param")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import re
 import struct
 
 import sympy
@@ -28,6 +27,7 @@ import sympy
 from kiln_cpp.prelude import SIZE_FUNCTIONS
 from kiln_loopir.host import HostNotRendered, size_sources
 from kiln_loopir.kernel import Kernel, Schedule
+from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.launcher import TritonKernel
 
 log = logging.getLogger("kiln.triton")
@@ -282,12 +282,9 @@ def _fill(target, launch, sizes: tuple, n_tensors: int, max_slots: int) -> None:
     if launch.runner is None or compiled is None:
         raise LaunchRefused("no direct launch yet", lasting=False)
     meta = compiled.metadata
-    if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
-        raise LaunchRefused("a cluster or cooperative launch")
-    if getattr(meta, "launch_pdl", False):
-        raise LaunchRefused("programmatic dependent launch")
-    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
-        raise LaunchRefused("scratch memory")
+    reason = unlaunchable(meta)
+    if reason is not None:
+        raise LaunchRefused(reason)
     slots = _slots(launch, sizes, n_tensors)
     if len(slots) > max_slots:
         raise LaunchRefused(f"{len(slots)} parameters after the pointers")
@@ -319,7 +316,10 @@ def _slots(launch, sizes: tuple, n_tensors: int) -> list[int]:
         slots.append(_slot(kind, values[name]))
     if pointers != n_tensors:
         raise LaunchRefused(f"{pointers} pointer parameters for {n_tensors} tensors")
-    return slots + [0] * (_ptx_params(compiled) - pointers - len(slots))
+    counted = ptx_params(compiled)
+    if counted is None:
+        raise LaunchRefused("no entry point in PTX to count the kernel's parameters in")
+    return slots + [0] * (counted - pointers - len(slots))
 
 
 def _slot(kind: str, value) -> int:
@@ -333,20 +333,3 @@ def _slot(kind: str, value) -> int:
     if kind == "fp64":
         return struct.unpack("<q", struct.pack("<d", float(value)))[0]
     raise LaunchRefused(f"a parameter of type {kind}")
-
-
-_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
-_PTX_PARAMS: dict[tuple, int] = {}  # by the compiled kernel's id and hash
-
-
-def _ptx_params(compiled) -> int:
-    """The parameters of the compiled kernel's entry point, counted in its PTX (once)."""
-    key = (id(compiled), getattr(compiled, "hash", None))
-    n = _PTX_PARAMS.get(key)
-    if n is None:
-        ptx = compiled.asm.get("ptx") if hasattr(compiled, "asm") else None
-        m = _ENTRY.search(ptx if isinstance(ptx, str) else ptx.decode()) if ptx else None
-        if m is None:
-            raise LaunchRefused("no PTX to count the kernel's parameters in")
-        n = _PTX_PARAMS[key] = m.group(2).count(".param")
-    return n

@@ -1,0 +1,38 @@
+"""What a native host program needs to know of a compiled Triton kernel to launch it with
+``cuLaunchKernel``: whether it can (:func:`unlaunchable`) and how many parameters its
+entry point takes (:func:`ptx_params`, the null scratch pointers newer Triton appends
+included)."""
+
+from __future__ import annotations
+
+import re
+
+_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
+_PTX_PARAMS: dict[tuple, int] = {}  # by the compiled kernel's id and hash
+
+
+def unlaunchable(meta) -> str | None:
+    """Why a plain launch cannot run the compiled kernel of metadata ``meta``, or None."""
+    for attr, plain in (("num_ctas", 1), ("launch_cooperative_grid", False)):
+        if getattr(meta, attr, plain) != plain:
+            return f"{attr}={getattr(meta, attr)}"
+    if getattr(meta, "launch_pdl", False):
+        return "it launches with programmatic dependencies"
+    for attr in ("global_scratch_size", "profile_scratch_size"):
+        if getattr(meta, attr, 0):
+            return f"it needs {attr}={getattr(meta, attr)}"
+    return None
+
+
+def ptx_params(compiled) -> int | None:
+    """The parameters of the compiled kernel's entry point, counted in its PTX once; None
+    where it keeps no PTX with an entry point."""
+    key = (id(compiled), getattr(compiled, "hash", None))
+    n = _PTX_PARAMS.get(key)
+    if n is None:
+        ptx = compiled.asm.get("ptx") if hasattr(compiled, "asm") else None
+        m = _ENTRY.search(ptx if isinstance(ptx, str) else ptx.decode()) if ptx else None
+        if m is None:
+            return None
+        n = _PTX_PARAMS[key] = m.group(2).count(".param")
+    return n
