@@ -132,8 +132,8 @@ def training_cases() -> list[tuple[str, torch.nn.Module, list[torch.Tensor]]]:
 
 
 def first_tensor(out: object) -> torch.Tensor:
-    if hasattr(out, "last_hidden_state"):
-        return out.last_hidden_state
+    if hasattr(out, "to_tuple"):  # a Hugging Face ModelOutput: its first field
+        out = out.to_tuple()
     while isinstance(out, (tuple, list)):
         out = out[0]
     return out  # type: ignore[return-value]

@@ -108,6 +108,34 @@ def test_an_entry_for_the_python_host_program_is_not_loaded_for_the_native_one(t
     assert len(entries(tmp_path)) == 2
 
 
+def test_an_entry_made_by_other_sources_of_kiln_is_not_loaded(tmp_path, monkeypatch):
+    """A working tree installed editable keeps its version while its code changes."""
+    options = {"cache_dir": str(tmp_path)}
+    compile_and_check(options)
+    kiln.reset()
+    edited = {"kiln_loopir": "0123456789abcdef"}
+    digest = kiln.cache._source_digest
+    monkeypatch.setattr(kiln.cache, "_source_digest", lambda p: edited.get(p) or digest(p))
+    kiln.cache.versions.cache_clear()
+    try:
+        compile_and_check(options)
+    finally:
+        kiln.cache.versions.cache_clear()
+    assert "loopir" in kiln.compile_times(), "compiled again"
+    assert len(entries(tmp_path)) == 2
+
+
+def test_the_source_digest_follows_a_file_of_the_package(tmp_path, monkeypatch):
+    package = tmp_path / "edited_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = kiln.cache._source_digest("edited_package")
+    (package / "__init__.py").write_text("X = 2\n")
+    kiln.cache._source_digest.cache_clear()
+    assert kiln.cache._source_digest("edited_package") != before
+
+
 def test_cache_off_writes_nothing(tmp_path):
     compile_and_check({"cache_dir": str(tmp_path), "cache": False})
     assert not (tmp_path / "graphs").exists()

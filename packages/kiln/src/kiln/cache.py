@@ -5,11 +5,12 @@ kernels' sources, the host program, the graph's constant tensors and the printed
 Its key hashes the graph's code and constants, the inputs' metadata (dtype, device, size,
 stride; a symbolic size by its symbol, with the symbol's range and guards, never by the
 size it was traced at), the options that change the code, the code generator, and the
-versions of Python, torch and every Kiln package. A second process that compiles the same
-graph loads the entry and hands the sources to the code generator, whose own cache holds
-the built kernels: nothing is lowered, scheduled or compiled again. Beside the entries,
-kiln-autograd's signature records (:mod:`kiln.signature_records`, ``<key>.record``) spare
-the second process tracing the aten graphs too.
+versions of Python, torch and every Kiln package (each with a digest of its sources). A
+second process that compiles the same graph loads the entry and hands the sources to the
+code generator, whose own cache holds the built kernels: nothing is lowered, scheduled or
+compiled again. Beside the entries, kiln-autograd's signature records
+(:mod:`kiln.signature_records`, ``<key>.record``) spare the second process tracing the aten
+graphs too.
 
 Entries lie under ``<root>/graphs/`` (see :mod:`kiln.cache_folders` for the root and the
 code generators' folders beside it) in folders private to the user. Entries are written
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import io
 import logging
 import os
@@ -92,10 +94,25 @@ class Entry:
 
 
 def _version(dist: str) -> str:
+    """``dist``'s version and a digest of its Python sources: an entry made by edited code
+    (a working tree installed editable, whose version does not change) is not loaded."""
     try:
-        return metadata.version(dist)
+        return f"{metadata.version(dist)} {_source_digest(dist.replace('-', '_'))}"
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+@functools.cache
+def _source_digest(package: str) -> str:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return "no sources"
+    root = Path(next(iter(spec.submodule_search_locations)))
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @functools.cache

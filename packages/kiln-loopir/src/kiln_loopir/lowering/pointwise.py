@@ -196,10 +196,12 @@ def _register_table() -> None:
 
 _register_table()
 
-# Exponents that ATen's CPU and CUDA kernels compute without pow (``x ** 3`` as
-# ``x * x * x``): the values eager gives, at a fraction of a general pow's cost in a kernel
-# (GPT-2's hand-written GELU spent most of its time in one).
+# Exponents that ATen computes without pow (``x ** 3`` as ``x * x * x``, ``x ** 1`` as a
+# copy): the values eager gives, at a fraction of a general pow's cost in a kernel (GPT-2's
+# hand-written GELU spent most of its time in one, and the backward of ``x ** 2``,
+# ``2 * x ** 1``, most of an RMSNorm backward's on the CPU).
 POWERS_WITHOUT_POW = {
+    1.0: lambda ops, v: v,
     0.5: lambda ops, v: ops.sqrt(v),
     2.0: lambda ops, v: ops.mul(v, v),
     3.0: lambda ops, v: ops.mul(ops.mul(v, v), v),
