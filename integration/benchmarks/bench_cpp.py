@@ -3,7 +3,10 @@
 Micro cases are traced to aten graphs with ``kiln_loopir.testing.trace_aten``; the Hugging
 Face models (small configs, random weights, inference) with
 ``kiln_autograd.trace_inference_graph``, whose graph takes the parameters first. Both are
-compiled with ``kiln_loopir.compile_fx(..., codegen="cpp")``. Every variant runs with the
+compiled with ``kiln_loopir.compile_fx(..., codegen="cpp")``. The same models' training
+steps (``zero_grad``, forward, a squared-mean loss, ``backward()``; dropout off) go through
+``kiln.compile`` and ``torch.compile`` whole, as ``bench_call_path.py`` times them, each
+variant's loss and gradients checked against eager's first. Every variant runs with the
 same ``torch.set_num_threads``, is warmed up, and is timed as the median of several
 repeats; the variants take turns within each repeat so a busy machine slows them alike.
 Each thread count runs in a child process of its own (inductor and kiln-cpp build their
@@ -29,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bench_call_path import measure_training
 from timing import thread_counts
 
 import kiln_autograd
@@ -105,7 +109,12 @@ def _models() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
     configs = {
         "BERT (2 layers, hidden 256, seq 128)": transformers.BertModel(
             transformers.BertConfig(
-                **common, hidden_size=256, intermediate_size=1024, max_position_embeddings=128
+                **common,
+                hidden_size=256,
+                intermediate_size=1024,
+                max_position_embeddings=128,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
             )
         ),
         "GPT-2 (2 layers, hidden 256, seq 128)": transformers.GPT2LMHeadModel(
@@ -117,6 +126,9 @@ def _models() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
                 n_positions=128,
                 bos_token_id=0,
                 eos_token_id=0,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
             )
         ),
         "Llama (2 layers, hidden 256, seq 128)": transformers.LlamaForCausalLM(
@@ -130,7 +142,7 @@ def _models() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
         ),
     }
     ids = torch.randint(0, 1000, (2, 128))
-    return {name: (_Logits(m.eval()), [ids]) for name, m in configs.items()}
+    return {name: (_Logits(m), [ids]) for name, m in configs.items()}
 
 
 def _kiln_micro(fn: Callable, inputs: list[torch.Tensor]) -> Callable:
@@ -220,9 +232,17 @@ def run_threads(threads: int) -> None:
         cases += [(name, m, inputs, True) for name, (m, inputs) in _models().items()]
     with torch.no_grad():
         for name, fn, inputs, model in cases:
+            if model:
+                fn.eval()
             kiln = _kiln_model(fn, inputs) if model else _kiln_micro(fn, inputs)
             row = {"case": name, "threads": threads, "model": model}
             row["ms"] = _measure(fn, kiln, inputs)
+            print(ROW + json.dumps(row), flush=True)
+    for name, fn, inputs, model in cases:
+        if model:
+            us, _ = measure_training(fn.train(), inputs)
+            row = {"case": f"{name}, training step", "threads": threads, "model": True}
+            row["ms"] = {variant: t / 1e3 for variant, t in us.items()}
             print(ROW + json.dumps(row), flush=True)
 
 

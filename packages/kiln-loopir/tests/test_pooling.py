@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln_loopir.ir import ExternNode
+from kiln_loopir.ir import ComputedNode, ExternNode
 from kiln_loopir.testing import check_against_eager
 
 aten = torch.ops.aten
@@ -76,3 +76,32 @@ def test_avg_pool3d_gradient_matches_eager():
 def test_channels_last_input_keeps_its_layout():
     x = torch.randn(2, 3, 6, 7).to(memory_format=torch.channels_last)
     check_against_eager(lambda t: F.avg_pool2d(t, 3, 2, 1), [x])
+
+
+def _taps_of_padded(t):
+    """A 3x3, stride-2 max over ``relu(t)`` padded with -inf: the form max pooling takes
+    once decomposed (each tap a strided slice of the padded input)."""
+    padded = F.pad(t.relu(), (1, 1, 1, 1), value=float("-inf"))
+    h, w = (t.shape[-2] + 1) // 2, (t.shape[-1] + 1) // 2
+    taps = [
+        padded[..., i : i + 2 * h - 1 : 2, j : j + 2 * w - 1 : 2]
+        for i in range(3)
+        for j in range(3)
+    ]
+    out = taps[0]
+    for tap in taps[1:]:
+        out = torch.maximum(out, tap)
+    return out
+
+
+def test_a_padded_input_read_at_a_step_is_written_once_on_the_cpu():
+    """Inlined, the padding would be a masked read at a step of two at every tap, which no
+    C++ compiler vectorises: the padded input is computed once and read plainly."""
+    x = torch.randn(2, 3, 9, 8)
+    compiled = check_against_eager(_taps_of_padded, [x])
+    nodes = [n for n in compiled.graph.nodes if isinstance(n, ComputedNode)]
+    padded = [n for n in nodes if tuple(n.buffer.size) == (2, 3, 11, 10)]
+    assert len(padded) == 1, [n.buffer.size for n in nodes]
+    for node in nodes:
+        if node is not padded[0]:
+            assert not any(load.masked for load in node.traced()[0].loads), node.name

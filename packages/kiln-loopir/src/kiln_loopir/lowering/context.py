@@ -22,7 +22,8 @@ from kiln_loopir.symbols import contiguous_strides, to_expr
 
 # A producer that computes inlined producers itself is inlined in turn while its inner
 # function has at most this many operations (loads, index arithmetic and math): a batch
-# norm's shift, a ReLU and the padding of a max pooling read at each of its window's taps.
+# norm's shift, a ReLU and (on the GPU) the padding of a max pooling read at each of its
+# window's taps.
 MAX_INLINED_OPS = 24
 
 
@@ -210,10 +211,20 @@ class LoweringContext:
             self._inlined(node)
             return node.body.inner_fn
         remap = _remap(ref, node.buffer) if through_views else None
-        if remap is None:
+        if remap is None or self._masked_steps(node, remap, len(ref.size)):
             return ref.load
         self._inlined(node)
         return lambda ops, index: node.body.inner_fn(ops, remap(index))
+
+    def _masked_steps(self, node: ComputedNode, remap: Callable, rank: int) -> bool:
+        """Whether inlining ``node`` through ``remap`` on the CPU would read memory under a
+        mask at a step of more than one element (a max pooling's taps, each a strided slice
+        of the padded input): a C++ compiler vectorises no such read, so the producer is
+        written once (the padding with it) and read plainly. Triton masks any read."""
+        if self.device.type != "cpu" or not any(load.masked for load in node.traced()[0].loads):
+            return False
+        xs = sympy.symbols(f"v0:{rank}", integer=True)
+        return any(abs(e.coeff(x)) > 1 for e in map(sympy.sympify, remap(list(xs))) for x in xs)
 
     def _too_big(self, node: ComputedNode) -> bool:
         """Whether ``node`` computes inlined producers itself and is too big to inline."""
