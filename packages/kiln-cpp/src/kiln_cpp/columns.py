@@ -20,14 +20,28 @@ is computed again by the later pass, never stored per row and lane.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 
 import sympy
 
+from kiln_cpp.dtypes import value_type
 from kiln_cpp.printer import cexpr
-from kiln_cpp.vectorize import ACCUMULATOR, coefficient, simd_safe
+from kiln_cpp.statements import (
+    CheckIndex,
+    Declare,
+    Define,
+    Expr,
+    PointWrite,
+    ReductionLoop,
+    Statement,
+    Update,
+    names,
+    per_point,
+    render,
+)
+from kiln_cpp.vectorize import coefficient
 from kiln_loopir.symbols import index_vars, reduction_vars
 
 # outer points per block of a column reduction: 16 (two AVX2 vectors of floats), or 64
@@ -56,16 +70,6 @@ def column_block(x: str, size: str) -> tuple[int, str]:
 
 
 _KINDS = ("sum", "dot", "prod", "max", "min", "welford.mean", "welford.m2")
-WELFORD = re.compile(r"^(?P<type>kiln::Welford<(?P<vt>[\w:]+)>) (?P<acc>acc\d+);$")
-WELFORD_REFERENCE = re.compile(r"^kiln::Welford<[\w:]+>& (?P<acc>acc\d+) = (?P<twin>acc\d+);$")
-_DEFINITION = re.compile(r"^const (?P<type>[\w:<>]+) (?P<name>tmp\d+) = (?P<rhs>.+);$")
-_NAME = re.compile(r"\b(?:tmp|acc)\d+\b")
-# a value of an earlier loop stored per reduction point (a spill, or a costly value kept
-# by vectorize.reuse_across_loops), its store, and a later loop's read of it
-_PER_POINT = r"(?P<home>tmp\d+)_(?:spill|xs)"
-_PER_POINT_STORE = re.compile(rf"^{_PER_POINT}\[.+\] = (?P=home);$")
-_PER_POINT_READ = re.compile(rf"^const (?P<type>[\w:<>]+) (?P<name>tmp\d+) = {_PER_POINT}\[.+\];$")
-_PER_POINT_ARRAY = re.compile(r"\btmp\d+_(?:spill|xs)\b")
 
 
 @dataclass
@@ -75,7 +79,7 @@ class ColumnPasses:
     ``segments`` are the outer lines before the first loop and after each loop (the
     first after the reduction reads its accumulators)."""
 
-    segments: list[list[str]]
+    segments: list[list[Statement]]
     loops: list  # ReductionLoop
     # a value of a segment that a later loop or segment reads -> its C++ type: kept per
     # outer point between the passes
@@ -89,11 +93,9 @@ def column_passes(kernel, items: list) -> ColumnPasses | None:
     :func:`column_reduction_lines`). None for other kernels, and where the first
     reduction loop holds an accumulator a lane cannot keep (``any``, ``argmax``), a later
     loop reduces too, or an index is indirect."""
-    from kiln_cpp.handler import ReductionLoop  # the handler imports vectorize
-
     if not kernel.ranges or not kernel.reduction_ranges or not items:
         return None
-    segments: list[list[str]] = [[]]
+    segments: list[list[Statement]] = [[]]
     loops = []
     for item in items:
         if isinstance(item, ReductionLoop):
@@ -108,17 +110,14 @@ def column_passes(kernel, items: list) -> ColumnPasses | None:
     loops = _recomputed(loops)
     if loops is None or any(loop.prologue for loop in loops[1:]):
         return None
-    if not all(
-        ACCUMULATOR.match(ln) or WELFORD.match(ln) or WELFORD_REFERENCE.match(ln)
-        for ln in loops[0].prologue
-    ):
+    if not all(isinstance(s, Declare) for s in loops[0].prologue):
         return None
-    lines = [ln for seg in segments for ln in seg] + [ln for lp in loops for ln in lp.body]
-    if any("kiln_oob" in ln or _PER_POINT_ARRAY.search(ln) for ln in lines):
+    body = [s for seg in segments for s in seg] + [s for lp in loops for s in lp.body]
+    if any(isinstance(s, CheckIndex) or per_point(s) for s in body):
         return None
-    accumulators = {m.group("acc") for ln in loops[0].prologue if (m := _ACC.match(ln))}
+    accumulators = {s.name for s in loops[0].prologue}
     elsewhere = segments[:1] + segments[2:] + [lp.body for lp in loops[1:]]
-    if any(_names(ln) & accumulators for seg in elsewhere for ln in seg):
+    if any(names(s) & accumulators for seg in elsewhere for s in seg):
         return None  # only the segment after the reduction reads its accumulators
     x_last = index_vars(len(kernel.ranges))[-1]
     r_last = reduction_vars(len(kernel.reduction_ranges))[-1]
@@ -130,77 +129,67 @@ def column_passes(kernel, items: list) -> ColumnPasses | None:
     return ColumnPasses(segments, loops, _kept(segments, loops))
 
 
-_ACC = re.compile(r"^[\w:<>&]+ (?P<acc>acc\d+)[ ;]")
-
-
-def _names(line: str) -> set[str]:
-    return set(_NAME.findall(line))
-
-
 def _recomputed(loops: list) -> list | None:
     """Copies of ``loops`` where a later loop computes again what it read from an earlier
     loop's per-point array (lanes over outer points would need one such array per lane):
-    the lines that define the value, from loads up. None where those read an accumulator."""
-    import dataclasses
-
-    out = [dataclasses.replace(loops[0], prologue=list(loops[0].prologue), body=[])]
-    definitions: dict[str, tuple[int, str]] = {}  # earlier loops' values -> (order, line)
-    for i, loop in enumerate(loops):
-        body: list[str] = []
+    the statements that define the value, from loads up. None where those read an
+    accumulator."""
+    accumulators = {d.name for loop in loops for d in loop.prologue if isinstance(d, Declare)}
+    accumulators |= {a.acc for loop in loops for a in loop.reductions}
+    out = []
+    definitions: dict[str, tuple[int, Define]] = {}  # earlier loops' values -> (order, def)
+    for loop in loops:
+        body: list[Statement] = []
         defined: set[str] = set()
-        for line in loop.body:
-            m = _PER_POINT_READ.match(line)
-            if m is None:
-                body.append(line)
+        for s in loop.body:
+            home = s.element.home if isinstance(s, Define) and s.element else None
+            if home is None:
+                body.append(s)
                 continue
-            needed = _defining_lines(m["home"], definitions)
+            needed = _defining(home, definitions, accumulators)
             if needed is None:
                 return None
-            for name, definition in needed:
-                if name not in defined:
-                    defined.add(name)
-                    body.append(definition)
-            body.append(f"const {m['type']} {m['name']} = {m['home']};")
-        body = [ln for ln in body if not _PER_POINT_STORE.match(ln)]
-        for line in body:
-            if d := _DEFINITION.match(line):
-                definitions.setdefault(d["name"], (len(definitions), line))
-        if i == 0:
-            out[0].body = body
-            out[0].prologue = [ln for ln in out[0].prologue if not _PER_POINT_ARRAY.search(ln)]
-        else:
-            prologue = [ln for ln in loop.prologue if not _PER_POINT_ARRAY.search(ln)]
-            out.append(dataclasses.replace(loop, prologue=prologue, body=body))
+            for d in needed:
+                if d.name not in defined:
+                    defined.add(d.name)
+                    body.append(d)
+            body.append(Define(s.name, s.ctype, Expr(("", home, ""))))
+        body = [s for s in body if not (isinstance(s, PointWrite) and s.value == s.home)]
+        for s in body:
+            if isinstance(s, Define):
+                definitions.setdefault(s.name, (len(definitions), s))
+        prologue = [s for s in loop.prologue if not per_point(s)]
+        out.append(dataclasses.replace(loop, prologue=prologue, body=body))
     return out
 
 
-def _defining_lines(name: str, definitions: dict) -> list[tuple[str, str]] | None:
-    """``(name, line)`` of the lines that compute ``name`` from what the loops load, in
-    their order; None where one reads an accumulator."""
-    found: dict[str, tuple[int, str]] = {}
+def _defining(name: str, definitions: dict, accumulators: set[str]) -> list[Define] | None:
+    """The definitions that compute ``name`` from what the loops load, in their order;
+    None where one reads an accumulator."""
+    found: dict[str, tuple[int, Define]] = {}
     pending = [name]
     while pending:
         current = pending.pop()
         if current in found or current not in definitions:
             continue
         found[current] = definitions[current]
-        operands = _names(_DEFINITION.match(definitions[current][1])["rhs"])
-        if any(op.startswith("acc") for op in operands):
+        operands = definitions[current][1].reads
+        if any(op in accumulators for op in operands):
             return None
         pending += operands
-    return [(n, line) for n, (_, line) in sorted(found.items(), key=lambda kv: kv[1][0])]
+    return [d for _, d in sorted(found.values(), key=lambda item: item[0])]
 
 
-def _kept(segments: list[list[str]], loops: list) -> dict[str, str]:
+def _kept(segments: list[list[Statement]], loops: list) -> dict[str, str]:
     """The values a segment defines that a later loop or segment reads, and their types."""
     kept = {}
     for i, segment in enumerate(segments):
-        later = [ln for lp in loops[i:] for ln in lp.body]
-        later += [ln for seg in segments[i + 1 :] for ln in seg]
-        read = set().union(*map(_names, later)) if later else set()
-        for line in segment:
-            if (m := _DEFINITION.match(line)) and m["name"] in read:
-                kept[m["name"]] = m["type"]
+        later = [s for lp in loops[i:] for s in lp.body]
+        later += [s for seg in segments[i + 1 :] for s in seg]
+        read = set().union(*map(names, later)) if later else set()
+        for s in segment:
+            if isinstance(s, Define) and s.name in read:
+                kept[s.name] = s.ctype
     return kept
 
 
@@ -217,22 +206,23 @@ class ColumnLanes:
     types: dict[str, str]  # accumulator -> its C++ type (the prologue's)
     # before the simd loop, each step of the reduction loops (a Welford's row count)
     row_start: list[str] = field(default_factory=list)
-    # the loop body's update lines that become a lane's (a Welford's)
-    updates: dict[str, str] = field(default_factory=dict)
+    # the loop body's updates that become a lane's (a Welford's)
+    updates: dict[Update, str] = field(default_factory=dict)
     # after the reduction loops, before the reads (a Welford's last rows folded in)
     done: list[str] = field(default_factory=list)
     # after the reads: the accumulators that are references to others (one var_mean)
     aliases: list[str] = field(default_factory=list)
+    welfords: set[str] = field(default_factory=set)  # the kiln::Welford accumulators
 
-    def body(self, body: list[str]) -> list[str]:
+    def body(self, body: list[Statement]) -> list[str]:
         """The simd loop's lines for the reduction loop's ``body``."""
-        return [*self.bind, *(self.updates.get(line, line) for line in body)]
+        return [*self.bind, *(self.updates.get(s) or s.render() for s in body)]
 
     def read_lines(self) -> list[str]:
         """Each accumulator defined as its lane's value, then the references to them."""
         lines = []
         for acc, value in self.read.items():
-            const = "" if WELFORD.match(f"{self.types[acc]} {acc};") else "const "
+            const = "" if acc in self.welfords else "const "
             lines.append(f"{const}{self.types[acc]} {acc} = {value};")
         return lines + self.aliases
 
@@ -244,27 +234,26 @@ def column_accumulators(loop, lanes: int, x: str, rows: str) -> ColumnLanes:
     or, for a long float sum, a cascade whose blocks are the ``rows`` (C++) steps of the
     reduction loops."""
     cascades = {a.acc: a.lane_type for a in loop.reductions if a.cascade}
-    values = {a.acc: a.value for a in loop.reductions}
+    reductions = {a.acc: a for a in loop.reductions}
     lane = f"{x} - {x}_block"
     out = ColumnLanes([], [], [], [], {}, {})
-    for line in loop.prologue:
-        if m := WELFORD_REFERENCE.match(line):
-            out.aliases.append(line)
+    for declaration in loop.prologue:
+        if declaration.twin is not None:
+            out.aliases.append(declaration.render())
             continue
-        if m := WELFORD.match(line):
-            acc = m["acc"]
-            out.types[acc] = m["type"]
-            out.declare.append(f"kiln::WelfordColumns<{lanes}, {m['vt']}> {acc}_lanes;")
+        acc, acc_type = declaration.name, declaration.ctype
+        out.types[acc] = acc_type
+        if declaration.init is None:  # a kiln::Welford
+            a = reductions[acc]
+            out.welfords.add(acc)
+            vt = value_type(a.dtype)
+            out.declare.append(f"kiln::WelfordColumns<{lanes}, {vt}> {acc}_lanes;")
             out.row_start.append(f"{acc}_lanes.next_block();")
             out.done.append(f"{acc}_lanes.fold();")
-            out.updates[f"{acc}.update({values[acc]});"] = (
-                f"{acc}_lanes.update({lane}, {values[acc]});"
-            )
+            for update in a.update:
+                out.updates[update] = f"{acc}_lanes.update({lane}, {a.value});"
             out.read[acc] = f"{acc}_lanes.lane({lane})"
             continue
-        m = ACCUMULATOR.match(line)
-        acc, acc_type = m["acc"], m["type"]
-        out.types[acc] = acc_type
         if acc in cascades:
             out.declare.append(f"kiln::CascadeLanes<{lanes}, {cascades[acc]}> {acc}_lanes({rows});")
             out.bind.append(f"{cascades[acc]}& {acc} = {acc}_lanes.level[0][{lane}];")
@@ -272,7 +261,7 @@ def column_accumulators(loop, lanes: int, x: str, rows: str) -> ColumnLanes:
             out.read[acc] = f"{acc}_lanes.lane({lane})"
         else:
             out.declare.append(f"{acc_type} {acc}_lanes[{lanes}];")
-            out.reset.append(f"{acc}_lanes[{lane}] = {m['init']};")
+            out.reset.append(f"{acc}_lanes[{lane}] = {declaration.init};")
             out.bind.append(f"{acc_type}& {acc} = {acc}_lanes[{lane}];")
             out.read[acc] = f"{acc}_lanes[{lane}]"
     return out
@@ -283,11 +272,11 @@ def reduction_points(kernel) -> str:
     return cexpr(sympy.expand(math.prod(kernel.reduction_ranges)))
 
 
-def kept_binds(passes: ColumnPasses, lines: list[str], kept: str) -> list[str]:
-    """The kept values ``lines`` read, each bound to its place ``kept`` (a format of
+def kept_binds(passes: ColumnPasses, body: list[Statement], kept: str) -> list[str]:
+    """The kept values ``body`` reads, each bound to its place ``kept`` (a format of
     ``name``: the value's array at the current point)."""
-    read = set().union(*map(_names, lines)) if lines else set()
-    defined = {m["name"] for ln in lines if (m := _DEFINITION.match(ln))}
+    read = set().union(*map(names, body)) if body else set()
+    defined = {s.name for s in body if isinstance(s, Define)}
     return [
         f"const {t} {name} = {kept.format(name=name)};"
         for name, t in passes.kept.items()
@@ -295,9 +284,9 @@ def kept_binds(passes: ColumnPasses, lines: list[str], kept: str) -> list[str]:
     ]
 
 
-def kept_stores(passes: ColumnPasses, segment: list[str], kept: str) -> list[str]:
+def kept_stores(passes: ColumnPasses, segment: list[Statement], kept: str) -> list[str]:
     """The lines that keep the values ``segment`` defines for later passes."""
-    defined = [m["name"] for ln in segment if (m := _DEFINITION.match(ln))]
+    defined = [s.name for s in segment if isinstance(s, Define)]
     return [f"{kept.format(name=name)} = {name};" for name in defined if name in passes.kept]
 
 
@@ -322,7 +311,7 @@ def column_reduction_lines(
     points = f"for (int64_t {x} = {x}_block; {x} < {x}_end; ++{x})"
 
     def over_points(body: list[str], simd: bool) -> list[str]:
-        pragma = [f"{ind}#pragma omp simd"] if simd and simd_safe(body) else []
+        pragma = [f"{ind}#pragma omp simd"] if simd else []
         return [*pragma, f"{ind}{points}", f"{ind}{{", *[ind * 2 + ln for ln in body], f"{ind}}}"]
 
     lines = [f"#pragma omp parallel for collapse({n}) if({when})", *outer_loops[:-1]]
@@ -336,14 +325,18 @@ def column_reduction_lines(
     if accs.reset:
         lines += over_points(accs.reset, simd=False)
     for i, segment in enumerate(passes.segments):
-        body = (accs.read_lines() if i == 1 else []) + segment
-        body = [*kept_binds(passes, body, kept), *body, *kept_stores(passes, segment, kept)]
+        body = [
+            *kept_binds(passes, segment, kept),
+            *(accs.read_lines() if i == 1 else []),
+            *render(segment),
+            *kept_stores(passes, segment, kept),
+        ]
         if body:
             lines += over_points(body, simd=True)
         if i == len(passes.loops):
             break
         loop = passes.loops[i]
-        body = accs.body(loop.body) if i == 0 else loop.body
+        body = accs.body(loop.body) if i == 0 else render(loop.body)
         lines += [
             *[ind + line for line in reduction_loops],
             f"{ind}{{",
@@ -351,7 +344,7 @@ def column_reduction_lines(
             f"{ind * 2}#pragma omp simd",
             f"{ind * 2}{points}",
             f"{ind * 2}{{",
-            *[ind * 3 + line for line in kept_binds(passes, body, kept) + body],
+            *[ind * 3 + line for line in kept_binds(passes, loop.body, kept) + body],
             f"{ind * 2}}}",
             *[ind * 2 + line for line in (accs.next_row if i == 0 else [])],
             f"{ind}}}",

@@ -1,12 +1,12 @@
-"""The ops handler that renders a kernel's define-by-run body as C++ statements.
+"""The ops handler that emits a kernel's define-by-run body as C++ statements.
 
 ``Kernel.body(handler)`` calls every node's inner function with this handler, then
-``reduction`` and ``store``. Each call emits one ``const T tmpN = ...;`` line (with common
-subexpressions reused in the scope that defined them) into the right place of the loop
-nest: nodes at the ``outer`` level go into the body of the outer loops, nodes at the
-``inner`` or ``reduction`` level into a loop over the reduction ranges. A reduction's
-accumulator is declared before its loop and its result defined after it; a node that reads
-a reduction result starts a new reduction loop.
+``reduction`` and ``store``. Each call emits a statement (:mod:`kiln_cpp.statements`: for a
+value, a definition ``const T tmpN = ...;``, with common subexpressions reused in the scope
+that defined them) into the right place of the loop nest: nodes at the ``outer`` level go
+into the body of the outer loops, nodes at the ``inner`` or ``reduction`` level into a loop
+over the reduction ranges. A reduction's accumulator is declared before its loop and its
+result defined after it; a node that reads a reduction result starts a new reduction loop.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import sympy
 import torch
@@ -30,9 +29,23 @@ from kiln_cpp.dtypes import (
 )
 from kiln_cpp.errors import CppCodegenError
 from kiln_cpp.index_facts import IndexFacts
-from kiln_cpp.printer import cexpr
+from kiln_cpp.printer import cexpr, cexpr_naming
+from kiln_cpp.statements import (
+    Accumulation,
+    CheckIndex,
+    Declare,
+    Define,
+    Element,
+    Expr,
+    PointArray,
+    PointWrite,
+    ReductionLoop,
+    Statement,
+    Store,
+    Update,
+    mark,
+)
 from kiln_cpp.vecmath import vector_function
-from kiln_cpp.vectorize import Accumulation
 from kiln_loopir.ir import Scatter
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.ops import BINARY_OPS, UNARY_OPS, result_dtype
@@ -40,20 +53,6 @@ from kiln_loopir.ops import BINARY_OPS, UNARY_OPS, result_dtype
 # float sums over at most this many points accumulate in float lanes, longer ones in a
 # cascade of float lanes (see CppOpsHandler._sum_type)
 FLOAT_SUM_MAX = 1024
-
-
-@dataclass
-class ReductionLoop:
-    """A loop over the kernel's reduction ranges, in the body of the outer loops."""
-
-    id: int
-    prologue: list[str] = field(default_factory=list)
-    body: list[str] = field(default_factory=list)
-    closed: bool = False  # a reduction finished here: later nodes need a new loop
-    reductions: list[Accumulation] = field(default_factory=list)  # for vectorize.py
-    # a scan loop: where the scan's update starts in ``body``, and the value it scans
-    scan_start: int | None = None
-    scanned: str | None = None
 
 
 class _NodeValues(dict):
@@ -87,8 +86,9 @@ def literal(value: object, dtype: torch.dtype) -> str:
 
 
 class CppOpsHandler:
-    """Renders one kernel's body; ``items`` is the body of the outer loops (lines and
-    :class:`ReductionLoop` s), ``buffer_dtypes`` the dtype of every buffer it touches."""
+    """Renders one kernel's body; ``items`` is the body of the outer loops (statements,
+    see :mod:`kiln_cpp.statements`, and :class:`ReductionLoop` s), ``buffer_dtypes`` the
+    dtype of every buffer it touches."""
 
     def __init__(
         self, kernel: Kernel, bounds: dict[sympy.Symbol, tuple[int, int]] | None = None
@@ -101,12 +101,12 @@ class CppOpsHandler:
         self.nodes = kernel.nodes
         self.buffer_dtypes: dict[str, torch.dtype] = {n.name: n.buffer.dtype for n in kernel.nodes}
         self.buffer_dtypes.update(kernel.arg_dtypes)
-        self.items: list[str | ReductionLoop] = []
+        self.items: list[Statement | ReductionLoop] = []
         self.local_values = _NodeValues(self._node_done)
         self.dtypes: dict[str, torch.dtype] = {}
         self.has_scatter = any(isinstance(n.body, Scatter) for n in kernel.nodes)
         self._scope: dict[str, int] = {}
-        self._cse: dict[tuple[int, str], str] = {}
+        self._cse: dict[tuple[int, Expr], str] = {}
         self._masks: list[str] = []
         self._loop: ReductionLoop | None = None
         self._loops = 0
@@ -114,18 +114,18 @@ class CppOpsHandler:
         self._reduced = False
         self._count = 0
         self._spilled: set[str] = set()
-        self._dead = 0  # inside a masked body whose mask is known false: no lines
+        self._dead = 0  # inside a masked body whose mask is known false: no statements
         # values the same at every point of the reduction loops (read nothing that moves with
-        # them), what each was computed from, and its line; an indirect index among them is
+        # them), what each was computed from, and its definition; an indirect index among them is
         # computed before its loop (see hoist_invariant_indices)
         self._invariant: set[str] = set()
         self._operands: dict[str, tuple[str, ...]] = {}
-        self._lines: dict[str, str] = {}
+        self._definitions: dict[str, Define] = {}
         self._invariant_indices: list[str] = []
-        self._guards: dict[str, str] = {}  # an invariant index -> its out-of-range flag line
+        self._guards: dict[str, CheckIndex] = {}  # an invariant index -> its range check
 
-    # -- where lines go --------------------------------------------------------------------
-    def _place(self) -> tuple[list[str | ReductionLoop] | list[str], int]:
+    # -- where statements go ---------------------------------------------------------------
+    def _place(self) -> tuple[list, int]:
         level = self.levels[self._node] if self._node < len(self.levels) else "outer"
         if level == "outer" or self._reduced:
             if not self._reduced:
@@ -141,11 +141,20 @@ class CppOpsHandler:
         self._node += 1
         self._reduced = False
 
-    def _emit(self, rhs: str, dtype: torch.dtype, operands: tuple[str, ...] | None = None) -> str:
-        """The value ``rhs`` as a variable; ``operands``, where the caller gives them, are
-        all the values it reads (None: it may read what moves with the reduction loops)."""
+    def _emit(
+        self,
+        rhs: str,
+        dtype: torch.dtype,
+        operands: tuple[str, ...] | None = None,
+        element: Element | None = None,
+    ) -> str:
+        """The value ``rhs`` (its names marked, see :func:`kiln_cpp.statements.mark`) as a
+        variable; ``operands``, where the caller gives them, are all the values it reads
+        (None: it may read what moves with the reduction loops); ``element``: the value is
+        that element as stored."""
         target, scope = self._place()
-        for key in ((scope, rhs), (0, rhs)):
+        expr = Expr.of(rhs)
+        for key in ((scope, expr), (0, expr)):
             if key in self._cse:
                 return self._cse[key]
         var = f"tmp{self._count}"
@@ -153,19 +162,19 @@ class CppOpsHandler:
         self.dtypes[var] = dtype
         if self._dead:  # a value never computed: not written, not reused
             return var
-        line = f"const {value_type(dtype)} {var} = {rhs};"
-        target.append(line)
-        self._cse[(scope, rhs)] = var
+        definition = Define(var, value_type(dtype), expr, element, _costly(str(expr)))
+        target.append(definition)
+        self._cse[(scope, expr)] = var
         self._scope[var] = scope
         invariant = operands is not None and not self._masks
         if scope and invariant and all(self._scope.get(o, 0) == 0 or o in self._invariant
                                        for o in operands):  # fmt: skip
             self._invariant.add(var)
-            self._operands[var], self._lines[var] = operands, line
+            self._operands[var], self._definitions[var] = operands, definition
         return var
 
     def hoist_invariant_indices(self, items: list) -> list:
-        """``items`` with the lines that compute an indirect index the same at every point
+        """``items`` with the statements that compute an indirect index the same at every point
         of a reduction loop (an embedding's row, read once per output row) moved before
         that loop, out of its vectorised body (BERT's embedding and layer norm: 180 us
         against 33 us with the index computed per point)."""
@@ -173,15 +182,15 @@ class CppOpsHandler:
         pending = list(self._invariant_indices)
         while pending:
             var = pending.pop()
-            if var in self._lines and self._lines[var] not in hoisted:
-                hoisted.add(self._lines[var])
+            if var in self._definitions and self._definitions[var] not in hoisted:
+                hoisted.add(self._definitions[var])
                 pending += self._operands[var]
         hoisted |= {self._guards[v] for v in self._invariant_indices if v in self._guards}
         out: list = []
         for item in items:
             if isinstance(item, ReductionLoop) and hoisted & set(item.body):
-                out += [line for line in item.body if line in hoisted]
-                item.body = [line for line in item.body if line not in hoisted]
+                out += [s for s in item.body if s in hoisted]
+                item.body = [s for s in item.body if s not in hoisted]
             out.append(item)
         return out
 
@@ -198,9 +207,11 @@ class CppOpsHandler:
             self._spilled.add(spill)
             vt = storage_type(self.dtypes[var])  # bytes for booleans (no vector<bool>)
             vt = "float" if self.dtypes[var] in LOW_PRECISION else vt
-            loop.prologue.append(f"std::vector<{vt}> {spill}({self._rnumel()});")
-            loop.body.append(f"{spill}[{self._rlinear()}] = {var};")
-        return self._emit(f"{spill}[{self._rlinear()}]", self.dtypes[var])
+            loop.prologue.append(PointArray(var, "spill", vt, self._rnumel()))
+            loop.body.append(PointWrite(var, "spill", self._rlinear(), var))
+        index = self._rlinear()
+        read = f"{mark(spill)}[{index}]"  # as statements.point_read(spill, index)
+        return self._emit(read, self.dtypes[var], element=Element(spill, index, var))
 
     def _rnumel(self) -> str:
         return cexpr(sympy.expand(math.prod(self.kernel.reduction_ranges)))
@@ -218,10 +229,17 @@ class CppOpsHandler:
         if name in self.local_values:
             return self._visible(self.local_values[name])
         dtype = self._buffer_dtype(name)
-        element = load_expr(dtype, f"{name}[{cexpr(sympy.expand(index))}]")
+        stored = f"{name}[{self._index(index)}]"
+        element = load_expr(dtype, stored)
+        plain = element == stored and not self._masks
         if self._masks:
-            element = f"({self._masks[-1]} ? {element} : {value_type(dtype)}(0))"
-        return self._emit(element, dtype, self._index_operands(index))
+            element = f"({mark(self._masks[-1])} ? {element} : {value_type(dtype)}(0))"
+        where = Element(name, cexpr(sympy.expand(index))) if plain else None
+        return self._emit(element, dtype, self._index_operands(index), where)
+
+    def _index(self, index: sympy.Expr) -> str:
+        """``index`` as C++, the values it reads (indirect indices) marked as names."""
+        return cexpr_naming(sympy.expand(index), frozenset(self.dtypes))
 
     def _index_operands(self, index: sympy.Expr) -> tuple[str, ...] | None:
         """The values an index reads (indirect indices), or None where it moves with a
@@ -238,7 +256,7 @@ class CppOpsHandler:
         return var
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
-        rhs = f"static_cast<{value_type(dtype)}>({cexpr(sympy.expand(expr))})"
+        rhs = f"static_cast<{value_type(dtype)}>({self._index(expr)})"
         var = self._emit(rhs, dtype, self._index_operands(expr))
         if not dtype.is_floating_point:
             self.facts.index_value(var, sympy.expand(expr))
@@ -248,14 +266,14 @@ class CppOpsHandler:
         src = self.dtypes[x]
         if src == dtype:
             return x
-        return self._emit(convert_expr(x, src, dtype), dtype, (x,))
+        return self._emit(convert_expr(mark(x), src, dtype), dtype, (x,))
 
     def where(self, cond: str, a: str, b: str) -> str:
         dtype = result_dtype("where", self.dtypes[a], self.dtypes[b])
         if cond in self.facts.known:  # decided for this piece of the space
             return self.to_dtype(a if self.facts.known[cond] else b, dtype)
         vt = value_type(dtype)
-        rhs = f"({cond} ? static_cast<{vt}>({a}) : static_cast<{vt}>({b}))"
+        rhs = f"({mark(cond)} ? static_cast<{vt}>({mark(a)}) : static_cast<{vt}>({mark(b)}))"
         return self._emit(rhs, dtype, (cond, a, b))
 
     def masked(self, mask: str, body: Callable[[], str], other: object) -> str:
@@ -277,35 +295,37 @@ class CppOpsHandler:
         finally:
             self._masks.pop()
         dtype = self.dtypes[value]
-        return self._emit(f"({mask} ? {value} : {literal(other, dtype)})", dtype)
+        return self._emit(f"({mark(mask)} ? {mark(value)} : {literal(other, dtype)})", dtype)
 
     def indirect_indexing(self, x: str, size: sympy.Expr, mask: object = None) -> sympy.Symbol:
         """Negative indices wrap; an index out of range sets the kernel's ``kiln_oob`` flag
         (the launcher raises IndexError) and reads element 0 instead of outside memory."""
         size_c = cexpr(size)
-        raw = self._emit(f"static_cast<int64_t>({x})", torch.int64, (x,))
-        wrapped = self._emit(f"({raw} < 0 ? {raw} + {size_c} : {raw})", torch.int64, (raw,))
-        ok = self._emit(f"({wrapped} >= 0 && {wrapped} < {size_c})", torch.bool, (wrapped,))
-        guard = f"{self._masks[-1]} && !{ok}" if self._masks else f"!{ok}"
+        raw = self._emit(f"static_cast<int64_t>({mark(x)})", torch.int64, (x,))
+        r = mark(raw)
+        wrapped = self._emit(f"({r} < 0 ? {r} + {size_c} : {r})", torch.int64, (raw,))
+        w = mark(wrapped)
+        ok = self._emit(f"({w} >= 0 && {w} < {size_c})", torch.bool, (wrapped,))
+        guard = f"{mark(self._masks[-1])} && !{mark(ok)}" if self._masks else f"!{mark(ok)}"
         target, _ = self._place()
-        flag = f"if ({guard}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);"
+        flag = CheckIndex(Expr.of(guard))
         if not self._dead:
             target.append(flag)
-        var = self._emit(f"({ok} ? {wrapped} : 0)", torch.int64, (ok, wrapped))
+        var = self._emit(f"({mark(ok)} ? {w} : 0)", torch.int64, (ok, wrapped))
         if var in self._invariant:
             self._invariant_indices.append(var)
             self._guards[var] = flag
         return sympy.Symbol(var, integer=True)
 
     def rand(self, seed: str, offset: str) -> str:
-        return self._emit(f"kiln::uniform({seed}, {offset})", torch.float32)
+        return self._emit(f"kiln::uniform({mark(seed)}, {mark(offset)})", torch.float32)
 
     def randn(self, seed: str, offset: str) -> str:
-        return self._emit(f"kiln::randn({seed}, {offset})", torch.float32)
+        return self._emit(f"kiln::randn({mark(seed)}, {mark(offset)})", torch.float32)
 
     def reduction(self, reduction_type: str, value: str, src_dtype: torch.dtype) -> str:
         value = self.to_dtype(value, src_dtype)
-        self._place()  # this node's loop, even when its value needed no new line
+        self._place()  # this node's loop, even when its value needed no new statement
         loop = self._loop
         assert loop is not None and not self._reduced, "a reduction outside a reduction loop"
         acc = f"acc{self._count}"
@@ -346,90 +366,97 @@ class CppOpsHandler:
         wide = "double" if src_dtype.is_floating_point else vt  # as ATen's CPU scans
         lim = f"std::numeric_limits<{vt}>"
         step = f"r{len(self.kernel.reduction_ranges) - 1}"
+        a, v = mark(acc), mark(value)
         if scan_type in ("sum", "prod"):
             op = "+" if scan_type == "sum" else "*"
             init = "0" if scan_type == "sum" else "1"
-            loop.prologue.append(f"{wide} {acc} = {init};")
-            loop.body.append(f"{acc} = {acc} {op} static_cast<{wide}>({value});")
-            return self._emit(f"static_cast<{vt}>({acc})", src_dtype)
+            loop.prologue.append(Declare(acc, wide, init))
+            loop.body.append(_update(acc, f"{a} = {a} {op} static_cast<{wide}>({v});"))
+            return self._emit(f"static_cast<{vt}>({a})", src_dtype)
         if scan_type == "logsumexp":
-            loop.prologue.append(f"double {acc} = -std::numeric_limits<double>::infinity();")
-            loop.body.append(f"{acc} = kiln::log_add_exp(static_cast<double>({value}), {acc});")
-            return self._emit(f"static_cast<{vt}>({acc})", src_dtype)
+            lim_d = "std::numeric_limits<double>"
+            loop.prologue.append(Declare(acc, "double", f"-{lim_d}::infinity()"))
+            update = f"{a} = kiln::log_add_exp(static_cast<double>({v}), {a});"
+            loop.body.append(_update(acc, update))
+            return self._emit(f"static_cast<{vt}>({a})", src_dtype)
         if scan_type in ("max", "min"):
             if src_dtype.is_floating_point:
                 init = f"-{lim}::infinity()" if scan_type == "max" else f"{lim}::infinity()"
-                update = f"kiln::{scan_type}_float<{vt}>({acc}, {value})"
+                update = f"kiln::{scan_type}_float<{vt}>({a}, {v})"
             else:
                 init = f"{lim}::lowest()" if scan_type == "max" else f"{lim}::max()"
-                update = f"std::{scan_type}<{vt}>({acc}, {value})"
-            loop.prologue.append(f"{vt} {acc} = {init};")
-            loop.body.append(f"{acc} = {update};")
-            return self._emit(acc, src_dtype)
+                update = f"std::{scan_type}<{vt}>({a}, {v})"
+            loop.prologue.append(Declare(acc, vt, init))
+            loop.body.append(_update(acc, f"{a} = {update};"))
+            return self._emit(a, src_dtype)
         if scan_type in ("argmax", "argmin"):
             # ATen's cummax/cummin: the latest of equal values, a NaN once seen and its
             # latest position
             cmp = ">=" if scan_type == "argmax" else "<="
-            better = f"{value} {cmp} {acc}_v"
+            best = mark(f"{acc}_v")
+            better = f"{v} {cmp} {best}"
             if src_dtype.is_floating_point:
-                better = f"std::isnan({value}) || (!std::isnan({acc}_v) && {better})"
-            loop.prologue += [f"{vt} {acc}_v = {vt}(0);", f"int64_t {acc} = 0;"]
+                better = f"std::isnan({v}) || (!std::isnan({best}) && {better})"
+            loop.prologue += [Declare(f"{acc}_v", vt, f"{vt}(0)"), Declare(acc, "int64_t", "0")]
             loop.body.append(
-                f"if ({step} == 0 || {better}) {{ {acc}_v = {value}; {acc} = {step}; }}"
+                _update(acc, f"if ({step} == 0 || {better}) {{ {best} = {v}; {a} = {step}; }}")
             )
-            return self._emit(acc, torch.int64)
+            return self._emit(a, torch.int64)
         raise CppCodegenError(f"kiln-cpp does not render scan {scan_type!r} yet")
 
-    def _reduction_parts(self, kind, acc, v, vt, is_float, src_dtype):
+    def _reduction_parts(self, kind, acc, value, vt, is_float, src_dtype):
+        """``(declarations, updates, result)`` of a reduction into ``acc``; the result's
+        names are marked."""
         is_bool = src_dtype == torch.bool
         lim = f"std::numeric_limits<{vt}>"
+        a, v = mark(acc), mark(value)
+
+        def plain(ctype: str, init: str, update: str):
+            return [Declare(acc, ctype, init)], [_update(acc, update)], a
+
         if kind == "dot":  # a matrix product's sum: in float, as BLAS accumulates
-            return [f"{vt} {acc} = 0;"], [f"{acc} += {v};"], acc
+            return plain(vt, "0", f"{a} += {v};")
         if kind == "sum":
             at = self._sum_type(vt) if is_float else vt
             if is_bool:
-                return [f"bool {acc} = false;"], [f"{acc} = {acc} || {v};"], acc
-            return [f"{at} {acc} = 0;"], [f"{acc} += {v};"], acc
+                return plain("bool", "false", f"{a} = {a} || {v};")
+            return plain(at, "0", f"{a} += {v};")
         if kind == "prod":
             at = "double" if is_float else vt
             if is_bool:
-                return [f"bool {acc} = true;"], [f"{acc} = {acc} && {v};"], acc
-            return [f"{at} {acc} = 1;"], [f"{acc} *= {v};"], acc
+                return plain("bool", "true", f"{a} = {a} && {v};")
+            return plain(at, "1", f"{a} *= {v};")
         if kind in ("max", "min"):
             if is_bool:
                 op = "||" if kind == "max" else "&&"
                 init = "false" if kind == "max" else "true"
-                return [f"bool {acc} = {init};"], [f"{acc} = {acc} {op} {v};"], acc
+                return plain("bool", init, f"{a} = {a} {op} {v};")
             if is_float:
                 init = f"-{lim}::infinity()" if kind == "max" else f"{lim}::infinity()"
                 fn = f"kiln::{kind}_float"
             else:
                 init = f"{lim}::lowest()" if kind == "max" else f"{lim}::max()"
                 fn = f"std::{kind}"
-            return [f"{vt} {acc} = {init};"], [f"{acc} = {fn}<{vt}>({acc}, {v});"], acc
+            return plain(vt, init, f"{a} = {fn}<{vt}>({a}, {v});")
         if kind in ("any", "all"):
             init, op = ("false", "||") if kind == "any" else ("true", "&&")
-            return (
-                [f"bool {acc} = {init};"],
-                [f"{acc} = {acc} {op} static_cast<bool>({v});"],
-                acc,
-            )
+            return plain("bool", init, f"{a} = {a} {op} static_cast<bool>({v});")
         if kind in ("argmax", "argmin"):
             cmp = ">" if kind == "argmax" else "<"
-            better = f"({v} {cmp} {acc}_v)"
+            best = mark(f"{acc}_v")
+            better = f"({v} {cmp} {best})"
             if is_float:
-                better = f"((std::isnan({v}) && !std::isnan({acc}_v)) || " + (
-                    f"(!std::isnan({acc}_v) && {v} {cmp} {acc}_v))"
+                better = f"((std::isnan({v}) && !std::isnan({best})) || " + (
+                    f"(!std::isnan({best}) && {v} {cmp} {best}))"
                 )
-            return (
-                [f"{vt} {acc}_v = {vt}(0);", f"int64_t {acc} = -1;"],
-                [f"if ({acc} < 0 || {better}) {{ {acc}_v = {v}; {acc} = {self._rlinear()}; }}"],
-                acc,
-            )
+            update = f"if ({a} < 0 || {better}) {{ {best} = {v}; {a} = {self._rlinear()}; }}"
+            declare = [Declare(f"{acc}_v", vt, f"{vt}(0)"), Declare(acc, "int64_t", "-1")]
+            return declare, [_update(acc, update)], a
         if kind in ("welford.mean", "welford.m2"):
             # the mean of nothing is NaN, as in eager; its m2 is 0
-            result = f"({acc}.n ? {acc}.mean : NAN)" if kind == "welford.mean" else f"{acc}.m2"
-            return [f"kiln::Welford<{vt}> {acc};"], [f"{acc}.update({v});"], result
+            result = f"({a}.n ? {a}.mean : NAN)" if kind == "welford.mean" else f"{a}.m2"
+            declare = Declare(acc, f"kiln::Welford<{vt}>")
+            return [declare], [_update(acc, f"{a}.update({v});")], result
         raise CppCodegenError(f"kiln-cpp does not render reduction {kind!r} yet")
 
     def _sum_type(self, vt: str) -> str:
@@ -455,11 +482,12 @@ class CppOpsHandler:
     def store(self, name: str, index: sympy.Expr, value: str, accumulate: bool = False) -> None:
         target, _ = self._place()
         dtype = self.buffer_dtypes[name]
-        element = f"{name}[{cexpr(sympy.expand(index))}]"
+        element = f"{name}[{self._index(index)}]"
         value = self.to_dtype(value, dtype) if self.dtypes[value] != dtype else value
+        marked = mark(value)
         if accumulate:
-            value = f"({load_expr(dtype, element)} + {value})"
-        target.append(f"{element} = {store_expr(dtype, value)};")
+            marked = f"({load_expr(dtype, element)} + {marked})"
+        target.append(Store(Expr.of(element), Expr.of(store_expr(dtype, marked))))
         if isinstance(self.nodes[self._node].body, Scatter):
             self._node_done(name)
 
@@ -485,12 +513,21 @@ class CppOpsHandler:
                 raise CppCodegenError(f"kiln-cpp does not render {name} on {operand} yet")
             vt = value_type(operand)
             casted = [
-                a if d == operand else f"static_cast<{vt}>({a})"
+                mark(a) if d == operand else f"static_cast<{vt}>({mark(a)})"
                 for a, d in zip(args, dtypes, strict=True)
             ]
             return self._emit(fn(*casted), dtype, args)
 
         return op
+
+
+def _update(acc: str, marked: str) -> Update:
+    return Update(acc, Expr.of(marked))
+
+
+def _costly(rhs: str) -> bool:
+    """Whether an expression calls a function or divides, as the handler wrote it."""
+    return "kiln::" in rhs or "std::" in rhs or " / " in rhs
 
 
 def pointer_type(dtype: torch.dtype) -> str:

@@ -16,6 +16,7 @@ import math
 
 import sympy
 
+from kiln_cpp.statements import mark
 from kiln_loopir.index_printer import ParenthesizedIndexPrinter, is_float_valued
 
 
@@ -96,6 +97,25 @@ class CppIndexPrinter(ParenthesizedIndexPrinter):
 
 
 _PRINTER = CppIndexPrinter()
+
+
+class _NamingPrinter(CppIndexPrinter):
+    """Prints the symbols in ``names`` marked (:func:`kiln_cpp.statements.mark`)."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        return mark(expr.name) if expr.name in self.names else expr.name
+
+
+def cexpr_naming(expr: sympy.Expr, names: frozenset[str]) -> str:
+    """``expr`` as :func:`cexpr` prints it, the symbols in ``names`` (values of the kernel
+    body: indirect indices) marked as the names an expression reads."""
+    if not any(s.name in names for s in sympy.sympify(expr).free_symbols):
+        return cexpr(expr)
+    return _NamingPrinter(names).doprint(sympy.sympify(expr))
 
 
 def cexpr(expr: sympy.Expr | int) -> str:

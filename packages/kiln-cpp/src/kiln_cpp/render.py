@@ -11,14 +11,14 @@ per piece of that loop, each rendered with the comparisons decided
 from __future__ import annotations
 
 import math
-import re
 
 import sympy
 
 from kiln_cpp.columns import column_passes, column_reduction_lines, reduction_points
 from kiln_cpp.dtypes import value_type
-from kiln_cpp.handler import CppOpsHandler, ReductionLoop, pointer_type
+from kiln_cpp.handler import CppOpsHandler, pointer_type
 from kiln_cpp.index_facts import pieces
+from kiln_cpp.loops import merge_independent_loops, reuse_across_loops
 from kiln_cpp.printer import cexpr
 from kiln_cpp.split import (
     column_split,
@@ -28,12 +28,11 @@ from kiln_cpp.split import (
     row_split,
     row_split_lines,
 )
+from kiln_cpp.statements import Define, ReductionLoop, render
 from kiln_cpp.vectorize import (
+    checks_indices,
     flag_lanes,
-    merge_independent_loops,
     reduction_loop,
-    reuse_across_loops,
-    simd_safe,
     tiled_kernel_lines,
     tiled_loops,
     transposing,
@@ -72,38 +71,53 @@ def _parallel_when(kernel: Kernel, ranges=None) -> str:
     return f"{cexpr(points)} >= {PARALLEL_MIN_POINTS}"
 
 
-def _outer_pragmas(kernel: Kernel, handler: CppOpsHandler, when=None) -> list[str | None]:
-    """The pragma before each outer loop (None for none). A pointwise kernel runs its
-    last loop as ``omp simd`` and the others in parallel; a reduction kernel runs all its
-    outer loops in parallel (its reduction loops are vectorised)."""
+def _pointwise(handler: CppOpsHandler) -> bool:
+    """Whether the kernel's body is statements of its outer loops alone (no reduction
+    loop, no scatter, which may write one element from several points)."""
+    no_loops = not any(isinstance(i, ReductionLoop) for i in handler.items)
+    return no_loops and not handler.has_scatter
+
+
+def _simd_outer(kernel: Kernel, handler: CppOpsHandler) -> bool:
+    """Whether the outer loops run lanes (``omp simd``): a pointwise kernel's."""
+    return bool(kernel.ranges) and not kernel.reduction_ranges and _pointwise(handler)
+
+
+def _outer_pragmas(
+    kernel: Kernel, handler: CppOpsHandler, when=None, clause: str = ""
+) -> list[str | None]:
+    """The pragma before each outer loop (None for none), each ending in ``clause``. A
+    pointwise kernel runs its last loop as ``omp simd`` and the others in parallel; a
+    reduction kernel runs all its outer loops in parallel (its reduction loops are
+    vectorised)."""
     n = len(kernel.ranges)
     pragmas: list[str | None] = [None] * n
     if n == 0 or handler.has_scatter:  # scatters may write one element from several points
         return pragmas
     when = when or _parallel_when(kernel)
-    lines = [i for i in handler.items if isinstance(i, str)]
-    if kernel.reduction_ranges or len(lines) < len(handler.items) or not simd_safe(lines):
+    if not _simd_outer(kernel, handler):
         collapse = f" collapse({n})" if n > 1 else ""
-        pragmas[0] = f"#pragma omp parallel for{collapse} if({when})"
+        pragmas[0] = f"#pragma omp parallel for{collapse} if({when}){clause}"
     elif n == 1:
-        pragmas[0] = f"#pragma omp parallel for simd if(parallel: {when})"
+        pragmas[0] = f"#pragma omp parallel for simd if(parallel: {when}){clause}"
     else:
         collapse = f" collapse({n - 1})" if n > 2 else ""
-        pragmas[0] = f"#pragma omp parallel for{collapse} if({when})"
-        pragmas[-1] = "#pragma omp simd"
+        pragmas[0] = f"#pragma omp parallel for{collapse} if({when}){clause}"
+        pragmas[-1] = f"#pragma omp simd{clause}"
     return pragmas
 
 
-def _outer_loops(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list[str]:
-    lines = [i for i in handler.items if isinstance(i, str)]
-    vectorisable = not handler.has_scatter and len(lines) == len(handler.items)
-    inner = transposing(kernel) if vectorisable and simd_safe(lines) else None
+def _outer_loops(kernel: Kernel, handler: CppOpsHandler, ind: str, clause: str) -> list[str]:
+    inner = transposing(kernel) if _pointwise(handler) else None
     if inner is not None:
         ranges = [cexpr(r) for r in kernel.ranges]
-        return [ind + line for line in tiled_loops(ranges, _parallel_when(kernel), inner)]
+        when = _parallel_when(kernel)
+        return [ind + line for line in tiled_loops(ranges, when, inner, clause)]
     out = []
     for pragma, loop in zip(
-        _outer_pragmas(kernel, handler), _loops("x", kernel.ranges, ind), strict=True
+        _outer_pragmas(kernel, handler, clause=clause),
+        _loops("x", kernel.ranges, ind),
+        strict=True,
     ):
         out += [ind + pragma] if pragma else []
         out.append(loop)
@@ -117,14 +131,14 @@ def _split(kernel: Kernel, handler: CppOpsHandler):
     return pieces(handler.facts.cuts, index_vars(len(kernel.ranges)), kernel.ranges)
 
 
-def _simd_flagged(loops: list[str], items: list) -> tuple[list[str], list]:
-    """With a ``simd`` loop, the out-of-range flag as a reduction of the loops' pragmas."""
-    if any("#pragma" in ln and "simd" in ln for ln in loops):
-        flagged = flag_lanes(items, "kiln_oob")
-        if flagged is not None and flagged != items:
-            loops = [ln + " reduction(|:kiln_oob)" if "#pragma" in ln else ln for ln in loops]
-            return loops, flagged
-    return loops, items
+# with lanes over the outer loops, the out-of-range flag is a reduction of their pragmas
+_FLAG_CLAUSE = " reduction(|:kiln_oob)"
+
+
+def _flag_clause(kernel: Kernel, handler: CppOpsHandler, items: list) -> str:
+    """The clause the outer loops' pragmas end with: :data:`_FLAG_CLAUSE` where they run
+    lanes over a body that checks indices."""
+    return _FLAG_CLAUSE if _simd_outer(kernel, handler) and checks_indices(items) else ""
 
 
 def _piece_lines(kernel: Kernel, dim: int, spans: list[tuple[int, int]], ind: str) -> list[str]:
@@ -137,14 +151,15 @@ def _piece_lines(kernel: Kernel, dim: int, spans: list[tuple[int, int]], ind: st
         ranges, starts = list(kernel.ranges), [0] * len(kernel.ranges)
         ranges[dim], starts[dim] = sympy.Integer(hi), lo
         sizes = [*ranges[:dim], sympy.Integer(hi - lo), *ranges[dim + 1 :]]
-        pragmas = _outer_pragmas(kernel, handler, _parallel_when(kernel, sizes))
+        clause = _flag_clause(kernel, handler, handler.items)
+        pragmas = _outer_pragmas(kernel, handler, _parallel_when(kernel, sizes), clause)
         loops = []
         for pragma, loop in zip(pragmas, _loops("x", ranges, "", starts), strict=True):
             loops += [pragma] if pragma else []
             loops.append(loop)
-        loops, items = _simd_flagged(loops, handler.items)
+        items = flag_lanes(handler.items, "kiln_oob") if clause else handler.items
         lines += [f"// piece: {lo} <= {var} < {hi}", *loops, "{"]
-        lines += [ind + item for item in items]
+        lines += [ind + line for line in render(items)]
         lines.append("}")
     return lines
 
@@ -195,14 +210,13 @@ def render_kernel(kernel: Kernel) -> str:
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"
     items = handler.hoist_invariant_indices(items)
-    lines_only = [i for i in items if isinstance(i, str)]
     inner = None
-    if not handler.has_scatter and len(lines_only) == len(items) and simd_safe(lines_only):
+    if not handler.has_scatter and not any(isinstance(i, ReductionLoop) for i in items):
         inner = transposing(kernel)
-    if inner is not None and flag_lanes(lines_only, "kiln_oob") == lines_only:
+    if inner is not None and not checks_indices(items):
         body = tiled_kernel_lines(
             kernel,
-            lines_only,
+            items,
             [cexpr(r) for r in kernel.ranges],
             _parallel_when(kernel),
             inner,
@@ -211,10 +225,11 @@ def render_kernel(kernel: Kernel) -> str:
         lines += [ind + line for line in body]
         lines += [ind + "return kiln_oob;", "}"]
         return "\n".join(lines) + "\n"
-    loops = _outer_loops(kernel, handler, ind)
-    if all(isinstance(i, str) for i in items):
-        loops, items = _simd_flagged(loops, items)
-    lines += loops
+    clause = ""
+    if not any(isinstance(i, ReductionLoop) for i in items):
+        clause = _flag_clause(kernel, handler, items)
+        items = flag_lanes(items, "kiln_oob") if clause else items
+    lines += _outer_loops(kernel, handler, ind, clause)
     lines.append(ind + "{")
     body_ind = ind * 2
     reduction_loops = _loops("r", kernel.reduction_ranges, "")
@@ -233,7 +248,7 @@ def render_kernel(kernel: Kernel) -> str:
             )
             lines += [body_ind + line for line in rendered]
         else:
-            lines.append(body_ind + item)
+            lines.append(body_ind + item.render())
     lines.append(ind + "}")
     lines.append(ind + "return kiln_oob;")
     lines.append("}")
@@ -244,7 +259,7 @@ def _scan_kernel_lines(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list
     """A scan kernel: the outer loops in parallel, the scan loop in order inside them
     (its accumulators declared before it, every step stored)."""
     (loop,) = [i for i in handler.items if isinstance(i, ReductionLoop)]
-    before = [i for i in handler.items if isinstance(i, str)]  # the outer level's lines
+    before = [i for i in handler.items if not isinstance(i, ReductionLoop)]  # the outer level's
     n = len(kernel.ranges)
     lines = []
     if n:
@@ -252,19 +267,18 @@ def _scan_kernel_lines(kernel: Kernel, handler: CppOpsHandler, ind: str) -> list
         lines.append(f"#pragma omp parallel for{collapse} if({_parallel_when(kernel)})")
     lines += _loops("x", kernel.ranges, "")
     lines.append("{")
-    lines += [ind + line for line in before + loop.prologue]
+    lines += [ind + line for line in render(before + loop.prologue)]
     (size,) = kernel.reduction_ranges
     blocked = _scan_in_blocks(loop, handler, cexpr(size), ind)
     if blocked is not None:
         lines += [ind + line for line in blocked]
     else:
         lines += [ind + line for line in _loops("r", kernel.reduction_ranges, "")]
-        lines += [ind + "{", *[ind * 2 + line for line in loop.body], ind + "}"]
+        lines += [ind + "{", *[ind * 2 + line for line in render(loop.body)], ind + "}"]
     return lines + ["}"]
 
 
 SCAN_BLOCK = 64  # the values of a scan computed ahead, vectorised, per block of steps
-_DEFINED = re.compile(r"^const [\w:<>]+ (tmp\d+) = ")
 
 
 def _scan_in_blocks(loop: ReductionLoop, handler: CppOpsHandler, size: str, ind: str):
@@ -273,10 +287,10 @@ def _scan_in_blocks(loop: ReductionLoop, handler: CppOpsHandler, size: str, ind:
     where the values take no computing (a load) or the body does not split there (a value
     line touches the out-of-range flag, or the scan's part reads another of them)."""
     values, steps = loop.body[: loop.scan_start], loop.body[loop.scan_start :]
-    defined = [m[1] for line in values if (m := _DEFINED.match(line))]
-    if len(values) < 2 or len(defined) != len(values) or any("kiln_oob" in v for v in values):
+    defined = [s.name for s in values if isinstance(s, Define)]
+    if len(values) < 2 or len(defined) != len(values):
         return None
-    if any(re.search(rf"\b{v}\b", line) for line in steps for v in defined if v != loop.scanned):
+    if any(v in s.reads for s in steps for v in defined if v != loop.scanned):
         return None
     vt = value_type(handler.dtypes[loop.scanned])
     r0 = "r0"
@@ -288,13 +302,13 @@ def _scan_in_blocks(loop: ReductionLoop, handler: CppOpsHandler, size: str, ind:
         f"{ind}#pragma omp simd",
         f"{ind}for (int64_t {r0} = {r0}_block; {r0} < {r0}_end; ++{r0})",
         f"{ind}{{",
-        *[ind * 2 + line for line in values],
+        *[ind * 2 + line for line in render(values)],
         f"{ind * 2}kiln_scanned[{r0} - {r0}_block] = {loop.scanned};",
         f"{ind}}}",
         f"{ind}for (int64_t {r0} = {r0}_block; {r0} < {r0}_end; ++{r0})",
         f"{ind}{{",
         f"{ind * 2}const {vt} {loop.scanned} = kiln_scanned[{r0} - {r0}_block];",
-        *[ind * 2 + line for line in steps],
+        *[ind * 2 + line for line in render(steps)],
         f"{ind}}}",
         "}",
     ]

@@ -30,15 +30,12 @@ render.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
 
 from kiln_cpp.columns import (
-    WELFORD,
-    WELFORD_REFERENCE,
     ColumnPasses,
     column_accumulators,
     column_block,
@@ -47,7 +44,8 @@ from kiln_cpp.columns import (
     kept_stores,
 )
 from kiln_cpp.printer import cexpr
-from kiln_cpp.vectorize import ACCUMULATOR, reduction_loop
+from kiln_cpp.statements import Declare, ReductionLoop, per_point, render
+from kiln_cpp.vectorize import reduction_loop
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.symbols import index_vars
 
@@ -57,7 +55,6 @@ SPLIT_MIN_POINTS = 32768
 # at most this many chunks (the length of a full reduction's array of partials)
 SPLIT_MAX_CHUNKS = 64
 _KINDS = ("sum", "dot", "prod", "max", "min", "any", "all", "welford.mean", "welford.m2")
-_VALUE = re.compile(r"^tmp\d+$")
 CHUNK = "kiln_chunk"
 CHUNKS = "kiln_chunks"
 
@@ -81,18 +78,16 @@ def _partials(loop, after: list) -> list[_Partial] | None:
     reduction whose update lines combine a partial as they combine a point (or be a
     Welford accumulator, or a reference to one), and nothing after the loop is another
     loop."""
-    if not loop.reductions or any(not isinstance(i, str) for i in after):
+    if not loop.reductions or any(isinstance(i, ReductionLoop) for i in after):
         return None
-    if any("_spill" in line or "_xs" in line for line in loop.body):
+    if any(per_point(s) for s in loop.body):
         return None
     partials: dict[str, _Partial] = {}
-    for line in loop.prologue:
-        if m := ACCUMULATOR.match(line):
-            partials[m["acc"]] = _Partial(m["acc"], m["type"], False)
-        elif m := WELFORD.match(line):
-            partials[m["acc"]] = _Partial(m["acc"], m["type"], True)
-        elif not ((m := WELFORD_REFERENCE.match(line)) and m["twin"] in partials):
+    for s in loop.prologue:
+        if not isinstance(s, Declare) or (s.twin is not None and s.twin not in partials):
             return None
+        if s.twin is None:  # without an initial value: a kiln::Welford
+            partials[s.name] = _Partial(s.name, s.ctype, s.init is None)
     if sorted(a.acc for a in loop.reductions) != sorted(partials):
         return None
     for a in loop.reductions:
@@ -100,9 +95,7 @@ def _partials(loop, after: list) -> list[_Partial] | None:
             return None
         if partials[a.acc].welford:
             continue
-        if not _VALUE.match(a.value):
-            return None
-        if any(len(re.findall(rf"\b{a.value}\b", line)) != 1 for line in a.update):
+        if any(u.reads.count(a.value) != 1 for u in a.update):
             return None
     return list(partials.values())
 
@@ -119,7 +112,7 @@ def _combine_lines(loop, partials: list[_Partial], part: Callable[[str], str]) -
     welford = {p.acc for p in partials if p.welford}
     for a in loop.reductions:
         if a.acc not in welford:
-            lines += [re.sub(rf"\b{a.value}\b", part(a.acc), line) for line in a.update]
+            lines += [str(u.expr.renamed({a.value: part(a.acc)})) for u in a.update]
     return lines
 
 
@@ -168,8 +161,6 @@ def _chunks_line(kernel: Kernel, units: str) -> str:
 def full_reduction(kernel: Kernel, items: list) -> bool:
     """Whether the kernel is a full reduction (no outer points) to split: one loop of
     combinable accumulators, then lines that read them, and enough points."""
-    from kiln_cpp.handler import ReductionLoop  # the handler imports vectorize
-
     if kernel.ranges or not kernel.reduction_ranges or not items:
         return False
     loop, after = items[0], items[1:]
@@ -196,12 +187,12 @@ def full_reduction_lines(kernel: Kernel, loop, after: list[str], ind: str) -> li
         *[ind * 2 + line for line in chunk_loop],
         *[f"{ind * 2}{p.acc}_parts[{CHUNK}] = {p.acc};" for p in partials],
         f"{ind}}}",
-        *[ind + line for line in loop.prologue],
+        *[ind + line for line in render(loop.prologue)],
         f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
         f"{ind}{{",
         *[ind * 2 + line for line in combine],
         f"{ind}}}",
-        *[ind + line for line in after],
+        *[ind + line for line in render(after)],
         "}",
     ]
 
@@ -212,8 +203,6 @@ def row_split(kernel: Kernel, items: list) -> bool:
     accumulators first in the body, then lines that read them, enough points, and a known
     number of rows (rows of a symbolic number may be many: their combining loop, serial,
     would cost more than the split gains)."""
-    from kiln_cpp.handler import ReductionLoop
-
     rows = sympy.expand(math.prod(kernel.ranges))
     if not kernel.ranges or not kernel.reduction_ranges or not items or not rows.is_Integer:
         return False
@@ -289,12 +278,12 @@ def row_split_lines(kernel: Kernel, loop, after: list[str], when: str, ind: str)
         f"{ind}}}",
         *[ind + line for line in rows],
         f"{ind}{{",
-        *[ind * 2 + line for line in loop.prologue],
+        *[ind * 2 + line for line in render(loop.prologue)],
         f"{ind * 2}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
         f"{ind * 2}{{",
         *[ind * 3 + line for line in combine],
         f"{ind * 2}}}",
-        *[ind * 2 + line for line in after],
+        *[ind * 2 + line for line in render(after)],
         f"{ind}}}",
         "}",
     ]
@@ -348,9 +337,11 @@ def column_split_lines(kernel: Kernel, passes: ColumnPasses, when: str, ind: str
     combine = _combine_lines(loop, partials, lambda acc: f"{acc}_parts[{slot}]")
     headers = _reduction_headers(kernel)
 
-    def chunked(body: list[str], start: list[str], done: list[str]) -> list[str]:
-        """One pass over the rows, in chunks: ``body`` in the simd loop, ``start`` before
-        the block's rows, ``done`` after them."""
+    def chunked(i: int, start: list[str], done: list[str]) -> list[str]:
+        """Pass ``i`` over the rows, in chunks: its loop's body in the simd loop (the first
+        pass's updating the lanes), ``start`` before the block's rows, ``done`` after them."""
+        statements = passes.loops[i].body
+        body = accs.body(statements) if i == 0 else render(statements)
         return [
             f"{ind}#pragma omp parallel for collapse({n + 1}) if({when})",
             f"{ind}for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
@@ -362,19 +353,18 @@ def column_split_lines(kernel: Kernel, passes: ColumnPasses, when: str, ind: str
             *[ind * 2 + line for line in start],
             *[ind * 2 + line for line in headers],
             f"{ind * 2}{{",
-            *[ind * 3 + line for line in (accs.row_start if body is first else [])],
+            *[ind * 3 + line for line in (accs.row_start if i == 0 else [])],
             f"{ind * 3}#pragma omp simd",
             f"{ind * 3}{points}",
             f"{ind * 3}{{",
-            *[ind * 4 + line for line in kept_binds(passes, body, kept) + body],
+            *[ind * 4 + line for line in kept_binds(passes, statements, kept) + body],
             f"{ind * 3}}}",
-            *[ind * 3 + line for line in (accs.next_row if body is first else [])],
+            *[ind * 3 + line for line in (accs.next_row if i == 0 else [])],
             f"{ind * 2}}}",
             *[ind * 2 + line for line in done],
             f"{ind}}}",
         ]
 
-    first = accs.body(loop.body)
     reset = [points, "{", *[ind + ln for ln in accs.reset], "}"] if accs.reset else []
     store = [*accs.done, points, "{"]
     store += [f"{ind}{acc}_parts[{slot}] = {value};" for acc, value in accs.read.items()]
@@ -392,15 +382,22 @@ def column_split_lines(kernel: Kernel, passes: ColumnPasses, when: str, ind: str
         ],  # fmt: skip
     ]
     for i, segment in enumerate(passes.segments):
+        combined = []  # after the reduction: each point's partials combined first
         if i == 1:
-            segment = [*loop.prologue, f"for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
-                       "{", *[ind + line for line in combine], "}", *segment]  # fmt: skip
-        body = [*kept_binds(passes, segment, kept), *segment, *kept_stores(passes, segment, kept)]
+            combined = [*render(loop.prologue),
+                        f"for (int64_t {CHUNK} = 0; {CHUNK} < {CHUNKS}; ++{CHUNK})",
+                        "{", *[ind + line for line in combine], "}"]  # fmt: skip
+        body = [
+            *kept_binds(passes, segment, kept),
+            *combined,
+            *render(segment),
+            *kept_stores(passes, segment, kept),
+        ]
         if body:
             lines += [*[ind + line for line in lead], f"{ind}{{"]
             lines += [*[ind * 2 + line for line in body], f"{ind}}}"]
         if i == 0:
-            lines += chunked(first, [*accs.declare, *reset], store)
+            lines += chunked(0, [*accs.declare, *reset], store)
         elif i < len(passes.loops):
-            lines += chunked(passes.loops[i].body, [], [])
+            lines += chunked(i, [], [])
     return [*lines, "}"]

@@ -1,8 +1,10 @@
 """Vectorising the innermost loop of a kernel with ``#pragma omp simd``.
 
-The handler renders every op as scalar C++; this module turns the loops around that body
-into loops the compiler vectorises (``-O3 -fopenmp`` with ``-fno-trapping-math`` lets it
-if-convert the selects that NaN-propagating ops need):
+The handler emits every op as a scalar statement (:mod:`kiln_cpp.statements`); this module
+puts loops the compiler vectorises around that body (``-O3 -fopenmp`` with
+``-fno-trapping-math`` lets it if-convert the selects that NaN-propagating ops need),
+deciding on the statements (which update an accumulator, which check an index) and
+rendering them once:
 
 - a pointwise kernel's last outer loop, and every loop over the innermost reduction range,
   get ``#pragma omp simd``: the lanes run consecutive points of the contiguous dimension,
@@ -22,21 +24,31 @@ if-convert the selects that NaN-propagating ops need):
   eager's cascade sum, so that it stays as accurate as eager's without adding in double;
 - a reduction along a strided dimension whose last outer dimension is contiguous (a column
   sum) runs the lanes over outer points instead (:mod:`kiln_cpp.columns`);
-- ``argmax``/``argmin``, and bodies that write through an indirect index (the
-  out-of-range flag) or scatter, stay scalar.
+- an index check (:class:`~kiln_cpp.statements.CheckIndex`) in the lanes ORs into a
+  ``reduction(|:...)`` flag of the loop instead of storing the kernel's flag atomically;
+- ``argmax``/``argmin`` and scatters stay scalar.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from dataclasses import dataclass
+from dataclasses import replace
 
 import sympy
 import torch
 
 from kiln_cpp.dtypes import value_type
 from kiln_cpp.printer import cexpr
+from kiln_cpp.statements import (
+    Accumulation,
+    CheckIndex,
+    Define,
+    Element,
+    Expr,
+    Statement,
+    Update,
+    mark,
+    render,
+)
 from kiln_loopir.ops import TraceHandler
 from kiln_loopir.symbols import index_vars
 
@@ -50,46 +62,17 @@ _CLAUSE = {
 _BOOL_CLAUSE = {"sum": "||", "prod": "&&", "max": "||", "min": "&&", "any": "||", "all": "&&"}
 
 
-@dataclass
-class Accumulation:
-    """One reduction of a :class:`~kiln_cpp.handler.ReductionLoop`: its accumulator
-    ``acc``, the value it reduces and the scalar ``update`` lines the handler put in the
-    loop body."""
-
-    kind: str
-    acc: str
-    value: str
-    dtype: torch.dtype
-    update: list[str]
-    # a sum accumulated in this C++ type, which may add in lanes (see ``reduction_loop``)
-    lane_type: str | None = None
-    # a long sum: its lanes add in a cascade (``kiln::CascadeLanes``), as eager's
-    cascade: bool = False
+def flag_lanes(body: list[Statement], flag: str) -> list[Statement]:
+    """``body`` with its index checks (atomic stores of the kernel's flag, which a simd loop
+    may not hold) as ORs into ``flag``, a ``reduction(|:flag)`` variable of the loop."""
+    return [
+        replace(s, flag=flag) if isinstance(s, CheckIndex) and s.flag is None else s for s in body
+    ]
 
 
-_OOB_STORE = re.compile(
-    r"^if \((?P<cond>.+)\) __atomic_store_n\(&kiln_oob, 1, __ATOMIC_RELAXED\);$"
-)
-OOB_STORE = "if ({flag}) __atomic_store_n(&kiln_oob, 1, __ATOMIC_RELAXED);"
-
-
-def flag_lanes(body: list[str], flag: str) -> list[str] | None:
-    """``body`` with its out-of-range stores (atomic, which a simd loop may not hold) as
-    ORs into ``flag``, a ``reduction(|:flag)`` variable of the loop; None when some other
-    line touches the kernel's flag."""
-    out = []
-    for line in body:
-        if m := _OOB_STORE.match(line):
-            out.append(f"{flag} |= ({m['cond']});")
-        elif "kiln_oob" in line:
-            return None
-        else:
-            out.append(line)
-    return out
-
-
-def simd_safe(body: list[str]) -> bool:
-    return flag_lanes(body, "kiln_oob") is not None
+def checks_indices(body: list) -> bool:
+    """Whether ``body`` checks an indirect index (sets the out-of-range flag)."""
+    return any(isinstance(s, CheckIndex) for s in body)
 
 
 def simd_pragma(accs: list[Accumulation]) -> tuple[str, list[str], list[str]] | None:
@@ -112,157 +95,17 @@ def simd_pragma(accs: list[Accumulation]) -> tuple[str, list[str], list[str]] | 
     return pragma, extra, epilogue
 
 
-_IDENTIFIER = re.compile(r"\b(?:tmp|acc)\d+\w*")
-_DEFINED = re.compile(r"^const [\w:<>]+ (tmp\d+) = ")
-
-
-def merge_independent_loops(items: list) -> list:
-    """Fuse a reduction loop into the one before it when nothing it computes reads that
-    loop's results (``var_mean``'s Welford mean and m2, the mean and variance of a layer
-    norm): one pass over the data instead of two. The outer lines between the two, which
-    only read the first loop's results, move after the fused loop."""
-    from kiln_cpp.handler import ReductionLoop  # the handler imports this module
-
-    out = list(items)
-    i = 0
-    while i < len(out):
-        first = out[i]
-        j = i + 1
-        while j < len(out) and isinstance(out[j], str):
-            j += 1
-        if not isinstance(first, ReductionLoop) or j == len(out):
-            i += 1
-            continue
-        second = out[j]
-        between = out[i + 1 : j]
-        produced = {a.acc for a in first.reductions}
-        produced |= {m.group(0) for line in first.prologue for m in _IDENTIFIER.finditer(line)}
-        produced |= {m.group(1) for line in first.body + between if (m := _DEFINED.match(line))}
-        # a spill of the first loop read back at the same point is its value: no dependence
-        readable = {f"{name}_spill" for name in _spilled(first)}
-        used = {
-            m.group(0)
-            for line in second.prologue + second.body
-            if not _reads_spill(line, readable)
-            for m in _IDENTIFIER.finditer(line)
-        }
-        if used & produced:
-            i += 1
-            continue
-        prologue, body, reductions = _without_repeats(first, second)
-        merged = ReductionLoop(
-            first.id, first.prologue + prologue, first.body + body, True, reductions
-        )
-        out[i : j + 1] = [merged, *between]
-    return _without_dead_spills(out)
-
-
-_SPILL_DECLARATION = re.compile(
-    r"^std::vector<(?P<type>[\w:]+)> (?P<name>tmp\d+_spill)\((?P<size>\d+)\);$"
-)
-# per-point arrays up to this many elements live on the stack instead of the heap
-STACK_SPILL_MAX = 4096
-
-
-def _on_stack(line: str) -> str:
-    m = _SPILL_DECLARATION.match(line)
-    if m is None or int(m["size"]) > STACK_SPILL_MAX:
-        return line
-    return f"alignas(64) {m['type']} {m['name']}[{m['size']}];"
-
-
-def _without_dead_spills(items: list) -> list:
-    """Drop the per-point arrays that no loop reads any more (fusing made them values)."""
-    from kiln_cpp.handler import ReductionLoop
-
-    loops = [item for item in items if isinstance(item, ReductionLoop)]
-    lines = [line for item in items for line in (item.body if item in loops else [item])]
-    for loop in loops:
-        loop.prologue = [_on_stack(line) for line in loop.prologue]
-        for name in _spilled(loop):
-            spill = f"{name}_spill"
-            reads = [ln for ln in lines if f"{spill}[" in ln and not _SPILL_WRITE.match(ln)]
-            if not reads:
-                loop.prologue = [ln for ln in loop.prologue if f" {spill}(" not in ln]
-                loop.body = [ln for ln in loop.body if not ln.startswith(f"{spill}[")]
-    return items
-
-
-_SPILL_WRITE = re.compile(r"^(?P<name>tmp\d+)_spill\[(?P<index>.+)\] = (?P=name);$")
-
-
-def _spilled(loop) -> dict[str, str]:
-    """The values ``loop`` spills per point: name -> the index it is stored at."""
-    return {m["name"]: m["index"] for line in loop.body if (m := _SPILL_WRITE.match(line))}
-
-
-def _reads_spill(line: str, spills: set[str]) -> bool:
-    m = _DEFINITION.match(line)
-    return bool(m) and any(m["rhs"].startswith(f"{spill}[") for spill in spills)
-
-
-_DEFINITION = re.compile(r"^const (?P<type>[\w:<>]+) (?P<name>tmp\d+) = (?P<rhs>.+);$")
-
-
-def _without_repeats(first, second) -> tuple[list[str], list[str], list[Accumulation]]:
-    """``second``'s prologue, body and reductions once fused after ``first``: a value
-    ``first`` already computes is reused, and a Welford accumulator of the same value as
-    one of ``first``'s becomes a reference to it (the mean and m2 of one ``var_mean``)."""
-    computed = {}
-    for line in first.body:
-        if m := _DEFINITION.match(line):
-            computed[(m["type"], m["rhs"])] = m["name"]
-    types = {name: key[0] for key, name in computed.items()}
-    for name, index in _spilled(first).items():
-        if name in types:  # the spill read back at the same point is the value itself
-            computed[(types[name], f"{name}_spill[{index}]")] = name
-    rename: dict[str, str] = {}
-
-    def renamed(text: str) -> str:
-        return _IDENTIFIER.sub(lambda m: rename.get(m.group(0), m.group(0)), text)
-
-    body = []
-    for line in second.body:
-        line = renamed(line)
-        m = _DEFINITION.match(line)
-        if m and (m["type"], m["rhs"]) in computed:
-            rename[m["name"]] = computed[(m["type"], m["rhs"])]
-            continue
-        body.append(line)
-    prologue = list(second.prologue)
-    reductions = list(first.reductions)
-    for a in second.reductions:
-        value, update = renamed(a.value), [renamed(u) for u in a.update]
-        twin = next(
-            (
-                b
-                for b in first.reductions
-                if a.kind.startswith("welford")
-                and b.kind.startswith("welford")
-                and (b.value, b.dtype) == (value, a.dtype)
-            ),
-            None,
-        )
-        declaration = f"kiln::Welford<{value_type(a.dtype)}> {a.acc};"
-        if twin is None or declaration not in prologue:
-            reductions.append(dataclasses.replace(a, value=value, update=update))
-            continue
-        prologue[prologue.index(declaration)] = (
-            f"kiln::Welford<{value_type(a.dtype)}>& {a.acc} = {twin.acc};"
-        )
-        body = [line for line in body if line not in update]
-    return prologue, body, reductions
-
-
-def simd_body(body: list[str], accs: list[Accumulation]) -> list[str]:
+def simd_body(body: list[Statement], accs: list[Accumulation]) -> list[Statement]:
     """The body for the lanes: a float ``max``/``min`` update becomes a plain compare (a
     vector max), since the NaN flag already carries what ``kiln::max_float`` propagates."""
     plain = {}
     for a in accs:
         if a.kind in ("max", "min") and a.dtype.is_floating_point and len(a.update) == 1:
             cmp = ">" if a.kind == "max" else "<"
-            plain[a.update[0]] = f"{a.acc} = {a.value} {cmp} {a.acc} ? {a.value} : {a.acc};"
-    return [plain.get(line, line) for line in body]
+            acc, value = mark(a.acc), mark(a.value)
+            compare = f"{acc} = {value} {cmp} {acc} ? {value} : {acc};"
+            plain[a.update[0]] = Update(a.acc, Expr.of(compare))
+    return [plain.get(s, s) for s in body]
 
 
 def nan_flags(accs: list[Accumulation]) -> list[str]:
@@ -277,8 +120,8 @@ def reduction_loop(
     loops: list[str],
     last_var: str,
     last_range: str,
-    prologue: list[str],
-    body: list[str],
+    prologue: list[Statement],
+    body: list[Statement],
     accs: list[Accumulation],
     ind: str,
     flag: str,
@@ -289,26 +132,27 @@ def reduction_loop(
     (the last one over ``first`` <= ``last_var`` < ``last_range``), ``body`` the handler's
     scalar body; ``flag`` names the loop's own out-of-range flag; ``points`` is about how
     many points the loops run (C++: a cascade's steps between levels follow it)."""
+    scalar = [ind + line for line in render(body)]
+    plan = simd_pragma(accs) if loops else None
+    if plan is None:
+        return [*render(prologue), *loops, "{", *scalar, "}"]
     lanes_body = flag_lanes(body, flag)
-    plan = simd_pragma(accs) if loops and lanes_body is not None else None
-    if plan is None or lanes_body is None:
-        return [*prologue, *loops, "{", *[ind + line for line in body], "}"]
     pragma, extra, epilogue = plan
     welfords = [a for a in accs if a.kind.startswith("welford")]
     sums = [a for a in accs if a.lane_type]
-    head = [*prologue, *nan_flags(accs)]
-    if lanes_body != body:
+    head = [*render(prologue), *nan_flags(accs)]
+    if checks_indices(body):
         head.append(f"int {flag} = 0;")
         pragma += f" reduction(|:{flag})"
-        epilogue = [*epilogue, OOB_STORE.format(flag=flag)]
+        epilogue = [*epilogue, CheckIndex(Expr(("", flag, ""))).render()]
     if _shorter_than_a_block(last_range, first):  # no block would run: no lanes
         if welfords:
-            return [*prologue, *loops, "{", *[ind + line for line in body], "}"]
+            return [*render(prologue), *loops, "{", *scalar, "}"]
         pragma = " ".join([pragma, *(f"reduction(+:{a.acc})" for a in sums)])
         sums = []
     if not welfords and not sums:
         lines = [*loops[:-1], pragma, loops[-1], "{"]
-        lines += [ind + line for line in simd_body(lanes_body, accs) + extra]
+        lines += [ind + line for line in render(simd_body(lanes_body, accs)) + extra]
         return [*head, *lines, "}", *epilogue]
     # strip-mined: blocks of LANES points update the lanes, a scalar tail the accumulator
     lanes = {a.acc: f"{a.acc}_lanes" for a in welfords + sums}
@@ -322,7 +166,7 @@ def reduction_loop(
         else f"{a.lane_type} {lanes[a.acc]}[{LANES}] = {{}};"
         for a in sums
     ]
-    updates = {line: a for a in welfords + sums for line in a.update}
+    updates = {s: a for a in welfords + sums for s in a.update}
     lane = f"{last_var} - {last_var}_block"
 
     def lane_update(a: Accumulation) -> str:
@@ -333,8 +177,7 @@ def reduction_loop(
         return f"{lanes[a.acc]}.update({lane}, {a.value});"
 
     lane_body = [
-        lane_update(updates[line]) if line in updates else line
-        for line in simd_body(lanes_body, accs)
+        lane_update(updates[s]) if s in updates else s.render() for s in simd_body(lanes_body, accs)
     ]
     main_end = f"{last_var}_main"
     whole_blocks = f"({last_range}) / {LANES} * {LANES}"
@@ -358,7 +201,7 @@ def reduction_loop(
         f"{ind}}}",
         f"{ind}for (int64_t {last_var} = {main_end}; {last_var} < {last_range}; ++{last_var})",
         f"{ind}{{",
-        *[ind * 2 + line for line in body],
+        *[ind + line for line in scalar],
         f"{ind}}}",
         "}",
     ]
@@ -393,9 +236,6 @@ def pairwise_sum(array: str, size: int) -> list[str]:
         ]
         width //= 2
     return lines
-
-
-ACCUMULATOR = re.compile(r"^(?P<type>[\w:<>]+) (?P<acc>acc\d+) = (?P<init>.+);$")
 
 
 def coefficient(index: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
@@ -435,14 +275,14 @@ def transposing(kernel) -> str | None:
     return "a" if along_a > along_b else "b"
 
 
-def tiled_loops(ranges: list[str], when: str, inner: str) -> list[str]:
+def tiled_loops(ranges: list[str], when: str, inner: str, clause: str = "") -> list[str]:
     """The loop headers of a pointwise kernel run in :data:`TILE` x :data:`TILE` tiles of
     its last two dimensions ``a`` and ``b``: the tiles in parallel, the ``inner`` one of
-    the two vectorised."""
+    the two vectorised; ``clause`` ends each pragma."""
     n = len(ranges)
     a, b = f"x{n - 2}", f"x{n - 1}"
     size = {a: ranges[-2], b: ranges[-1]}
-    lines = [f"#pragma omp parallel for collapse({n}) if({when})"]
+    lines = [f"#pragma omp parallel for collapse({n}) if({when}){clause}"]
     lines += [f"for (int64_t x{i} = 0; x{i} < {r}; ++x{i})" for i, r in enumerate(ranges[:-2])]
     lines += [
         f"for (int64_t {v}_tile = 0; {v}_tile < {size[v]}; {v}_tile += {TILE})" for v in (a, b)
@@ -450,7 +290,7 @@ def tiled_loops(ranges: list[str], when: str, inner: str) -> list[str]:
     first, second = (b, a) if inner == "a" else (a, b)
     for v in (first, second):
         if v == second:
-            lines.append("#pragma omp simd")
+            lines.append(f"#pragma omp simd{clause}")
         lines.append(
             f"for (int64_t {v} = {v}_tile; {v} < std::min<int64_t>({v}_tile + {TILE}, "
             f"{size[v]}); ++{v})"
@@ -473,7 +313,7 @@ def _transposed_loads(kernel, inner: str) -> list[tuple[str, str]]:
 
 
 def tiled_kernel_lines(
-    kernel, body: list[str], ranges: list[str], when: str, inner: str, ind: str
+    kernel, body: list[Statement], ranges: list[str], when: str, inner: str, ind: str
 ) -> list[str]:
     """A transposing pointwise kernel in tiles (see :func:`tiled_loops`). A load that is
     contiguous along the other dimension of the tile is first copied into a tile-sized
@@ -492,7 +332,11 @@ def tiled_kernel_lines(
     copies, body = [], list(body)
     for k, (buffer, index) in enumerate(_transposed_loads(kernel, inner)):
         element = f"{buffer}[{index}]"
-        uses = [i for i, line in enumerate(body) if line.endswith(f" = {element};")]
+        uses = [
+            i
+            for i, s in enumerate(body)
+            if isinstance(s, Define) and s.element == Element(buffer, index)
+        ]
         if not uses:
             continue  # a converted or masked load: read in place
         local = f"{buffer}_tile{k}"
@@ -507,10 +351,9 @@ def tiled_kernel_lines(
                 tile_loop[v_out],
                 f"{ind}{local}[{v_out} - {v_out}_tile][{v_in} - {v_in}_tile] = {element};",
             ]
+        tiled = Expr((f"{local}[{v_out} - {v_out}_tile][{v_in} - {v_in}_tile]",))
         for i in uses:
-            body[i] = body[i].replace(
-                f" = {element};", f" = {local}[{v_out} - {v_out}_tile][{v_in} - {v_in}_tile];"
-            )
+            body[i] = replace(body[i], expr=tiled, element=None)
     head, intra = loops[:-3], loops[-3:]  # the tile loops, then the loops in a tile
     return [
         *head,
@@ -518,7 +361,7 @@ def tiled_kernel_lines(
         *[ind + line for line in copies],
         *[ind + line for line in intra],
         ind + "{",
-        *[ind * 2 + line for line in body],
+        *[ind * 2 + line for line in render(body)],
         ind + "}",
         "}",
     ]
@@ -564,66 +407,3 @@ def kernel_types(kernel) -> dict[str, str]:
     from kiln_cpp.dtypes import storage_type
 
     return {name: storage_type(dtype) for name, dtype in kernel.arg_dtypes.items()}
-
-
-def _costly(rhs: str) -> bool:
-    return "kiln::" in rhs or "std::" in rhs or " / " in rhs
-
-
-def reuse_across_loops(items: list, rlinear: str, rnumel: str) -> list:
-    """A value a later reduction loop computes again (softmax's ``exp(x - max)``, once
-    for the sum and once for the output) is stored per point by the first loop and read
-    back by the later one, when what it saves includes a call or a division."""
-    from kiln_cpp.handler import ReductionLoop
-
-    loops = [item for item in items if isinstance(item, ReductionLoop)]
-    available: dict[tuple[str, str], tuple[ReductionLoop, str]] = {}
-    stored: set[str] = set()
-    for loop in loops:
-        alias: dict[str, tuple[ReductionLoop, str]] = {}
-        costly: set[str] = set()
-        canonical: dict[str, str] = {}  # each line's value in the names of its first loop
-        for line in loop.body:
-            m = _DEFINITION.match(line)
-            if m is None:
-                continue
-            rhs = _canonical(m["rhs"], alias)
-            canonical[m["name"]] = rhs
-            if (m["type"], rhs) in available:
-                alias[m["name"]] = available[(m["type"], rhs)]
-                operands = {n.group(0) for n in _IDENTIFIER.finditer(m["rhs"])}
-                if _costly(rhs) or operands & costly:
-                    costly.add(m["name"])
-        needed = set()
-        for line in loop.body:
-            m = _DEFINITION.match(line)
-            if m is not None and m["name"] in alias:
-                continue
-            needed |= {n.group(0) for n in _IDENTIFIER.finditer(line)} & costly
-        for i, line in enumerate(loop.body):
-            m = _DEFINITION.match(line)
-            if m is None or m["name"] not in needed:
-                continue
-            home, name = alias[m["name"]]
-            if name not in stored:
-                stored.add(name)
-                home.prologue.append(_per_point_array(m["type"], f"{name}_xs", rnumel))
-                home.body.append(f"{name}_xs[{rlinear}] = {name};")
-            loop.body[i] = f"const {m['type']} {m['name']} = {name}_xs[{rlinear}];"
-        for line in loop.body:
-            m = _DEFINITION.match(line)
-            if m is not None and m["name"] not in alias and m["name"] in canonical:
-                available.setdefault((m["type"], canonical[m["name"]]), (loop, m["name"]))
-    return items
-
-
-def _canonical(rhs: str, alias: dict) -> str:
-    return _IDENTIFIER.sub(
-        lambda n: alias[n.group(0)][1] if n.group(0) in alias else n.group(0), rhs
-    )
-
-
-def _per_point_array(element_type: str, name: str, size: str) -> str:
-    if size.isdigit() and int(size) <= STACK_SPILL_MAX:
-        return f"alignas(64) {element_type} {name}[{size}];"
-    return f"std::vector<{element_type}> {name}({size});"
