@@ -3,10 +3,12 @@
 Micro cases are traced to aten graphs with ``kiln_loopir.testing.trace_aten``; the Hugging
 Face models (small configs, random weights, inference) with
 ``kiln_autograd.trace_inference_graph``, whose graph takes the parameters first. Both are
-compiled with ``kiln_loopir.compile_fx(..., codegen="cpp")``. The same models' training
-steps (``zero_grad``, forward, a squared-mean loss, ``backward()``; dropout off) go through
-``kiln.compile`` and ``torch.compile`` whole, as ``bench_call_path.py`` times them, each
-variant's loss and gradients checked against eager's first. Every variant runs with the
+compiled with ``kiln_loopir.compile_fx(..., codegen="cpp")``; the models' inference again
+through ``kiln.compile`` as a user calls it (under ``no_grad`` it freezes the parameters:
+rows marked ``kiln.compile``). The same models' training steps (``zero_grad``, forward, a
+squared-mean loss, ``backward()``; dropout off) go through ``kiln.compile`` and
+``torch.compile`` whole, as ``bench_call_path.py`` times them, each variant's loss and
+gradients checked against eager's first. Every variant runs with the
 same ``torch.set_num_threads``, is warmed up, and is timed as the median of several
 repeats; the variants take turns within each repeat so a busy machine slows them alike.
 Each thread count runs in a child process of its own (inductor and kiln-cpp build their
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 from bench_call_path import measure_training
 from timing import thread_counts
 
+import kiln
 import kiln_autograd
 import kiln_loopir
 from kiln_loopir.testing import trace_aten
@@ -210,15 +213,15 @@ def _time(variants: dict[str, Callable], inputs: list) -> dict[str, float]:
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def _measure(fn: Callable, kiln: Callable, inputs: list) -> dict[str, float]:
+def _measure(fn: Callable, compiled: Callable, inputs: list) -> dict[str, float]:
     torch._dynamo.reset()
     inductor = torch.compile(fn, backend="inductor")
     expected = _first(fn(*inputs))
-    for variant in (inductor, kiln):
+    for variant in (inductor, compiled):
         for _ in range(3):  # warm-up: compile, first-touch of the outputs
             got = _first(variant(*inputs))
         torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
-    return _time({"eager": fn, "torch.compile": inductor, "kiln": kiln}, inputs)
+    return _time({"eager": fn, "torch.compile": inductor, "kiln": compiled}, inputs)
 
 
 ROW = "ROW "  # a child process's result lines start with this
@@ -234,12 +237,17 @@ def run_threads(threads: int) -> None:
         for name, fn, inputs, model in cases:
             if model:
                 fn.eval()
-            kiln = _kiln_model(fn, inputs) if model else _kiln_micro(fn, inputs)
+            compiled = _kiln_model(fn, inputs) if model else _kiln_micro(fn, inputs)
             row = {"case": name, "threads": threads, "model": model}
-            row["ms"] = _measure(fn, kiln, inputs)
+            row["ms"] = _measure(fn, compiled, inputs)
             print(ROW + json.dumps(row), flush=True)
     for name, fn, inputs, model in cases:
-        if model:
+        if model:  # inference as a user compiles it: the whole model, parameters frozen
+            with torch.no_grad():
+                kiln_model = kiln.compile(fn.eval())
+                row = {"case": f"{name}, kiln.compile", "threads": threads, "model": True}
+                row["ms"] = _measure(fn, kiln_model, inputs)
+            print(ROW + json.dumps(row), flush=True)
             us, _ = measure_training(fn.train(), inputs)
             row = {"case": f"{name}, training step", "threads": threads, "model": True}
             row["ms"] = {variant: t / 1e3 for variant, t in us.items()}
