@@ -120,6 +120,9 @@ class CppCodegen:
     merges_reduction_loops = True
     device_types = ("cpu",)
     renders_scans = True  # cumulative ops: a loop walked in order (render.py)
+    # g++ vectorises no read under a mask at a step (a max pooling's taps over its padding):
+    # kiln-loopir writes such a producer once instead of inlining it
+    vectorises_masked_strided_reads = False
     # the caller's cache root for a compile (kiln's cache_dir): see kiln_cpp.cache_root
     cache_root = staticmethod(cache_dirs.cache_root)
 

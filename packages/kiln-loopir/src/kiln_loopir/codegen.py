@@ -29,6 +29,10 @@ class Codegen(Protocol):
       ``kernel(*buffers, *sizes)`` with tensors for the buffers and ints for the sizes.
     - optionally ``renders_scans = True``: it renders kernels with a Scan node (cumulative
       ops); without it the lowering makes none.
+    - optionally ``vectorises_masked_strided_reads = False``: a read under a mask at a step
+      of more than one element is slow in its kernels (kiln-cpp: g++ vectorises none), so
+      the lowering writes such a producer once instead of inlining it (a max pooling's
+      padding, read at each tap); by default it is inlined.
 
     The object registered in the entry-point group (a module is fine) is used as it is.
     """

@@ -251,7 +251,12 @@ def compile_fx(
     with stage("lowering"):
         with symbols.keeps_sizes_symbolic(example_inputs):  # symbolic sizes stay symbols
             gm = decompose(gm)  # 1. the norms through torch._decomp
-            graph = lower(gm, example_inputs, scans=getattr(backend, "renders_scans", False))
+            graph = lower(
+                gm,
+                example_inputs,
+                scans=getattr(backend, "renders_scans", False),
+                masked_strided_reads=getattr(backend, "vectorises_masked_strided_reads", True),
+            )
         graph.verify()  # 2. the loop IR
         fold_constants(graph)  # 3. one-element constants written into the nodes reading them,
         eliminate_dead_nodes(graph)  # then what nothing reads dropped

@@ -75,6 +75,9 @@ class ObservedCodegen:
         self.device_types = inner.device_types
         self.renders_scans = getattr(inner, "renders_scans", False)
         self.merges_reduction_loops = getattr(inner, "merges_reduction_loops", False)
+        self.vectorises_masked_strided_reads = getattr(
+            inner, "vectorises_masked_strided_reads", True
+        )
         self.frame = frame
         self.kind = kind
         if hasattr(inner, "render_group"):  # it chains kernels: one call per launch group

@@ -97,12 +97,18 @@ def _live_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
 
 
 def lower(
-    gm: torch.fx.GraphModule, example_inputs: list | None = None, *, scans: bool = False
+    gm: torch.fx.GraphModule,
+    example_inputs: list | None = None,
+    *,
+    scans: bool = False,
+    masked_strided_reads: bool = True,
 ) -> LoopGraph:
     """Lower ``gm`` (aten ops, fake-tensor ``meta["val"]`` on every node) to a LoopGraph.
 
     ``scans``: whether the code generator renders Scan nodes (``renders_scans``); without
-    them cumulative ops are prefix reductions along short dimensions, else ATen calls."""
+    them cumulative ops are prefix reductions along short dimensions, else ATen calls.
+    ``masked_strided_reads``: whether it vectorises reads under a mask at a step
+    (``vectorises_masked_strided_reads``); without them a producer read so is not inlined."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     examples = list(example_inputs) if example_inputs is not None else [None] * len(placeholders)
     if len(examples) != len(placeholders):
@@ -131,6 +137,7 @@ def lower(
     ctx = LoweringContext(graph)
     ctx.graph_device = _graph_device(gm, vals)
     ctx.scans = scans
+    ctx.masked_strided_reads = masked_strided_reads
     live = _live_nodes(gm)
     for node in gm.graph.nodes:
         if node.op == "get_attr" and node in live:

@@ -22,8 +22,8 @@ from kiln_loopir.symbols import contiguous_strides, to_expr
 
 # A producer that computes inlined producers itself is inlined in turn while its inner
 # function has at most this many operations (loads, index arithmetic and math): a batch
-# norm's shift, a ReLU and (on the GPU) the padding of a max pooling read at each of its
-# window's taps.
+# norm's shift, a ReLU and (where the code generator vectorises masked strided reads) the
+# padding of a max pooling read at each of its window's taps.
 MAX_INLINED_OPS = 24
 
 
@@ -45,6 +45,8 @@ class LoweringContext:
         self.graph = graph
         self.graph_device = torch.device("cpu")  # where the graph's kernels run
         self.scans = False  # whether the code generator renders Scan nodes
+        # whether it vectorises reads under a mask at a step (see _masked_steps)
+        self.masked_strided_reads = True
         self.val: object = None
         self.arg_vals: tuple = ()
         self._count = 0
@@ -217,11 +219,11 @@ class LoweringContext:
         return lambda ops, index: node.body.inner_fn(ops, remap(index))
 
     def _masked_steps(self, node: ComputedNode, remap: Callable, rank: int) -> bool:
-        """Whether inlining ``node`` through ``remap`` on the CPU would read memory under a
-        mask at a step of more than one element (a max pooling's taps, each a strided slice
-        of the padded input): a C++ compiler vectorises no such read, so the producer is
-        written once (the padding with it) and read plainly. Triton masks any read."""
-        if self.device.type != "cpu" or not any(load.masked for load in node.traced()[0].loads):
+        """Whether inlining ``node`` through ``remap`` would read memory under a mask at a
+        step of more than one element (a max pooling's taps, each a strided slice of the
+        padded input) for a code generator that vectorises no such read (kiln-cpp: g++),
+        so the producer is written once (the padding with it) and read plainly."""
+        if self.masked_strided_reads or not any(load.masked for load in node.traced()[0].loads):
             return False
         xs = sympy.symbols(f"v0:{rank}", integer=True)
         return any(abs(e.coeff(x)) > 1 for e in map(sympy.sympify, remap(list(xs))) for x in xs)
