@@ -46,10 +46,7 @@ def assert_trained_alike(case: dict, name: str) -> None:
     assert case["param_diff"] < 1e-5, f"{name}: parameters differ by {case['param_diff']}"
 
 
-# four ranks on CI's two cores: once, in a fresh-clone run, a rank aborted during its first
-# backward compile ("terminate called without an active exception", SIGABRT); not seen in
-# local runs, so it runs in the slow session until it is understood
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [2, 4])
 def test_ddp_trains_as_eager_with_graphs_split_at_buckets(world, tmp_path, monkeypatch):
     check_ddp(spawn(distributed_workers.ddp_cases, world, tmp_path, monkeypatch))
 
@@ -74,8 +71,9 @@ def check_ddp(ranks: list[dict]) -> None:
         assert results["find_unused_parameters"]["graphs"] >= 2
 
 
-def test_fsdp2_compiles_each_sharded_module_beneath_its_hooks(tmp_path, monkeypatch):
-    check_fsdp(spawn(distributed_workers.fsdp_cases, 2, tmp_path, monkeypatch))
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_compiles_each_sharded_module_beneath_its_hooks(world, tmp_path, monkeypatch):
+    check_fsdp(spawn(distributed_workers.fsdp_cases, world, tmp_path, monkeypatch))
 
 
 @pytest.mark.gpu
