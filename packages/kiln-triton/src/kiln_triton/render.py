@@ -526,13 +526,15 @@ class KernelRenderer(ReductionRendering, ScanRendering):
             "split_parts": split_count,
             # the split variant's second launch also walks the reduction in chunks
             "split_epilogue": bool(split_count) and self.split_epilogue(),
-            "args": list(self.kernel.args),
+            # the arguments by their pointers' names, not the graph's buffers: equal kernels of
+            # different layers or graphs stay one source (see source_hash)
+            "args": [self.pointer[a] for a in self.kernel.args],
             # what a compile ahead of the first launch passes for each argument
             "dtypes": [
                 str(self.rec.buffer_dtype(a)).removeprefix("torch.") for a in self.kernel.args
             ],
             "sizes": [str(s) for s in self.kernel.size_args],
-            "stored": [a for a in self.kernel.args if a in stored],
+            "stored": [self.pointer[a] for a in self.kernel.args if a in stored],
             "numels": numels,
             "column_major": t.kind == "reduction"
             and column_major(self.space.rvars, self.space.xvars, loads),
