@@ -11,7 +11,9 @@ loads it needs are repeated there.
 The functions are named for what the kernel computes, without its index in the graph:
 ``kiln_fused_layer_norm_gelu`` (pointwise), ``kiln_softmax_persistent`` and
 ``kiln_softmax_looped`` (see :mod:`kiln_loopir.names`); the module's first line names the
-IR kernel (``# kiln_softmax_1: ...``) and is left out of its hash.
+IR kernel (``# kiln_softmax_1: ...``) and is left out of its hash. Nothing else names the
+graph's buffers: pointers are ``in_ptr0``, ``out_ptr0``..., in the functions and in
+``META`` alike, so the same kernel of every layer is one module, compiled and tuned once.
 """
 
 from __future__ import annotations
