@@ -1,5 +1,7 @@
 """Graph breaks inside try/finally, except and with blocks keep Python's semantics."""
 
+import warnings
+
 import pytest
 import torch
 from recording import Recorder
@@ -91,6 +93,30 @@ def test_break_inside_no_grad_keeps_the_mode_and_restores_it(capsys):
     for gm in backend.graphs:  # each graph leaves grad mode as it found it
         calls = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
         assert not calls or calls[-1] is True
+
+
+def matmuls_with_a_print(x, w):
+    y = (x @ w).relu()
+    print("between")  # a graph break: the caller's autocast region is open around it
+    return y @ w
+
+
+def test_break_under_the_callers_autocast_resumes(capsys):
+    # autocast entered before the frame is the state of both graphs and of the native
+    # print between them; only a region the frame itself opens runs the frame eagerly
+    backend = Recorder()
+    fn = capture(matmuls_with_a_print, backend)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = matmuls_with_a_print(x, w)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "runs eagerly" warning
+            got = fn(x, w)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected)
+    assert capsys.readouterr().out == "between\nbetween\n"
+    assert len(backend.graphs) == 2
+    assert not torch.is_autocast_enabled("cpu")
 
 
 def doubled_or_refused(t):

@@ -196,7 +196,9 @@ class RootTranslator(Translator):
     def step(self) -> None:
         if self.ip == self.break_at:
             self.grad_mode_at_stop = torch.is_grad_enabled()
-            self.autocast_at_stop = torch._C._is_any_autocast_enabled()
+            # an autocast region this frame entered and has not left (the graph would end
+            # inside it); autocast entered before the frame is the graphs' state throughout
+            self.autocast_at_stop = bool(self.output.live_contexts)
             raise StopBeforeBreak()
         index = self.ip
         try:
