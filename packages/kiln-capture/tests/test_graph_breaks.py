@@ -1,5 +1,6 @@
 """Graph breaks inside try/finally, except and with blocks keep Python's semantics."""
 
+import contextlib
 import warnings
 
 import pytest
@@ -117,6 +118,84 @@ def test_break_under_the_callers_autocast_resumes(capsys):
     assert capsys.readouterr().out == "between\nbetween\n"
     assert len(backend.graphs) == 2
     assert not torch.is_autocast_enabled("cpu")
+
+
+def print_inside_own_autocast(x, w):
+    y = x @ w
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = (y @ w).relu()
+        print("inside", torch.is_autocast_enabled("cpu"))
+        z = z @ w
+    return z.float() + y, torch.is_autocast_enabled("cpu")
+
+
+def raise_inside_own_autocast(x, w):
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+            failing_call(y)
+    except ValueError:
+        return x @ w, torch.is_autocast_enabled("cpu")
+
+
+def test_break_inside_the_frames_own_autocast_resumes_inside_it(capsys):
+    # the first graph leaves the region at its end, the native print runs in a real region
+    # entered again, the resume function traces the rest of the block in it, and the
+    # block's end leaves it
+    backend = Recorder()
+    fn = capture(print_inside_own_autocast, backend)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs eagerly" warning
+        got, inside_after = fn(x, w)
+    expected, _ = print_inside_own_autocast(x, w)
+    torch.testing.assert_close(got, expected)
+    assert inside_after is False and not torch.is_autocast_enabled("cpu")
+    assert capsys.readouterr().out == "inside True\ninside True\n"
+    assert len(backend.graphs) >= 2
+    first = backend.graphs[0].graph
+    enters = [n for n in first.nodes if "enter_autocast" in str(n.target)]
+    exits = [n for n in first.nodes if "exit_autocast" in str(n.target)]
+    assert len(enters) == len(exits) == 1  # the graph leaves the region it entered
+
+
+@contextlib.contextmanager
+def mixed_precision():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        yield
+
+
+def print_inside_a_generator_opening_autocast(x, w):
+    y = x @ w
+    with mixed_precision():
+        z = y @ w
+        print("inside", torch.is_autocast_enabled("cpu"))
+        z = z @ w
+    return z.float() + y
+
+
+def test_break_inside_a_context_manager_that_opens_autocast_resumes(capsys):
+    backend = Recorder()
+    fn = capture(print_inside_a_generator_opening_autocast, backend)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "runs eagerly" warning
+            got = fn(x, w)
+        torch.testing.assert_close(got, print_inside_a_generator_opening_autocast(x, w))
+        assert not torch.is_autocast_enabled("cpu")
+    assert capsys.readouterr().out == "inside True\n" * 4
+    graphs = len(backend.graphs)
+    fn(x, w)
+    assert len(backend.graphs) == graphs >= 2  # no capture again
+
+
+def test_an_exception_at_a_break_inside_autocast_leaves_the_region():
+    fn = capture(raise_inside_own_autocast, Recorder())
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    got, enabled = fn(x, w)
+    torch.testing.assert_close(got, x @ w)
+    assert enabled is False and not torch.is_autocast_enabled("cpu")
 
 
 def doubled_or_refused(t):

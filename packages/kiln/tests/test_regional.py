@@ -20,8 +20,9 @@ class Wrapped(torch.nn.Module):
         self.head = torch.nn.Linear(16, 4)
 
     def forward(self, x):
-        with torch.autocast("cpu", enabled=True):
-            os.getpid()  # a C call capture cannot trace: a break it cannot resume (autocast)
+        region = torch.autocast("cpu", enabled=False)  # made, not entered, alive across
+        os.getpid()  # a break (a C call): capture cannot rebuild it, so cannot resume
+        del region
         return (self.head(self.body(x)) + 1.0).tanh()
 
 
@@ -72,8 +73,9 @@ def kept_eager(t):
 
 
 def unresumable(x):
-    with torch.autocast("cpu", enabled=True):
-        os.getpid()  # a C call capture cannot trace: a break it cannot resume (autocast)
+    region = torch.autocast("cpu", enabled=False)  # not rebuilt after a graph (above)
+    os.getpid()
+    del region
     return kept_eager(activate(projection(x))) + 1.0
 
 
@@ -127,8 +129,9 @@ def test_the_rest_of_a_frame_that_runs_eagerly_calls_compiled_functions():
 
 class WithMethod(Wrapped):
     def encode(self, x):
-        with torch.autocast("cpu", enabled=True):
-            os.getpid()
+        region = torch.autocast("cpu", enabled=False)  # not rebuilt after a graph (above)
+        os.getpid()
+        del region
         return self.body(x) + 1.0
 
 

@@ -46,7 +46,7 @@ from kiln_capture.native_calls import (
     nulls,
     reconstruct_values,
 )
-from kiln_capture.opcodes.control import loop_exit
+from kiln_capture.opcodes.control import ContextExit, loop_exit
 from kiln_capture.output_graph import OutputGraph
 from kiln_capture.program import load_program, source_line
 from kiln_capture.sources import ClosureSource, LocalSource, PassedCellSource
@@ -55,6 +55,7 @@ from kiln_capture.variables.base import DeletedVariable, Variable
 from kiln_capture.variables.builder import wrap
 from kiln_capture.variables.class_statements import refuse_escaping_class
 from kiln_capture.variables.context_managers import GeneratorContextManagerVariable
+from kiln_capture.variables.torch_calls import AutocastVariable
 
 log = logging.getLogger("kiln.capture")
 
@@ -196,9 +197,8 @@ class RootTranslator(Translator):
     def step(self) -> None:
         if self.ip == self.break_at:
             self.grad_mode_at_stop = torch.is_grad_enabled()
-            # an autocast region this frame entered and has not left (the graph would end
-            # inside it); autocast entered before the frame is the graphs' state throughout
-            self.autocast_at_stop = bool(self.output.live_contexts)
+            # autocast regions the trace is inside (its real ones are left when it ends)
+            self.autocast_regions_at_stop = len(self.output.live_contexts)
             raise StopBeforeBreak()
         index = self.ip
         try:
@@ -464,13 +464,26 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
     )
 
 
+def autocast_regions_open(root) -> list:
+    """The autocast regions the frame opened and is inside at its break, outermost first:
+    each ``with`` block's exit on the stack. A region opened otherwise (in a call that was
+    inlined) cannot be entered again after the graph: the frame runs eagerly."""
+    regions = [
+        v.manager
+        for v in root.stack
+        if isinstance(v, ContextExit) and isinstance(v.manager, AutocastVariable)
+    ]
+    if len(regions) != root.autocast_regions_at_stop:
+        where = source_line(root.program, root.ip)
+        raise CaptureFailed(f"graph break inside an autocast region at {where}")
+    return regions
+
+
 def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureResult:
     """Graph up to the break, the breaking instruction natively, then the resume function."""
     index = root.ip
     inst = root.program.instrs[index]
     handler = root.program.handlers[index]
-    if root.autocast_at_stop:
-        raise CaptureFailed(f"graph break inside an autocast region at {break_info.where}")
     # found before a graph is compiled for nothing
     if inst.name == "FOR_ITER":  # an iterator capture does not trace: the step runs natively
         guard_native_steps(output, root.stack[-1], break_info.where)
@@ -488,6 +501,7 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
         held = getattr(value, "manager", value)
         if isinstance(held, GeneratorContextManagerVariable) and held.generator is not None:
             held.break_at_with()
+    open_regions = autocast_regions_open(root)
     cells = own_cells(root)
     needed = [
         *stack,
@@ -498,6 +512,8 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     grad_mode_changed = root.grad_mode_at_stop != output.initial_grad_mode
     if grad_mode_changed:  # the graph ends in the mode it started in; the code switches back
         output.graph.call_function(torch._C._set_grad_enabled, (output.initial_grad_mode,))
+    for region in reversed(open_regions):  # the code enters each again (its exit's rebuild)
+        region.leave_at_break(root)
     gm, compiled, indices = compile_graph(output, needed, backend)
     cg = Codegen(fn.__code__, indices)
     cg.frame_cells = {id(cell): name for name, cell in root.cells.items()}

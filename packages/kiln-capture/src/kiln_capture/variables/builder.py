@@ -155,7 +155,9 @@ def wrap_callable_or_object(tx, value, source, guard: bool, trace_numpy: bool = 
             guards.identity(source, value)
         else:
             guards.type(source, value)
-    if source is not None and is_native_context_manager(type(value)):
+    if source is not None and (
+        is_native_context_manager(type(value)) or isinstance(value, torch.autocast)
+    ):  # an autocast region entered outside the trace (at a break) is also left natively
         return NativeContextManagerVariable(type(value), [], {}, source)
     if is_special_torch_function(value):
         return TorchFunctionVariable(value, source)

@@ -8,6 +8,11 @@ statement: the context manager is made and entered for real, the block continues
 resume function (captured in turn), and that function's call of the bound ``__exit__``
 runs natively too. Any other use of such an object (an attribute, a method) also runs
 natively, so none of torch's profiler code is traced or captured as a function of its own.
+
+An autocast region made outside the trace is one too (``builder.wrap``): the real region a
+graph break inside a ``with torch.autocast`` block enters again after its graph
+(``AutocastVariable.reconstruct_exit``), whose bound ``__exit__`` the resume function holds,
+and any autocast object a frame reads from outside (an argument, an attribute).
 """
 
 from __future__ import annotations
@@ -63,8 +68,9 @@ class NativeContextManagerVariable(Variable):
 
     def enter(self, tx) -> Variable:
         raise GraphBreak(
-            f"{self.describe()} is entered natively, so that the profiler records its range "
-            "around the graphs inside it"
+            f"{self.describe()} is entered natively, so that its state (a profiler's range, "
+            "an autocast region made outside the trace) is the real one around the graphs "
+            "inside it"
         )
 
     def getattr(self, tx, name):

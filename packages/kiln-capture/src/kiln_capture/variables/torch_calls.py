@@ -197,6 +197,29 @@ class AutocastVariable(Variable):
         tx.output.graph.call_function(autocast_mode._exit_autocast, (self.node,))
         return ConstantVariable(None)
 
+    def leave_at_break(self, tx) -> None:
+        """The graph ends at a break inside this region: it leaves the region last (the
+        code after the graph enters a real one again, :meth:`reconstruct_exit`)."""
+        from torch.amp import autocast_mode
+
+        tx.output.graph.call_function(autocast_mode._exit_autocast, (self.node,))
+
+    def reconstruct_exit(self, cg) -> None:
+        device_type, dtype, enabled, cache = self.args
+        name = None if dtype is None else str(dtype).removeprefix("torch.")
+        args = [ConstantVariable(a) for a in (device_type, name, enabled, cache)]
+        cg.call_object(autocast_entered_at_a_break, args)
+
+
+def autocast_entered_at_a_break(device_type, dtype_name, enabled, cache_enabled):
+    """The bound ``__exit__`` of a real autocast region entered now: after a graph that broke
+    inside the region, the native instruction and the resume function run inside it, and
+    the block's end (or its exception handler) leaves it as the original ``with`` would."""
+    dtype = None if dtype_name is None else getattr(torch, dtype_name)
+    region = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+    region.__enter__()
+    return region.__exit__
+
 
 class ContextWrappedFunction(Variable):
     """A function decorated by a grad-mode context: calling it runs it inside the context."""
