@@ -198,6 +198,27 @@ def test_an_exception_at_a_break_inside_autocast_leaves_the_region():
     assert enabled is False and not torch.is_autocast_enabled("cpu")
 
 
+def scaled_quietly(x):
+    with warnings.catch_warnings():  # reads sys.modules, torch.classes among them
+        warnings.simplefilter("ignore")
+        y = x * 2
+    return y + 1
+
+
+def test_a_catch_warnings_block_is_captured_around():
+    # guarding a read of torch.classes (whose __getattr__ answers every name) named it
+    # by a namespace object whose repr raises: an internal error ran the frame eagerly
+    backend = Recorder()
+    fn = capture(scaled_quietly, backend)
+    x = torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs eagerly" warning
+        filters = list(warnings.filters)
+        torch.testing.assert_close(fn(x), x * 2 + 1)
+        assert warnings.filters == filters  # the block's "ignore" is gone again
+    assert backend.graphs
+
+
 def doubled_or_refused(t):
     print("checking")
     if t.dim() > 1:

@@ -179,7 +179,7 @@ class GuardSet:
 
     def identity(self, source, value) -> None:
         name = self.constant_name("id", value)
-        label = getattr(value, "__qualname__", None) or type(value).__name__
+        label = _qualname(value) or type(value).__name__
         expr = self.bind(source)
         self.add(f"{expr} is {name}", f"{expr} is the same {label}", subject=expr)
 
@@ -457,3 +457,13 @@ def describe_spec(spec: TensorSpec) -> str:
     device = "cpu" if spec.device_index is None else f"device {spec.device_index}"
     grad = ", requires_grad" if spec.requires_grad else ""
     return f"{spec.type.__name__}({dtype}, {device}, size={spec.shape}, stride={spec.stride}{grad})"
+
+
+def _qualname(value) -> str | None:
+    """``value.__qualname__`` where it is a string: an object whose ``__getattr__`` answers
+    every name (``torch.classes`` gives a namespace, whose repr raises) has none."""
+    try:
+        qualname = getattr(value, "__qualname__", None)
+    except Exception:  # noqa: BLE001 - a __getattr__ that raises something else
+        return None
+    return qualname if isinstance(qualname, str) else None
