@@ -513,7 +513,7 @@ def finish_break(fn, output, root, backend, break_info, wrap_callee) -> CaptureR
     if grad_mode_changed:  # the graph ends in the mode it started in; the code switches back
         output.graph.call_function(torch._C._set_grad_enabled, (output.initial_grad_mode,))
     for region in reversed(open_regions):  # the code enters each again (its exit's rebuild)
-        region.leave_at_break(root)
+        region.leave_in_graph(root)
     gm, compiled, indices = compile_graph(output, needed, backend)
     cg = Codegen(fn.__code__, indices)
     cg.frame_cells = {id(cell): name for name, cell in root.cells.items()}

@@ -190,16 +190,15 @@ class AutocastVariable(Variable):
         return ConstantVariable(None)
 
     def exit(self, tx) -> Variable:
-        from torch.amp import autocast_mode
-
         self.real.__exit__(None, None, None)
         tx.output.live_contexts.remove(self.real)
-        tx.output.graph.call_function(autocast_mode._exit_autocast, (self.node,))
+        self.leave_in_graph(tx)
         return ConstantVariable(None)
 
-    def leave_at_break(self, tx) -> None:
-        """The graph ends at a break inside this region: it leaves the region last (the
-        code after the graph enters a real one again, :meth:`reconstruct_exit`)."""
+    def leave_in_graph(self, tx) -> None:
+        """The graph leaves the region here: where the block ends, or last in a graph that
+        ends at a break inside it (the code after that graph enters a real region again,
+        :meth:`reconstruct_exit`)."""
         from torch.amp import autocast_mode
 
         tx.output.graph.call_function(autocast_mode._exit_autocast, (self.node,))
