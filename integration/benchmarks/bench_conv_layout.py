@@ -77,16 +77,19 @@ def inference_rows(name: str, batch: int) -> list[list[object]]:
         "kiln, channels-last": kiln.compile(copy.deepcopy(model), options=unfrozen),
         "kiln (default: channels-last, frozen)": kiln.compile(copy.deepcopy(model)),
     }
-    rows = []
+    diffs, walls = {}, {}
     with torch.no_grad():
         expected = model(x).float()
         for label, fn in variants.items():
             got = fn(x).float()
-            for _ in range(WARMUP):  # CUDA graphs recorded before the profiled calls
+            for _ in range(WARMUP):  # CUDA graphs recorded before the timed calls
                 fn(x)
-            diff = ((got - expected).abs().max() / expected.abs().max()).item()
+            diffs[label] = ((got - expected).abs().max() / expected.abs().max()).item()
+            walls[label] = wall_us(lambda fn=fn: fn(x))
+        rows = []
+        for label, fn in variants.items():  # profiled after every variant is timed
             busy = profile_calls(lambda fn=fn: fn(x), 5)
-            wall = wall_us(lambda fn=fn: fn(x))
+            wall, diff = walls[label], diffs[label]
             rows.append([name, f"inference b{batch}", label, f"{wall:.0f}",
                          f"{busy.busy_us:.0f}", f"{busy.kernels:.0f}", f"{diff:.1e}"])  # fmt: skip
     return rows
@@ -106,7 +109,7 @@ def training_rows(name: str, batch: int) -> list[list[object]]:
         "kiln, NCHW (default)": lambda m: kiln.compile(m, options={"channels_last": False}),
         "kiln, channels-last": lambda m: kiln.compile(m, options={"channels_last": True}),
     }
-    rows = []
+    steps, walls = {}, {}
     for label, make in variants.items():
         model = copy.deepcopy(base)
         fn = make(model)
@@ -115,12 +118,14 @@ def training_rows(name: str, batch: int) -> list[list[object]]:
             model.zero_grad(set_to_none=True)
             fn(x).float().square().mean().backward()
 
-        for _ in range(WARMUP):  # compiled, then CUDA graphs recorded, before profiling
+        for _ in range(WARMUP):  # compiled, then CUDA graphs recorded, before timing
             step()
+        steps[label], walls[label] = step, wall_us(step, 10)
+    rows = []
+    for label, step in steps.items():  # profiled after every variant is timed
         busy = profile_calls(step, 3)
-        wall = wall_us(step, 10)
-        rows.append([name, f"training b{batch}", label, f"{wall:.0f}", f"{busy.busy_us:.0f}",
-                     f"{busy.kernels:.0f}", ""])  # fmt: skip
+        rows.append([name, f"training b{batch}", label, f"{walls[label]:.0f}",
+                     f"{busy.busy_us:.0f}", f"{busy.kernels:.0f}", ""])  # fmt: skip
     return rows
 
 

@@ -30,7 +30,9 @@ then:
   step); the note gives the mean where it is 10 % above the median;
 - **profiled ms/step** (the steps' time under the profiler, on rank 0), **compute
   ms/step**, **comm ms/step**, **comm hidden**, **exposed comm ms/step**: from
-  ``torch.profiler`` over ``KILN_BENCH_PROFILE_STEPS`` more steps, read on rank 0 (every
+  ``torch.profiler`` over ``KILN_BENCH_PROFILE_STEPS`` more steps once every mode of the
+  (model, wrapper) is timed (a profiler slows every later CUDA call of its process:
+  ``gpu_timing.profile_calls``; the modes are kept until then), read on rank 0 (every
   rank profiles, after a barrier and one step that starts the tracing, so that they are
   slowed alike), from the device kernels' intervals (``comm_overlap``): communication is
   the union of the intervals of kernels named ``*nccl*``, compute the union of every
@@ -87,7 +89,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dist_case import MODELS, MODES, WRAPPERS, Settings, environment, release, run_case
+from dist_case import (
+    MODELS,
+    MODES,
+    WRAPPERS,
+    Settings,
+    environment,
+    profile_case,
+    release,
+    run_case,
+)
 
 HEADER = ["model", "wrapper", "mode", "ms/step", "speed-up vs eager", "profiled ms/step",
           "compute ms/step", "comm ms/step", "comm hidden", "exposed comm ms/step",
@@ -157,46 +168,55 @@ def worker(rank: int, world: int, port: int, settings: Settings, results: str) -
     try:
         for name in settings.models:
             for wrapper in settings.wrappers:
-                for mode in settings.modes:
-                    row = one_case(name, wrapper, mode, settings, rank, world, deadline)
+                timed = [
+                    one_case(name, wrapper, mode, settings, rank, world, deadline)
+                    for mode in settings.modes
+                ]
+                for row, trainer in timed:  # profiled only after every mode is timed
+                    if trainer is not None:
+                        profile_case(row, trainer, settings)
                     if rank == 0:
                         with open(results, "a") as f:
                             f.write(json.dumps(row) + "\n")
+                timed = trainer = None  # freed before the next wrapper's modes
+                release(settings)
     finally:
         dist.destroy_process_group()
 
 
 def one_case(
     name: str, wrapper: str, mode: str, settings: Settings, rank: int, world: int, deadline: float
-) -> dict:
-    """One case's row on this rank (an error or a skip is a row too); every rank agrees on
-    skipping, and learns whether another rank failed."""
+) -> tuple[dict, object]:
+    """One case's row on this rank (an error or a skip is a row too), and its trainer where
+    every rank timed it (to be profiled later); every rank agrees on skipping, and learns
+    whether another rank failed."""
     label = f"{name} {wrapper} {mode}"
     go = [time.monotonic() < deadline]
     dist.broadcast_object_list(go, src=0)  # every rank takes the same decision
     if not go[0]:
-        return {"model": name, "wrapper": wrapper, "mode": mode, "skipped": True}
+        return {"model": name, "wrapper": wrapper, "mode": mode, "skipped": True}, None
 
     def say(text: str) -> None:
         if rank == 0:
             print(f"[bench_distributed] {label}: {text}", flush=True)
 
     say("building")
+    trainer = None
     try:
-        row = run_case(name, wrapper, mode, settings, rank, say)
+        row, trainer = run_case(name, wrapper, mode, settings, rank, say)
     except Exception as exc:  # a failing mode is an error cell; the others still run
         row = {"model": name, "wrapper": wrapper, "mode": mode,
                "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
         lines = traceback.format_exc().splitlines()
         print(f"[bench_distributed] rank {rank} {label}:", *lines[-12:], sep="\n", flush=True)
-    finally:
-        release(settings)
-    errors: list = [None] * world
-    dist.all_gather_object(errors, row.get("error"))
-    others = [f"rank {r}: {e}" for r, e in enumerate(errors) if e and r != rank]
+    states: list = [None] * world
+    dist.all_gather_object(states, (row.get("error"), trainer is not None))
+    others = [f"rank {r}: {e}" for r, (e, _) in enumerate(states) if e and r != rank]
     if others:
         row["other_ranks"] = others
-    return row
+    if not all(timed for _, timed in states):  # the ranks profile together or not at all
+        trainer = None
+    return row, trainer
 
 
 def free_port() -> int:

@@ -18,9 +18,13 @@ the loss ``out.float().square().mean()``), and each mode (eager, ``torch.compile
 
 Before it is timed, every mode is warmed up and checked against eager (outputs; in training
 the loss and the gradients, within bf16 tolerances); Kiln must have compiled with no
-fallback warning (``kiln_checks``); a CUDA-graph mode must be replaying (a profiled call
-shows a ``cudaGraphLaunch``; for Kiln, kiln-cudagraphs' counters show replays and no call
-without a graph), else its row says "not engaged" instead of numbers.
+fallback warning (``kiln_checks``). After the timing, a CUDA-graph mode must be replaying
+(a profiled call shows a ``cudaGraphLaunch``; for Kiln, kiln-cudagraphs' counters show
+replays and no call without a graph), else its row says "not engaged" instead of numbers.
+Nothing is profiled before every mode is timed: once ``torch.profiler`` has traced CUDA
+activity, CUPTI stays attached to the process and every later CUDA call costs more (a
+BERT training step's host time grew 30-50 % on the H100's host), which would slow the
+modes timed after a profiled one.
 
 Each (model, size, phase) runs in a process of its own. Environment:
 

@@ -269,9 +269,10 @@ def timed_steps(trainer: Trainer, steps: int) -> tuple[list[float], list[torch.T
 
 def run_case(
     name: str, wrapper: str, mode: str, settings: Settings, rank: int, say
-) -> dict[str, object]:
-    """Every figure of one (model, wrapper, mode) on this rank, as a JSON-ready dict; raises
-    where the mode cannot run."""
+) -> tuple[dict[str, object], Trainer | None]:
+    """Every timed figure of one (model, wrapper, mode) on this rank, as a JSON-ready dict,
+    and its trainer where the mode is engaged (for :func:`profile_case`, which must run
+    after every mode is timed); raises where the mode cannot run."""
     row: dict[str, object] = {"model": name, "wrapper": wrapper, "mode": mode}
     dynamo_before = before_mode(mode)
     started = time.perf_counter()
@@ -294,20 +295,27 @@ def run_case(
                 f"{row['mean_ms']:.2f}); loss {losses[0]:.4f} at the first step, "
                 f"{losses[-1]:.4f} at the last"
             )
-            found = None
-            if settings.profile_steps > 0:
-                seconds, found = profile_steps(trainer, settings.profile_steps)
-                row["profiled_ms"] = seconds * 1e3
-            if found is not None:
-                row["profile"] = {
-                    "compute_ms": found.compute_us / 1e3,
-                    "comm_ms": found.comm_us / 1e3,
-                    "exposed_ms": found.exposed_us / 1e3,
-                    "hidden": found.hidden_share,
-                }
         row["losses"] = losses
         row["warnings"] = unique_warnings(caught)
-    return row
+    return row, (trainer if ok else None)
+
+
+def profile_case(row: dict[str, object], trainer: Trainer, settings: Settings) -> None:
+    """The profiled figures of a timed case, into its ``row``. Every rank profiles the same
+    cases, after all the modes of a (model, wrapper) are timed: once ``torch.profiler`` has
+    traced CUDA activity, CUPTI stays attached to the process and slows every later CUDA
+    call (``gpu_timing.profile_calls``)."""
+    if settings.profile_steps <= 0:
+        return
+    seconds, found = profile_steps(trainer, settings.profile_steps)
+    row["profiled_ms"] = seconds * 1e3
+    if found is not None:
+        row["profile"] = {
+            "compute_ms": found.compute_us / 1e3,
+            "comm_ms": found.comm_us / 1e3,
+            "exposed_ms": found.exposed_us / 1e3,
+            "hidden": found.hidden_share,
+        }
 
 
 NOT_REPORTED = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)  # API notices

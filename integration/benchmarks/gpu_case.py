@@ -1,5 +1,6 @@
-"""One (model, size, phase) of ``bench_gpu_calls``, in a process of its own: every mode built,
-checked against eager and for CUDA graphs replaying, then timed taking turns and profiled."""
+"""One (model, size, phase) of ``bench_gpu_calls``, in a process of its own: every mode built
+and checked against eager, timed taking turns, and only then checked for CUDA graphs
+replaying and profiled (a profiler slows the rest of its process: ``gpu_timing``)."""
 
 from __future__ import annotations
 
@@ -152,21 +153,15 @@ def run_case(name: str, size: str, phase: str, emit: Callable[[dict], None]) -> 
     ready: dict[str, Callable] = {}
     notes: dict[str, str] = {}
     modes = [m for m in MODES if phase == "training" or m not in TRAINING_ONLY]
-    for mode in modes:
+    for mode in modes:  # built and checked: no profiler yet (see gpu_timing.profile_calls)
         try:
             started = time.perf_counter()
             fn, note = build_mode(case, mode)
             if mode != "eager":
                 note += f"{'; ' if note else ''}ready in {time.perf_counter() - started:.0f} s"
             checked = check(case, fn, reference) if mode != "eager" else ""
-            ok = True
-            if mode.startswith(("torch.compile reduce", "kiln")) and mode != "kiln launches":
-                ok, graphs = engaged(case, mode, fn)
-                ok = ok or "reduce-overhead" not in mode  # the default mode: big graphs only
-                note = ", ".join(filter(None, [note, graphs]))
             notes[mode] = "; ".join(filter(None, [note, checked]))
-            if ok:
-                ready[mode] = fn
+            ready[mode] = fn
         except Exception as exc:  # a mode that fails is a row, the others still run
             notes[mode] = f"error: {type(exc).__name__}: {exc}"
     before = kiln_graph_counts()
@@ -180,16 +175,26 @@ def run_case(name: str, size: str, phase: str, emit: Callable[[dict], None]) -> 
     _, eager_calls, _ = kiln_replay_delta(before, kiln_graph_counts())
     if "kiln reduce-overhead" in ready and eager_calls:
         notes["kiln reduce-overhead"] += f"; while timed: {eager_calls} calls without a graph"
-    for mode in modes:
+    for mode in modes:  # profiled only now: every wall time above ran without CUPTI
         row = {**head, "mode": mode, "note": notes[mode]}
         if mode in ready:
-            wall = walls[mode]
-            calls = max(3, min(20, int(0.2 / max(wall, 1e-6))))
-            row["wall_us"] = wall * 1e6
-            try:
-                profile = profile_calls(lambda fn=ready[mode]: case.step(fn), calls)
-            except Exception as exc:  # the wall time still stands
-                row["note"] += f"; profiler failed: {type(exc).__name__}: {exc}"
-            else:
-                row["profile"] = {**asdict(profile), "host_launch_calls": profile.host_launch_calls}
+            fn = ready[mode]
+            ok = True
+            if mode.startswith(("torch.compile reduce", "kiln")) and mode != "kiln launches":
+                ok, graphs = engaged(case, mode, fn)
+                ok = ok or "reduce-overhead" not in mode  # the default mode: big graphs only
+                row["note"] = ", ".join(filter(None, [row["note"], graphs]))
+            if ok:
+                wall = walls[mode]
+                row["wall_us"] = wall * 1e6
+                calls = max(3, min(20, int(0.2 / max(wall, 1e-6))))
+                try:
+                    profile = profile_calls(lambda fn=fn: case.step(fn), calls)
+                except Exception as exc:  # the wall time still stands
+                    row["note"] += f"; profiler failed: {type(exc).__name__}: {exc}"
+                else:
+                    row["profile"] = {
+                        **asdict(profile),
+                        "host_launch_calls": profile.host_launch_calls,
+                    }
         emit(row)
