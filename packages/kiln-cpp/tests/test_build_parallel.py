@@ -93,3 +93,15 @@ def test_the_cache_key_holds_the_cpu_features(monkeypatch):
     key = build.cache_key(_kernel(1), cxx)
     monkeypatch.setattr(build, "cpu_features", lambda path: "another cpu")
     assert build.cache_key(_kernel(1), cxx) != key
+
+
+def test_a_host_program_built_at_other_flags_is_another_library(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CPP_CACHE_DIR", str(tmp_path))
+    host = 'extern "C" int kiln_probe_host(int x) { return x + 1; }\n'
+    cxx = build.compiler()
+    assert build.cache_key([], cxx, host) != build.cache_key([], cxx, host, build.LAUNCH_HOST_FLAGS)
+    optimised, built = build.build([], host=host)
+    plain, built_too = build.build([], host=host, host_flags=build.LAUNCH_HOST_FLAGS)
+    assert built and built_too and optimised != plain
+    for path in (optimised, plain):
+        assert build.load(path).kiln_probe_host(41) == 42

@@ -277,6 +277,59 @@ def test_a_runtime_that_cannot_build_fails_once(monkeypatch, tmp_path):
         runtime._load_runtime.cache_clear()
 
 
+def test_a_runtime_built_in_the_background_is_the_one_loaded(monkeypatch, tmp_path):
+    import threading
+
+    from kiln_cpp.host import runtime
+
+    built, release = [], threading.Event()
+    real_build = runtime._build
+
+    def slow_build(cxx, target):
+        assert threading.current_thread().name == "kiln-cpp-runtime"
+        release.wait(30)  # load_runtime is called while the build still runs
+        built.append(target)
+        real_build(cxx, target)
+
+    monkeypatch.setattr(runtime, "_FAILED", [])
+    monkeypatch.setattr(runtime, "_STARTED", [])
+    monkeypatch.setattr(runtime, "_build", slow_build)
+    monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path))
+    runtime._load_runtime.cache_clear()
+    try:
+        runtime.start_loading()
+        runtime.start_loading()  # once per process
+        assert len(runtime._STARTED) == 1
+        release.set()
+        module = runtime.load_runtime()  # waits for the background build, builds nothing
+        assert len(built) == 1 and built[0].parent.parent == tmp_path
+        assert module is runtime.load_runtime()
+        assert hasattr(module, "TensorsMatch")
+    finally:
+        runtime._load_runtime.cache_clear()
+
+
+def test_a_failed_background_build_is_raised_by_the_first_load(monkeypatch, tmp_path):
+    from kiln_cpp.errors import CppCompileError
+    from kiln_cpp.host import runtime
+
+    def failing_build(cxx, target):
+        raise CppCompileError("no Python.h")
+
+    monkeypatch.setattr(runtime, "_FAILED", [])
+    monkeypatch.setattr(runtime, "_STARTED", [])
+    monkeypatch.setattr(runtime, "_build", failing_build)
+    monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path))
+    runtime._load_runtime.cache_clear()
+    try:
+        runtime.start_loading()
+        runtime._STARTED[0].join(30)
+        with pytest.raises(CppCompileError, match="no Python.h"):
+            runtime.load_runtime()
+    finally:
+        runtime._load_runtime.cache_clear()
+
+
 def test_random_ops_draw_their_seed_natively_as_the_python_program_does():
     def noisy(x):
         return (x * (torch.rand_like(x) > 0.5) + torch.randn_like(x),)

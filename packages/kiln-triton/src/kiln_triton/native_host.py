@@ -128,7 +128,7 @@ def _loaded(host):
     from kiln_cpp import build
     from kiln_cpp.codegen import HOST_HEADER, load_program
 
-    path, _ = build.build([], host=HOST_HEADER + host.source)  # the host flags (-Og)
+    path, _ = build.build([], host=HOST_HEADER + host.source, host_flags=build.LAUNCH_HOST_FLAGS)
     host.program = load_program(build.load(path), host)
     return host
 

@@ -59,6 +59,7 @@ def compile(
 def _compile(model, config: Config, disable: bool):
     if disable:
         return model
+    _start_host_runtime()
     if isinstance(model, (CompiledModule, CompiledFunction)):
         model = _original(model)
     if isinstance(model, torch.nn.Module):
@@ -71,6 +72,17 @@ def _compile(model, config: Config, disable: bool):
         )
     _compiled.add(compiled)
     return compiled
+
+
+def _start_host_runtime() -> None:
+    """kiln-cpp's host runtime (the tensor guards' matcher, native host programs) begins
+    building now where the installation has none yet (about 15 s, once), so that the build
+    overlaps the first call's capture and compile instead of adding to them."""
+    try:
+        from kiln_cpp.host import start_loading
+    except ImportError:  # no kiln-cpp: guards and host programs run in Python
+        return
+    start_loading()
 
 
 def _capturable(model):

@@ -16,10 +16,14 @@ Python's version and the compiler, where ``<folder>`` is the first that applies:
    refused where others can write).
 
 A build is written under a temporary name and renamed into place, under a file lock.
+:func:`start_loading` begins the build (where there is one to do) in a thread of its own,
+so that a first compile's capture and lowering run while the compiler works; the first
+:func:`load_runtime` then waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.machinery
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import types
 from pathlib import Path
 
@@ -133,18 +138,38 @@ def _build(cxx: str, target: Path) -> None:
 
 
 _FAILED: list[Exception] = []  # the first failure, raised again without building again
+_LOADING = threading.Lock()  # one thread builds and loads; the others wait for it
+_STARTED: list[threading.Thread] = []
 
 
 def load_runtime() -> types.ModuleType:
     """The runtime module, built on first use (raises :class:`CppCompileError` when the
     compiler or torch's headers are missing: once per process, the same error after)."""
-    if _FAILED:
-        raise _FAILED[0]
-    try:
-        return _load_runtime()
-    except Exception as exc:
-        _FAILED.append(exc)
-        raise
+    with _LOADING:
+        if _FAILED:
+            raise _FAILED[0]
+        try:
+            return _load_runtime()
+        except Exception as exc:
+            _FAILED.append(exc)
+            raise
+
+
+def start_loading() -> None:
+    """Build and load the runtime in a background thread, once per process: the build
+    (about 15 s where the installation has none yet) then overlaps whatever the caller
+    does until its first :func:`load_runtime`, which waits for it and raises what it
+    raised."""
+    if _STARTED or _FAILED or _load_runtime.cache_info().currsize:
+        return
+    thread = threading.Thread(target=_load_quietly, name="kiln-cpp-runtime", daemon=True)
+    _STARTED.append(thread)
+    thread.start()
+
+
+def _load_quietly() -> None:
+    with contextlib.suppress(Exception):  # kept in _FAILED: the next load_runtime raises it
+        load_runtime()
 
 
 @functools.cache
