@@ -15,6 +15,10 @@ WIDE_PERSISTENT_MAX = 32768
 SPLIT_MIN_RNUMEL = 8192
 SPLIT_BELOW_PROGRAMS = 256
 SPLIT_PROGRAMS = 1024
+# a tiled kernel over a small space runs in at least this many programs where tiles down to
+# 16x16 allow: Llama's rotary table (cos and sin of a 128x64 transposed read) ran as two
+# 64x64 programs on two of the H100's 132 SMs, 14.6 us
+TILED_MIN_PROGRAMS = 64
 # candidates per kernel, in the heuristic's order: each one is compiled and timed when a
 # graph compiles, so they are its compile time (``$KILN_TRITON_MAX_CONFIGS``)
 MAX_CANDIDATES = int(os.environ.get("KILN_TRITON_MAX_CONFIGS", "4"))
@@ -72,7 +76,27 @@ def tiled_configs(name: str, ynumel: int, xnumel: int) -> list[Config]:
     for y, x, w in ((64, 64, 4), (32, 128, 4), (128, 32, 4), (32, 32, 2)):
         yb, xb = max(16, min(y, next_pow2(ynumel))), max(16, min(x, next_pow2(xnumel)))
         out.append(Config(name, (("YBLOCK", yb), ("XBLOCK", xb)), max(1, min(w, yb * xb // 256))))
-    return _unique(out)
+    spread = spread_tile(name, ynumel, xnumel, dict(out[0].blocks))
+    return _unique(([spread] if spread is not None else []) + out)
+
+
+def spread_tile(name: str, ynumel: int, xnumel: int, first: dict) -> Config | None:
+    """For a small space that the ``first`` tile splits into fewer than
+    :data:`TILED_MIN_PROGRAMS` programs, a smaller tile (halved along its longer side, down
+    to 16x16) that splits it into more; None where the first tile makes enough."""
+    yb, xb = first["YBLOCK"], first["XBLOCK"]
+
+    def programs(y: int, x: int) -> int:
+        return -(-ynumel // y) * -(-xnumel // x)
+
+    if programs(yb, xb) >= TILED_MIN_PROGRAMS:
+        return None
+    while programs(yb, xb) < TILED_MIN_PROGRAMS and (yb > 16 or xb > 16):
+        if (yb >= xb and yb > 16) or xb <= 16:
+            yb //= 2
+        else:
+            xb //= 2
+    return Config(name, (("YBLOCK", yb), ("XBLOCK", xb)), max(1, min(4, yb * xb // 256)))
 
 
 def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -> list[Config]:

@@ -1,0 +1,24 @@
+"""The heuristics' launch configurations (no GPU needed: they are plain data)."""
+
+from kiln_triton.configs import TILED_MIN_PROGRAMS, tiled_configs
+
+
+def programs(config, ynumel: int, xnumel: int) -> int:
+    blocks = dict(config.blocks)
+    return -(-ynumel // blocks["YBLOCK"]) * -(-xnumel // blocks["XBLOCK"])
+
+
+def test_a_small_tiled_space_is_spread_over_more_programs_first():
+    # Llama's rotary table: cos and sin of a transposed 128x64 read
+    first, *rest = tiled_configs("k", 128, 64)
+    assert programs(first, 128, 64) == 32  # tiles of 16x16: the smallest allowed
+    assert dict(first.blocks) == {"YBLOCK": 16, "XBLOCK": 16} and first.num_warps == 1
+    assert programs(rest[0], 128, 64) == 2  # the big tiles stay as candidates after it
+    first, _ = tiled_configs("k", 512, 256)[:2]
+    assert programs(first, 512, 256) >= TILED_MIN_PROGRAMS
+    assert dict(first.blocks) == {"YBLOCK": 32, "XBLOCK": 64}
+
+
+def test_a_big_tiled_space_keeps_the_big_tiles_first():
+    first = tiled_configs("k", 4096, 1024)[0]
+    assert dict(first.blocks) == {"YBLOCK": 64, "XBLOCK": 64} and first.num_warps == 4
