@@ -82,6 +82,37 @@ def test_pointwise_producer_read_through_strided_slices_is_inlined():
     assert not any(k for k in kernels(after) if "store(buf0" in "\n".join(k.trace().lines))
 
 
+def _rotary_repeated(k, cos, sin):
+    # a rotary key, then grouped-query attention's repeat of its heads (Llama's repeat_kv)
+    half = k.shape[-1] // 2
+    rotated = torch.cat([-k[..., half:], k[..., :half]], dim=-1)
+    k_embed = k * cos + rotated * sin
+    b, h, s, d = k_embed.shape
+    return k_embed[:, :, None].expand(b, h, 2, s, d).reshape(b, 2 * h, s, d)
+
+
+def test_producers_of_a_value_read_through_a_repeat_are_computed_with_it():
+    inputs = [torch.randn(2, 4, 8, 16), torch.randn(8, 16), torch.randn(8, 16)]
+    _, after = schedules(_rotary_repeated, inputs)
+    (k,) = kernels(after)  # the two products are not written and read back
+    assert len(k.ranges) == 5  # in the repeat's space: (2, 4, 2, 8, 16)
+    assert k.writes() == {after.graph.outputs[0].buffer}
+
+
+def test_a_value_with_other_readers_keeps_its_producers_apart():
+    def fn(k, cos, sin):
+        k_embed = k * cos + sin  # read by the repeat and by the second output
+        b, h, s, d = k_embed.shape
+        repeated = k_embed[:, :, None].expand(b, h, 2, s, d).reshape(b, 2 * h, s, d)
+        return repeated, k_embed * 2
+
+    inputs = [torch.randn(2, 4, 8, 16), torch.randn(8, 16), torch.randn(8, 16)]
+    _, after = schedules(fn, inputs)
+    (repeat,) = [k for k in kernels(after) if len(k.ranges) == 5]
+    # k * cos is computed once, where k_embed is written for its other reader
+    assert "mul(" not in "\n".join(repeat.trace().lines)
+
+
 def test_small_chains_of_inlined_producers_inline_again():
     # the padding of a max pooling (itself computing the ReLU before it) is computed at each
     # window tap: one kernel after the shift, no padded buffer in memory

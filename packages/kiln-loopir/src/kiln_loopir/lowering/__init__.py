@@ -145,6 +145,9 @@ def lower(
         if node.op != "call_function" or node not in live:
             continue
         env[node] = _lower_node(ctx, node, env)
+        made = env[node]
+        if isinstance(made, TensorRef) and made.buffer not in ctx.readers:
+            ctx.readers[made.buffer] = _readers(node)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     results = torch.fx.node.map_arg(out_node.args[0], lambda n: env[n])
     graph.outputs = _flatten(results)
@@ -154,6 +157,18 @@ def lower(
             "only tensors and sizes; run this graph eagerly"
         )
     return graph
+
+
+def _readers(node: torch.fx.Node) -> int:
+    """How many ops read ``node``'s result, through views (a view reads nothing itself);
+    the graph's output counts as one."""
+    count = 0
+    for user in node.users:
+        if user.op == "call_function" and is_view_op(user.target):
+            count += _readers(user)
+        else:
+            count += 1
+    return count
 
 
 def _graph_device(gm: torch.fx.GraphModule, vals: list[object]) -> torch.device:

@@ -18,7 +18,7 @@ from kiln_loopir.ir import (
     Scatter,
     TensorRef,
 )
-from kiln_loopir.symbols import contiguous_strides, to_expr
+from kiln_loopir.symbols import contiguous_strides, strided_index, to_expr
 
 # A producer that computes inlined producers itself is inlined in turn while its inner
 # function has at most this many operations (loads, index arithmetic and math): a batch
@@ -61,6 +61,9 @@ class LoweringContext:
         # producers inlined into them (see :attr:`ComputedNode.origins`)
         self.origin: str | None = None
         self.inlined_origins: list[str] = []
+        # per buffer an FX node made, how many ops read it (through views): the lowering
+        # loop fills it as it goes
+        self.readers: dict[str, int] = {}
         # the graph's buffers by name, found again when a name is not among them (a name
         # names one buffer for good: lowering adds nodes, it replaces no buffer)
         self._buffers: dict[str, Buffer] = {}
@@ -216,7 +219,36 @@ class LoweringContext:
         if remap is None or self._masked_steps(node, remap, len(ref.size)):
             return ref.load
         self._inlined(node)
-        return lambda ops, index: node.body.inner_fn(ops, remap(index))
+        inner = self._with_same_point_producers(node)
+        return lambda ops, index: inner(ops, remap(index))
+
+    def _with_same_point_producers(self, node: ComputedNode) -> Callable:
+        """``node``'s inner function, computing in place each small Pointwise producer of
+        its own size that it reads whole at the point it computes, where ``node`` and the
+        producer have no other reader (nothing is computed twice). ``node`` is read through
+        a view (a transpose, the expand of a repeat), so its reads run in the consumer's
+        iteration space; a producer left to them would stay in its own space, which fusion
+        cannot join to the consumer's: Llama's rotary key ``k * cos + rotate_half(k) *
+        sin``, read through the expand of grouped-query attention's repeat, wrote both
+        products and read them back."""
+        if self.readers.get(node.name) != 1:
+            return node.body.inner_fn  # it stays written for its other readers
+        size = tuple(node.buffer.size)
+        producers = {
+            name: p
+            for name, p in self._producers().items()
+            if isinstance(p.body, Pointwise)
+            and self.readers.get(name) == 1
+            and tuple(p.buffer.size) == size
+            and not self._too_big(p)
+        }
+        if not producers:
+            return node.body.inner_fn
+
+        def inner(ops, index):
+            return node.body.inner_fn(_SamePointReads(ops, index, producers, self), index)
+
+        return inner
 
     def _masked_steps(self, node: ComputedNode, remap: Callable, rank: int) -> bool:
         """Whether inlining ``node`` through ``remap`` would read memory under a mask at a
@@ -279,6 +311,27 @@ class LoweringContext:
         stream = self._random_calls
         self._random_calls += 1
         return self._seed_ref, stream
+
+
+class _SamePointReads:
+    """An ops handler that passes every call on to ``ops``, except a load of one of
+    ``producers`` at element ``index`` of its own layout: that computes the producer there
+    (see :meth:`LoweringContext._with_same_point_producers`)."""
+
+    def __init__(self, ops, index, producers: dict[str, ComputedNode], ctx) -> None:
+        self._ops, self._index, self._producers, self._ctx = ops, index, producers, ctx
+
+    def __getattr__(self, name: str):
+        return getattr(self._ops, name)
+
+    def load(self, name: str, index: sympy.Expr):
+        producer = self._producers.get(name)
+        if producer is not None:
+            here = strided_index(self._index, producer.buffer.stride)
+            if sympy.expand(index - here) == 0:
+                self._ctx._inlined(producer)  # and its own such producers, in turn
+                return producer.body.inner_fn(self, self._index)
+        return self._ops.load(name, index)
 
 
 def _remap(ref: TensorRef, buf: Buffer) -> Callable | None:
