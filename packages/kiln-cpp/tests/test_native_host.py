@@ -251,39 +251,55 @@ def test_none_for_a_tensor_argument_is_an_undefined_tensor():
     load_runtime().Extern("aten::add", "Tensor", [("t", 0), ("undefined",), ("default",)], 1)
 
 
-def test_a_runtime_that_cannot_build_fails_once(monkeypatch, tmp_path):
-    from kiln_cpp.errors import CppCompileError
+@pytest.fixture
+def fresh_runtime(monkeypatch, tmp_path):
+    """kiln-cpp's runtime module as in a new process of a new installation (its folder
+    ``tmp_path``), built by the function given to the returned ``use``."""
     from kiln_cpp.host import runtime
 
-    calls = []
+    def use(build):
+        monkeypatch.setattr(runtime, "_FAILED", [])
+        monkeypatch.setattr(runtime, "_STARTED", [])
+        monkeypatch.setattr(runtime, "_build", build)
+        monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path))
+        runtime._load_runtime.cache_clear()
+        return runtime
 
-    def failing_build(cxx, target):
+    yield use
+    runtime._load_runtime.cache_clear()
+
+
+def _failing_build(calls):
+    from kiln_cpp.errors import CppCompileError
+
+    def build(cxx, target):
         calls.append(target)
         raise CppCompileError("no Python.h")
 
-    monkeypatch.setattr(runtime, "_FAILED", [])
-    monkeypatch.setattr(runtime, "_build", failing_build)
-    monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path))
-    runtime._load_runtime.cache_clear()
-    try:
-        for _ in range(3):
-            with pytest.raises(CppCompileError, match="no Python.h"):
-                runtime.load_runtime()
-        assert len(calls) == 1
-        # and a graph then runs its Python host program
-        compiled = _compile(mlp, _mlp_inputs(), host_program="auto")
-        assert compiled.program.native is None
-    finally:
-        runtime._load_runtime.cache_clear()
+    return build
 
 
-def test_a_runtime_built_in_the_background_is_the_one_loaded(monkeypatch, tmp_path):
+def test_a_runtime_that_cannot_build_fails_once(fresh_runtime):
+    from kiln_cpp.errors import CppCompileError
+
+    calls = []
+    runtime = fresh_runtime(_failing_build(calls))
+    for _ in range(3):
+        with pytest.raises(CppCompileError, match="no Python.h"):
+            runtime.load_runtime()
+    assert len(calls) == 1
+    # and a graph then runs its Python host program
+    compiled = _compile(mlp, _mlp_inputs(), host_program="auto")
+    assert compiled.program.native is None
+
+
+def test_a_runtime_built_in_the_background_is_the_one_loaded(fresh_runtime, tmp_path):
     import threading
 
-    from kiln_cpp.host import runtime
+    from kiln_cpp.host import runtime as real
 
     built, release = [], threading.Event()
-    real_build = runtime._build
+    real_build = real._build
 
     def slow_build(cxx, target):
         assert threading.current_thread().name == "kiln-cpp-runtime"
@@ -291,43 +307,28 @@ def test_a_runtime_built_in_the_background_is_the_one_loaded(monkeypatch, tmp_pa
         built.append(target)
         real_build(cxx, target)
 
-    monkeypatch.setattr(runtime, "_FAILED", [])
-    monkeypatch.setattr(runtime, "_STARTED", [])
-    monkeypatch.setattr(runtime, "_build", slow_build)
-    monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path))
-    runtime._load_runtime.cache_clear()
-    try:
-        runtime.start_loading()
-        runtime.start_loading()  # once per process
-        assert len(runtime._STARTED) == 1
-        release.set()
-        module = runtime.load_runtime()  # waits for the background build, builds nothing
-        assert len(built) == 1 and built[0].parent.parent == tmp_path
-        assert module is runtime.load_runtime()
-        assert hasattr(module, "TensorsMatch")
-    finally:
-        runtime._load_runtime.cache_clear()
+    runtime = fresh_runtime(slow_build)
+    runtime.start_loading()
+    runtime.start_loading()  # once per process
+    assert len(runtime._STARTED) == 1
+    release.set()
+    module = runtime.load_runtime()  # waits for the background build, builds nothing
+    assert len(built) == 1 and built[0].parent.parent == tmp_path
+    assert module is runtime.load_runtime()
+    assert hasattr(module, "TensorsMatch")
 
 
-def test_a_failed_background_build_is_raised_by_the_first_load(monkeypatch, tmp_path):
+def test_a_failed_background_build_is_raised_by_the_first_load(fresh_runtime):
     from kiln_cpp.errors import CppCompileError
-    from kiln_cpp.host import runtime
 
-    def failing_build(cxx, target):
-        raise CppCompileError("no Python.h")
-
-    monkeypatch.setattr(runtime, "_FAILED", [])
-    monkeypatch.setattr(runtime, "_STARTED", [])
-    monkeypatch.setattr(runtime, "_build", failing_build)
-    monkeypatch.setenv("KILN_CPP_RUNTIME_DIR", str(tmp_path))
-    runtime._load_runtime.cache_clear()
-    try:
-        runtime.start_loading()
-        runtime._STARTED[0].join(30)
-        with pytest.raises(CppCompileError, match="no Python.h"):
-            runtime.load_runtime()
-    finally:
-        runtime._load_runtime.cache_clear()
+    calls = []
+    runtime = fresh_runtime(_failing_build(calls))
+    runtime.start_loading()
+    runtime._STARTED[0].join(30)
+    assert len(calls) == 1
+    with pytest.raises(CppCompileError, match="no Python.h"):
+        runtime.load_runtime()
+    assert len(calls) == 1  # raised again, not built again
 
 
 def test_random_ops_draw_their_seed_natively_as_the_python_program_does():
