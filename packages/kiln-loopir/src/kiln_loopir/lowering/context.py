@@ -233,13 +233,13 @@ class LoweringContext:
         products and read them back."""
         if self.readers.get(node.name) != 1:
             return node.body.inner_fn  # it stays written for its other readers
-        size = tuple(node.buffer.size)
+        size = tuple(node.body.ranges)  # the index its inner function takes
         producers = {
             name: p
             for name, p in self._producers().items()
             if isinstance(p.body, Pointwise)
             and self.readers.get(name) == 1
-            and tuple(p.buffer.size) == size
+            and tuple(p.body.ranges) == tuple(p.buffer.size) == size
             and not self._too_big(p)
         }
         if not producers:
