@@ -78,10 +78,8 @@ def _start_host_runtime() -> None:
     """kiln-cpp's host runtime (the tensor guards' matcher, native host programs) begins
     building now where the installation has none yet (about 15 s, once), so that the build
     overlaps the first call's capture and compile instead of adding to them."""
-    try:
-        from kiln_cpp.host import start_loading
-    except ImportError:  # no kiln-cpp: guards and host programs run in Python
-        return
+    from kiln_cpp.host import start_loading
+
     start_loading()
 
 

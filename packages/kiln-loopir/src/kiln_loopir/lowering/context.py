@@ -324,14 +324,14 @@ class _SamePointReads:
     def __getattr__(self, name: str):
         return getattr(self._ops, name)
 
-    def load(self, name: str, index: sympy.Expr):
+    def load(self, name: str, index: sympy.Expr, *args, **kwargs):
         producer = self._producers.get(name)
-        if producer is not None:
+        if producer is not None and not (args or kwargs):
             here = strided_index(self._index, producer.buffer.stride)
             if sympy.expand(index - here) == 0:
                 self._ctx._inlined(producer)  # and its own such producers, in turn
                 return producer.body.inner_fn(self, self._index)
-        return self._ops.load(name, index)
+        return self._ops.load(name, index, *args, **kwargs)
 
 
 def _remap(ref: TensorRef, buf: Buffer) -> Callable | None:
