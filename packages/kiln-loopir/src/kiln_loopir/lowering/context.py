@@ -209,7 +209,8 @@ class LoweringContext:
         consumer reading it at other points (cat, padding, gather, a transpose) needs no
         buffer in between. Dead-node elimination drops the producer once nothing else
         reads it. Without ``through_views`` only a view of the whole buffer is inlined."""
-        node = self._producers().get(ref.buffer)
+        producers = self._producers()
+        node = producers.get(ref.buffer)
         if node is None or not isinstance(node.body, Pointwise) or self._too_big(node):
             return ref.load
         if ref.is_whole(node.buffer):
@@ -219,10 +220,12 @@ class LoweringContext:
         if remap is None or self._masked_steps(node, remap, len(ref.size)):
             return ref.load
         self._inlined(node)
-        inner = self._with_same_point_producers(node)
+        inner = self._with_same_point_producers(node, producers)
         return lambda ops, index: inner(ops, remap(index))
 
-    def _with_same_point_producers(self, node: ComputedNode) -> Callable:
+    def _with_same_point_producers(
+        self, node: ComputedNode, producers: dict[str, ComputedNode]
+    ) -> Callable:
         """``node``'s inner function, computing in place each small Pointwise producer of
         its own size that it reads whole at the point it computes, where ``node`` and the
         producer have no other reader (nothing is computed twice). ``node`` is read through
@@ -234,19 +237,19 @@ class LoweringContext:
         if self.readers.get(node.name) != 1:
             return node.body.inner_fn  # it stays written for its other readers
         size = tuple(node.body.ranges)  # the index its inner function takes
-        producers = {
+        same_point = {
             name: p
-            for name, p in self._producers().items()
+            for name, p in producers.items()
             if isinstance(p.body, Pointwise)
             and self.readers.get(name) == 1
             and tuple(p.body.ranges) == tuple(p.buffer.size) == size
             and not self._too_big(p)
         }
-        if not producers:
+        if not same_point:
             return node.body.inner_fn
 
         def inner(ops, index):
-            return node.body.inner_fn(_SamePointReads(ops, index, producers, self), index)
+            return node.body.inner_fn(_SamePointReads(ops, index, same_point, self), index)
 
         return inner
 
