@@ -42,3 +42,23 @@ def test_a_causal_flash_attention_is_taken_with_its_layouts():
 def test_misaligned_views_and_read_log_sum_exps_stay_aten_calls():
     assert attention_call(*_node(v_offset=513)) is None  # 1026 bytes past an aligned start
     assert attention_call(*_node(read_lse=True)) is None  # a training graph's saved result
+
+
+GROUPED = torch.ops.kiln_loopir.grouped_attention.default
+
+
+def test_grouped_attention_reads_each_key_head_for_its_group_of_query_heads():
+    zero = sympy.Integer(0)
+    q = TensorRef("q", torch.bfloat16, CUDA, _ints(2, 8, 100, 64), _ints(51200, 64, 512, 1), zero)
+    kv_size, kv_stride = _ints(2, 2, 100, 64), _ints(12800, 64, 128, 1)  # [2, 100, 2, 64]
+    k = TensorRef("k", torch.bfloat16, CUDA, kv_size, kv_stride, zero)
+    v = TensorRef("v", torch.bfloat16, CUDA, kv_size, kv_stride, zero)
+    out = Buffer("out", torch.bfloat16, CUDA, _ints(2, 8, 100, 64), _ints(51200, 64, 512, 1))
+    node = ExternNode(GROUPED, (q, k, v, None, True, 0.2, [51200, 64, 512, 1]), {}, [out])
+    call = attention_call(node, set())
+    assert call is not None and call.group == 4 and call.causal and call.scale == 0.2
+    args = call.compile_args("cuda")["args"]
+    assert args["GROUP"] == 4 and (args["skh"], args["svh"]) == (64, 64)
+    uneven = TensorRef("k", torch.bfloat16, CUDA, _ints(2, 3, 100, 64), kv_stride, zero)
+    assert attention_call(ExternNode(GROUPED, (q, uneven, v, None, True, 0.2, []), {}, [out]),
+                          set()) is None  # fmt: skip

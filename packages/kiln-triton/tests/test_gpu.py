@@ -173,12 +173,22 @@ def _efficient_masked(x, w, bias):
     return (out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1) + 1,)
 
 
+def _grouped_masked(x, w, bias):  # 4 query heads, 2 key and value heads
+    q, k, v, _ = (x @ w).split([256, 128, 128, 256], dim=-1)
+    b, n = x.shape[:2]
+    out = torch.ops.kiln_loopir.grouped_attention(
+        _heads(q, 4), _heads(k, 2), _heads(v, 2), bias, False, 0.125, [4 * n * 64, n * 64, 64, 1]
+    )
+    return (out.transpose(1, 2).reshape(b, n, -1) - 1,)
+
+
 @pytest.mark.parametrize(
     ("fn", "dtype"),
     [
         (_flash_causal, torch.bfloat16),
         (_efficient_masked, torch.float16),
         (_efficient_masked, torch.float32),
+        (_grouped_masked, torch.bfloat16),
     ],
 )
 def test_native_host_program_computes_attention_with_its_own_kernel(fn, dtype):
@@ -193,7 +203,7 @@ def test_native_host_program_computes_attention_with_its_own_kernel(fn, dtype):
         w = torch.randn(256, 768, device="cuda", dtype=dtype) / 16
         bias = torch.randn(2, 1, n, n, device="cuda", dtype=dtype)
         bias[:, :, :, n - 10 :] = float("-inf")  # keys masked out
-        return [x, w, bias][: 3 if fn is _efficient_masked else 2]
+        return [x, w, bias][: 2 if fn is _flash_causal else 3]
 
     example = inputs()
     gm = make_fx(fn, tracing_mode="fake")(*example)

@@ -23,6 +23,7 @@ from kiln_loopir.compile import (
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
 from kiln_loopir.greedy_fusion import fuse
+from kiln_loopir.grouped_attention import GROUPED_ATTENTION, grouped_attention
 from kiln_loopir.host import generate_host, kernel_launch_args
 from kiln_loopir.ir import (
     Buffer,
@@ -49,6 +50,7 @@ __all__ = [
     "CompiledKernel",
     "ComputedNode",
     "ExternNode",
+    "GROUPED_ATTENTION",
     "HostProgram",
     "IRError",
     "Kernel",
@@ -67,6 +69,7 @@ __all__ = [
     "eliminate_dead_nodes",
     "fuse",
     "generate_host",
+    "grouped_attention",
     "kernel_launch_args",
     "load_host_program",
     "lower",

@@ -8,9 +8,12 @@ with its own strides, broadcast where a stride is 0) and the causal mask (a quer
 the keys at or before its position, as ``is_causal`` aligns them). A row whose keys are
 all masked gives 0 (as ATen's safe softmax does). Products run in the inputs' dtype with
 float32 accumulation; float32 inputs multiply in full float32 (``PRECISION="ieee"``, not
-TF32, as ATen's float32 attention does).
+TF32, as ATen's float32 attention does). Query head ``h`` reads key and value head
+``h // GROUP``: 1 for ATen's ops, more for grouped-query attention
+(``kiln_loopir::grouped_attention``), whose shared heads are read where they are, with no
+repeated copy.
 
-:func:`plan_attention` decides whether an extern node is such a call this covers (no
+:func:`attention_call` decides whether an extern node is such a call this covers (no
 dropout, no log-sum-exp or other result read, head size a power of two from 16 to 256,
 static sizes) and compiles the kernel for its layouts; the native host program launches
 it like any other kernel. The Python host program keeps calling ATen.
@@ -25,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kiln_loopir.grouped_attention import GROUPED_ATTENTION
 from kiln_loopir.ir import ExternNode, TensorRef
 
 aten = torch.ops.aten
@@ -36,13 +40,14 @@ def attention_fwd(
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
     sbb, sbh, sbm, sbn, sob, soh, som, sod,
     H, M, N,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
+    kv = h // GROUP
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m < M
@@ -62,7 +67,7 @@ def attention_fwd(
         offs_n = start + tl.arange(0, BLOCK_N)
         cols = offs_n < N
         k = tl.load(
-            K + b * skb + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            K + b * skb + kv * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
             mask=cols[None, :],
             other=0.0,
         )
@@ -84,7 +89,7 @@ def attention_fwd(
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
+            V + b * svb + kv * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
             mask=cols[:, None],
             other=0.0,
         )
@@ -98,12 +103,14 @@ def attention_fwd(
     )
 
 
-# op -> (positions of q, k, v, bias (None: none), dropout_p, is_causal), scale is a kwarg
+# op -> (positions of q, k, v, bias (None: none), dropout_p (None: none), is_causal)
 OPS = {
     aten._scaled_dot_product_cudnn_attention.default: (0, 1, 2, 3, 5, 6),
     aten._scaled_dot_product_efficient_attention.default: (0, 1, 2, 3, 5, 6),
     aten._scaled_dot_product_flash_attention.default: (0, 1, 2, None, 3, 4),
+    GROUPED_ATTENTION: (0, 1, 2, 3, None, 4),
 }
+SCALE_POSITIONS = {GROUPED_ATTENTION: 5}  # the others take ``scale`` as a keyword
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALIGNMENT = 16  # bytes: a view's offset into its buffer the kernel is compiled to assume
 
@@ -120,6 +127,7 @@ class AttentionCall:
     out_stride: tuple[int, ...]
     scale: float
     causal: bool
+    group: int = 1  # query heads per key and value head
 
     @property
     def operands(self) -> list[TensorRef]:
@@ -154,6 +162,7 @@ class AttentionCall:
             "H": heads,
             "M": m,
             "N": n,
+            "GROUP": self.group,
             "HEAD_DIM": d,
             "BLOCK_M": block_m,
             "BLOCK_N": 64 if n > 32 else max(16, triton.next_power_of_2(n)),
@@ -175,7 +184,7 @@ def attention_call(node: ExternNode, read: set[str]) -> AttentionCall | None:
     args = list(node.args)
     q, k, v = (args[i] for i in positions[:3])
     bias = args[positions[3]] if positions[3] is not None and len(args) > positions[3] else None
-    dropout = args[positions[4]] if len(args) > positions[4] else 0.0
+    dropout = args[positions[4]] if positions[4] is not None and len(args) > positions[4] else 0.0
     causal = bool(args[positions[5]]) if len(args) > positions[5] else False
     refs = [r for r in (q, k, v, bias) if r is not None]
     out = node.outputs[0]
@@ -189,7 +198,7 @@ def attention_call(node: ExternNode, read: set[str]) -> AttentionCall | None:
     if len(q.size) != 4 or len(k.size) != 4 or len(v.size) != 4 or len(out.size) != 4:
         return None
     (batch, heads, m, d), (kb, kh, n, kd) = _ints(q.size), _ints(k.size)
-    if (kb, kh, kd) != (batch, heads, d) or _ints(v.size) != (batch, heads, n, d):
+    if (kb, kd) != (batch, d) or kh == 0 or heads % kh or _ints(v.size) != (batch, kh, n, d):
         return None
     if d not in (16, 32, 64, 128, 256) or min(batch, heads, m, n) == 0:
         return None
@@ -201,9 +210,11 @@ def attention_call(node: ExternNode, read: set[str]) -> AttentionCall | None:
         return None
     if any(int(r.offset) * r.dtype.itemsize % ALIGNMENT for r in refs):
         return None  # a view past an aligned start: the kernel assumes aligned pointers
-    scale = node.kwargs.get("scale")
+    where = SCALE_POSITIONS.get(node.target)
+    scale = node.kwargs.get("scale") if where is None else args[where]
     scale = float(scale) if scale is not None else d**-0.5
-    return AttentionCall(q, k, v, bias, out.name, _ints(out.stride), scale, causal)
+    group = heads // kh
+    return AttentionCall(q, k, v, bias, out.name, _ints(out.stride), scale, causal, group)
 
 
 def _ints(values) -> tuple[int, ...]:

@@ -8,10 +8,12 @@ pipeline for one aten graph, top to bottom:
 1. write the aten graph to the log and the debug folder;
 2. pick the code generator for the graph's device;
 3. rewrite it (``AtenCompiler.rewrite``): on CUDA, pad 16-bit matrix products whose
-   rows are not 16-byte aligned where that is faster (:mod:`kiln.padding`) and give a
-   tanh GELU after a product to the product's epilogue (:mod:`kiln.epilogues`); freeze an
-   inference graph, splitting off what its parameters and buffers alone compute, computed
-   once (:mod:`kiln.freezing`: batch norms folded, weights laid out); on CUDA, give
+   rows are not 16-byte aligned where that is faster (:mod:`kiln.padding`), give a tanh
+   GELU after a product to the product's epilogue (:mod:`kiln.epilogues`) and let
+   attention read grouped keys and values before their repeat
+   (:mod:`kiln.grouped_attention`); freeze an inference graph, splitting off what its
+   parameters and buffers alone compute, computed once (:mod:`kiln.freezing`: batch
+   norms folded, weights laid out); on CUDA, give
    convolution biases to the kernel after the convolution (:mod:`kiln.folding`);
 4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
@@ -40,7 +42,17 @@ import torch.fx
 
 import kiln_autograd
 import kiln_loopir
-from kiln import attention, epilogues, folding, freezing, layouts, logs, padding, runtime
+from kiln import (
+    attention,
+    epilogues,
+    folding,
+    freezing,
+    grouped_attention,
+    layouts,
+    logs,
+    padding,
+    runtime,
+)
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
@@ -258,7 +270,8 @@ class AtenCompiler:
 
     def rewrite(self, gm: torch.fx.GraphModule, example_inputs, device: torch.device):
         """``(graph, example inputs, frozen graph or None)``: on CUDA, badly aligned
-        products padded where faster and tanh GELUs given to the products before them;
+        products padded where faster, tanh GELUs given to the products before them and
+        attention over repeated keys and values given them before the repeat;
         an inference graph frozen; on CUDA, convolution
         biases added by the kernel after the convolution. A rewrite that fails is skipped
         (logged on ``kiln.fallbacks``). A graph these changed is dumped as
@@ -267,6 +280,10 @@ class AtenCompiler:
         if device.type == "cuda":
             gm = self.optional("padding products", padding.padded_products, gm) or gm
             gm = self.optional("GELU epilogues", epilogues.gelu_epilogues, gm) or gm
+            gm = (
+                self.optional("grouped attention", grouped_attention.grouped_query_attention, gm)
+                or gm
+            )
         frozen = None
         if self.options.freezing:
             frozen = self.optional("freezing", freezing.freeze, gm, example_inputs)

@@ -12,6 +12,7 @@ import logging
 
 import torch
 
+from kiln_loopir.grouped_attention import GROUPED_ATTENTION
 from kiln_loopir.lowering.context import LoweringContext
 from kiln_loopir.lowering.registry import register_lowering
 
@@ -25,6 +26,7 @@ EXTERN_OPS = (
     aten._scaled_dot_product_cudnn_attention.default,
     aten.scaled_dot_product_attention.default,
     aten._addmm_activation.default,  # a product with its activation in cuBLASLt's epilogue
+    GROUPED_ATTENTION,  # keys and values with fewer heads than the queries
 )  # fmt: skip
 _LOGGED: set[str] = set()
 
