@@ -1,6 +1,6 @@
 """Small edits of aten graphs that keep each node's fake value (``meta["val"]``), which
-the passes after them read: shared by :mod:`kiln.folding`, :mod:`kiln.freezing` and
-:mod:`kiln.padding`."""
+the passes after them read: shared by the rewrites of aten graphs (:mod:`kiln.folding`,
+:mod:`kiln.freezing`, :mod:`kiln.padding`, ...)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,32 @@ def call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
     with _fake_mode(vals):
         node.meta["val"] = target(*vals[0], **vals[1])
     return node
+
+
+def refresh_values(graph: torch.fx.Graph, changed: Collection[torch.fx.Node]) -> None:
+    """Compute again the fake value of each node that reads a node of ``changed`` whose
+    layout is new (a slice where a contiguous tensor was), and so on down the graph while
+    the layouts keep changing."""
+    changed = set(changed)
+    for node in graph.nodes:
+        if node.op != "call_function" or node in changed:
+            continue
+        if not any(x in changed for x in node.all_input_nodes):
+            continue
+        vals = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+        with _fake_mode(vals):
+            new = node.target(*vals[0], **vals[1])
+        if not _same_layouts(node.meta.get("val"), new):
+            changed.add(node)
+        node.meta["val"] = new
+
+
+def _same_layouts(old: object, new: object) -> bool:
+    if isinstance(old, (tuple, list)) and isinstance(new, (tuple, list)):
+        return len(old) == len(new) and all(map(_same_layouts, old, new))
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+        return old.shape == new.shape and old.stride() == new.stride() and old.dtype == new.dtype
+    return type(old) is type(new)
 
 
 def computed_from(node: torch.fx.Node, inputs: Collection[torch.fx.Node]) -> bool:

@@ -13,7 +13,8 @@ pipeline for one aten graph, top to bottom:
    attention read grouped keys and values before their repeat
    (:mod:`kiln.grouped_attention`); freeze an inference graph, splitting off what its
    parameters and buffers alone compute, computed once (:mod:`kiln.freezing`: batch
-   norms folded, weights laid out); on CUDA, give
+   norms folded, weights laid out; on CUDA, products of one input by several weights
+   merged into one where faster, :mod:`kiln.sibling_products`); on CUDA, give
    convolution biases to the kernel after the convolution (:mod:`kiln.folding`);
 4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
@@ -52,6 +53,7 @@ from kiln import (
     logs,
     padding,
     runtime,
+    sibling_products,
 )
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
@@ -271,22 +273,26 @@ class AtenCompiler:
     def rewrite(self, gm: torch.fx.GraphModule, example_inputs, device: torch.device):
         """``(graph, example inputs, frozen graph or None)``: on CUDA, badly aligned
         products padded where faster, tanh GELUs given to the products before them and
-        attention over repeated keys and values given them before the repeat;
-        an inference graph frozen; on CUDA, convolution
-        biases added by the kernel after the convolution. A rewrite that fails is skipped
-        (logged on ``kiln.fallbacks``). A graph these changed is dumped as
-        ``<kind>_aten_rewritten.py``."""
+        attention over repeated keys and values given them before the repeat; an
+        inference graph frozen (on CUDA, with its products of one input by several frozen
+        weights merged where faster: kept only where the graph is frozen); on CUDA,
+        convolution biases added by the kernel after the convolution. A rewrite that
+        fails is skipped (logged on ``kiln.fallbacks``). A graph these changed is dumped
+        as ``<kind>_aten_rewritten.py``."""
         original = gm
         if device.type == "cuda":
             gm = self.optional("padding products", padding.padded_products, gm) or gm
             gm = self.optional("GELU epilogues", epilogues.gelu_epilogues, gm) or gm
-            gm = (
-                self.optional("grouped attention", grouped_attention.grouped_query_attention, gm)
-                or gm
-            )
+            grouped = grouped_attention.grouped_query_attention
+            gm = self.optional("grouped attention", grouped, gm) or gm
         frozen = None
         if self.options.freezing:
-            frozen = self.optional("freezing", freezing.freeze, gm, example_inputs)
+            merged = None
+            if device.type == "cuda":
+                merged = self.optional("merging products", sibling_products.merged_products, gm)
+            frozen = self.optional("freezing", freezing.freeze, merged or gm, example_inputs)
+            if frozen is None and merged is not None:  # unfrozen, the merged weights cost
+                frozen = self.optional("freezing", freezing.freeze, gm, example_inputs)
         if frozen is not None:
             self.show_frozen(frozen)
             gm, example_inputs = frozen.graph, frozen.example_inputs
