@@ -28,12 +28,14 @@ def call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
 
 
 def refresh_values(graph: torch.fx.Graph, changed: Collection[torch.fx.Node]) -> None:
-    """Compute again the fake value of each node that reads a node of ``changed`` whose
-    layout is new (a slice where a contiguous tensor was), and so on down the graph while
-    the layouts keep changing."""
+    """Compute again the fake value of each view of a node of ``changed`` (a node with a
+    new layout: a slice where a contiguous tensor was), and of views of those in turn. An
+    op that computes a new tensor keeps its value: its layout is the compiler's choice, and
+    one the graph returns keeps eager's. Raises ``RuntimeError`` where a view cannot view
+    the new layout."""
     changed = set(changed)
     for node in graph.nodes:
-        if node.op != "call_function" or node in changed:
+        if node.op != "call_function" or node in changed or not is_view(node):
             continue
         if not any(x in changed for x in node.all_input_nodes):
             continue
@@ -51,6 +53,20 @@ def _same_layouts(old: object, new: object) -> bool:
     if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
         return old.shape == new.shape and old.stride() == new.stride() and old.dtype == new.dtype
     return type(old) is type(new)
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s op returns a view of its input (``_unsafe_view`` too, which
+    ``reshape`` leaves after its copy)."""
+    return bool(getattr(node.target, "is_view", False)) or (
+        node.target is torch.ops.aten._unsafe_view.default
+    )
+
+
+def returned(node: torch.fx.Node) -> bool:
+    """Whether the graph returns ``node`` or a view of it: a rewrite that gives ``node``
+    another layout would hand the user other strides than eager's."""
+    return any(user.op == "output" or (is_view(user) and returned(user)) for user in node.users)
 
 
 def computed_from(node: torch.fx.Node, inputs: Collection[torch.fx.Node]) -> bool:

@@ -9,9 +9,10 @@ pipeline for one aten graph, top to bottom:
 2. pick the code generator for the graph's device;
 3. rewrite it (``AtenCompiler.rewrite``): on CUDA, pad 16-bit matrix products whose
    rows are not 16-byte aligned where that is faster (:mod:`kiln.padding`), give a tanh
-   GELU after a product to the product's epilogue (:mod:`kiln.epilogues`) and let
-   attention read grouped keys and values before their repeat
-   (:mod:`kiln.grouped_attention`); freeze an inference graph, splitting off what its
+   GELU after a product to the product's epilogue (:mod:`kiln.epilogues`), let attention
+   read grouped keys and values before their repeat (:mod:`kiln.grouped_attention`) and
+   compute convolutions whose kernel tiles the image as matrix products where faster
+   (:mod:`kiln.patch_convolutions`); freeze an inference graph, splitting off what its
    parameters and buffers alone compute, computed once (:mod:`kiln.freezing`: batch
    norms folded, weights laid out; on CUDA, products of one input by several weights
    merged into one where faster, :mod:`kiln.sibling_products`); on CUDA, give
@@ -52,6 +53,7 @@ from kiln import (
     layouts,
     logs,
     padding,
+    patch_convolutions,
     runtime,
     sibling_products,
 )
@@ -273,7 +275,8 @@ class AtenCompiler:
     def rewrite(self, gm: torch.fx.GraphModule, example_inputs, device: torch.device):
         """``(graph, example inputs, frozen graph or None)``: on CUDA, badly aligned
         products padded where faster, tanh GELUs given to the products before them and
-        attention over repeated keys and values given them before the repeat; an
+        attention over repeated keys and values given them before the repeat and
+        convolutions whose kernel tiles the image computed as products where faster; an
         inference graph frozen (on CUDA, with its products of one input by several frozen
         weights merged where faster: kept only where the graph is frozen); on CUDA,
         convolution biases added by the kernel after the convolution. A rewrite that
@@ -285,6 +288,8 @@ class AtenCompiler:
             gm = self.optional("GELU epilogues", epilogues.gelu_epilogues, gm) or gm
             grouped = grouped_attention.grouped_query_attention
             gm = self.optional("grouped attention", grouped, gm) or gm
+            patches = patch_convolutions.patch_convolutions
+            gm = self.optional("convolutions as products", patches, gm) or gm
         frozen = None
         if self.options.freezing:
             merged = None

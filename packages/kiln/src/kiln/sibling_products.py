@@ -31,7 +31,8 @@ import torch
 import torch.fx
 
 import kiln_autograd
-from kiln.graph_edits import call, copy_graph, module_of, refresh_values, value
+from kiln.device_timing import device_time
+from kiln.graph_edits import call, copy_graph, module_of, refresh_values, returned, value
 
 aten = torch.ops.aten
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -65,20 +66,8 @@ def _siblings(graph: torch.fx.Graph, state: set[torch.fx.Node], device_type: str
         key = _product_key(node, state, device_type)
         if key is not None:
             found[key].append(node)
-    groups = [[n for n in nodes if not _returned(n)] for nodes in found.values()]
+    groups = [[n for n in nodes if not returned(n)] for nodes in found.values()]
     return [nodes for nodes in groups if len(nodes) > 1]
-
-
-def _returned(node: torch.fx.Node) -> bool:
-    """Whether the graph returns ``node`` or a view of it (a slice would reach the user
-    with the merged product's strides, not the layout eager returns)."""
-    for user in node.users:
-        if user.op == "output":
-            return True
-        views = getattr(user.target, "is_view", False) or user.target is aten._unsafe_view.default
-        if views and _returned(user):
-            return True
-    return False
 
 
 def _product_key(node: torch.fx.Node, state: set[torch.fx.Node], device_type: str):
@@ -177,8 +166,8 @@ def _faster(m, k, widths, dtype, device) -> bool:
         a = torch.randn(m, k, dtype=dtype, device=device)
         weights = [torch.randn(n, k, dtype=dtype, device=device) for n in widths]
         merged = torch.cat(weights)
-        apart = _device_time(lambda: [torch.mm(a, w.t()) for w in weights])
-        together = _device_time(lambda: torch.mm(a, merged.t()))
+        apart = device_time(lambda: [torch.mm(a, w.t()) for w in weights])
+        together = device_time(lambda: torch.mm(a, merged.t()))
     except RuntimeError as exc:  # out of memory, say: keep the products as they are
         log.info("could not time merging products %dx%dx%s: %s", m, k, widths, exc)
         return False
@@ -187,25 +176,3 @@ def _faster(m, k, widths, dtype, device) -> bool:
         m, k, list(widths), dtype, apart, together,
     )  # fmt: skip
     return together < 0.95 * apart
-
-
-def _device_time(fn, repeats: int = 20) -> float:
-    """Microseconds per call of ``fn``'s kernels, replayed from a CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * repeats)
