@@ -58,8 +58,10 @@ def test_a_patch_embedding_is_a_product_of_the_patches(always_faster, size):
     assert returned_layouts(rewritten) == [want.stride()]  # what compiled code returns
 
 
-def test_a_returned_convolution_keeps_its_layout_and_overlapping_ones_stay(always_faster):
-    x, w = torch.randn(2, 5, 12, 12), torch.randn(6, 5, 2, 3)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_a_returned_convolution_keeps_its_layout_and_overlapping_ones_stay(always_faster, layout):
+    # a training forward returns what its backward reads, which reads it with these strides
+    x, w = torch.randn(2, 5, 12, 12).to(memory_format=layout), torch.randn(6, 5, 2, 3)
     rewritten = patch_convolutions(traced(returned_conv, x, w), "cpu")
     assert rewritten is not None
     assert len(calls(rewritten, aten.convolution.default)) == 1  # padded: it overlaps edges

@@ -14,8 +14,10 @@ convolution leaves them), permuted to ``[B, Ho, Wo, C, kh, kw]`` and copied to a
 ``[C·kh·kw, Cout]``; the result viewed as ``[B, Cout, Ho, Wo]`` with channels-last strides,
 which the ops that read it take as they are (their values are computed again for that
 layout). Where an op reading it cannot take that layout, the result is copied to the
-convolution's own layout instead; a convolution the graph returns (or a view of it) keeps
-its own layout that way too.
+convolution's own layout instead (contiguous; a channels-last convolution's is the
+product's). A convolution the graph returns, or a view of it, keeps its own layout that
+way too: that covers a training forward's saved tensors, which its backward reads with
+the strides it was traced with.
 
 Decided per shape: both forms are timed once on the device (:mod:`kiln.device_timing`),
 the product with the copy of the patches, and the product is kept where it is at least 10 %
@@ -78,6 +80,7 @@ def _patch_conv(node: torch.fx.Node, device_type: str) -> bool:
         and all(d == 1 for d in dilation)
         and w_val.is_contiguous()
         and (bias is None or value(bias).dim() == 1)
+        and (out.is_contiguous() or out.is_contiguous(memory_format=torch.channels_last))
     )
 
 
@@ -100,8 +103,8 @@ def _as_product(graph: torch.fx.Graph, conv: torch.fx.Node, keep_layout: bool) -
         else:
             product = call(graph, aten.addmm.default, bias, patches, weight)
         out = call(graph, aten.view.default, product, [b, ho, wo, c_out])
-        out = call(graph, aten.permute.default, out, [0, 3, 1, 2])
-        if keep_layout:
+        out = call(graph, aten.permute.default, out, [0, 3, 1, 2])  # channels-last
+        if keep_layout and value(out).stride() != value(conv).stride():
             out = call(graph, aten.clone.default, out, memory_format=torch.contiguous_format)
     out.meta = {**conv.meta, "val": out.meta["val"]}
     conv.replace_all_uses_with(out)
