@@ -70,6 +70,21 @@ def test_a_returned_convolution_keeps_its_layout_and_overlapping_ones_stay(alway
     assert returned_layouts(rewritten) == [t.stride() for t in returned_conv(x, w)]
 
 
+def test_pointwise_convolutions_and_ones_before_a_batch_norm_stay(always_faster):
+    def pointwise(x, w):
+        return F.conv2d(x, w) + 1  # 1 x 1, stride 1: cuDNN runs it as a product
+
+    def normalized(x, w, mean, var):  # freezing folds the batch norm into the convolution
+        conv = F.conv2d(x, w, stride=2)  # as kiln-autograd's graphs have it:
+        return aten._native_batch_norm_legit_no_training(conv, None, None, mean, var, 0.1, 1e-5)[0]
+
+    x = torch.randn(2, 4, 8, 8)
+    assert patch_convolutions(traced(pointwise, x, torch.randn(6, 4, 1, 1)), "cpu") is None
+    stats = torch.randn(6), torch.rand(6) + 0.5
+    gm = traced(normalized, x, torch.randn(6, 4, 2, 2), *stats)
+    assert patch_convolutions(gm, "cpu") is None
+
+
 def test_slower_products_keep_the_convolution(monkeypatch):
     monkeypatch.setattr(patch_module, "_faster", lambda *shape: False)
     x, w, b = torch.randn(2, 3, 16, 16), torch.randn(8, 3, 4, 4), torch.randn(8)

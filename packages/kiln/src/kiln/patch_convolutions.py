@@ -6,8 +6,9 @@ a matrix product it is ``patches @ weight.T`` with ``patches`` the image cut int
 ``C·kh·kw`` values, but cuDNN runs it as a convolution, with a padding kernel for the 3
 channels: 82 µs a call for ViT-B/16 at batch 8 on an H100, where the product takes a few.
 
-:func:`patch_convolutions` rewrites such a 2-D convolution (no padding, no dilation, one
-group, not transposed, sizes known) to: a view of the input as
+:func:`patch_convolutions` rewrites such a 2-D convolution (a kernel larger than 1 × 1,
+which cuDNN already runs as a product; no padding, no dilation, one group, not transposed,
+sizes known, no batch norm after it, which freezing folds into it) to: a view of the input as
 ``[B, C, Ho, kh, Wo, kw]`` (the rows and columns past the last whole patch left out, as the
 convolution leaves them), permuted to ``[B, Ho, Wo, C, kh, kw]`` and copied to a
 ``[B·Ho·Wo, C·kh·kw]`` matrix; an ``mm`` (``addmm`` with a bias) by the weight viewed as
@@ -32,6 +33,7 @@ import logging
 import torch
 import torch.fx
 
+from kiln import folding
 from kiln.device_timing import device_time
 from kiln.graph_edits import call, copy_graph, module_of, refresh_values, returned, value
 
@@ -74,8 +76,11 @@ def _patch_conv(node: torch.fx.Node, device_type: str) -> bool:
         return False
     if not all(type(n) is int for n in (*x_val.shape, *w_val.shape)):
         return False
+    if any(user.target is folding.BATCH_NORM for user in node.users):
+        return False  # freezing folds the batch norm into the convolution
     return (
         list(stride) == list(w_val.shape[2:])
+        and w_val.shape[2] * w_val.shape[3] > 1  # a 1 x 1 convolution is cuDNN's product
         and all(p == 0 for p in padding)
         and all(d == 1 for d in dilation)
         and w_val.is_contiguous()
@@ -129,7 +134,7 @@ def _patches(graph: torch.fx.Graph, x, size: tuple, tiles: tuple) -> torch.fx.No
 def _faster(x_shape, x_stride, w_shape, has_bias, dtype, device) -> bool:
     """Whether the product (with its copy of the patches) beats the convolution by 10 %
     on ``device``, each timed from a CUDA graph; timed once per shape."""
-    (b, c, h, width), (c_out, _, kh, kw) = x_shape, w_shape
+    (b, _, h, width), (c_out, _, kh, kw) = x_shape, w_shape
     ho, wo = h // kh, width // kw
     try:
         x = torch.empty_strided(x_shape, x_stride, dtype=dtype, device=device).normal_()
@@ -139,8 +144,8 @@ def _faster(x_shape, x_stride, w_shape, has_bias, dtype, device) -> bool:
         weight = w.view(c_out, -1).t()
 
         def product():
-            tiles = x[:, :, : ho * kh, : wo * kw].reshape(b, c, ho, kh, wo, kw)
-            rows = tiles.permute(0, 2, 4, 1, 3, 5).reshape(b * ho * wo, -1)
+            tiles = x[:, :, : ho * kh, : wo * kw].unflatten(3, (wo, kw)).unflatten(2, (ho, kh))
+            rows = tiles.permute(0, 2, 4, 1, 3, 5).contiguous().view(b * ho * wo, -1)
             return torch.mm(rows, weight) if bias is None else torch.addmm(bias, rows, weight)
 
         as_product = device_time(product)
