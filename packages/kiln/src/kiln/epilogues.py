@@ -20,7 +20,7 @@ import math
 import torch
 import torch.fx
 
-from kiln.graph_edits import call, copy_graph, module_of, value
+from kiln.graph_edits import call, calls, copy_graph, module_of, value
 
 aten = torch.ops.aten
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -49,15 +49,15 @@ def gelu_epilogues(
 def tanh_gelu_input(node: torch.fx.Node) -> torch.fx.Node | None:
     """``v`` where ``node`` computes the tanh GELU of ``v`` (``aten.gelu`` or written
     out), else None."""
-    if _calls(node, aten.gelu.default):
+    if calls(node, aten.gelu.default):
         approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "")
         return node.args[0] if approximate == "tanh" else None
-    if not _calls(node, aten.mul.Tensor):
+    if not calls(node, aten.mul.Tensor):
         return None
     for half, one_plus_tanh in _both_orders(*node.args):
         v = _scaled(half, 0.5)
         tanh = _shifted(one_plus_tanh, 1.0)
-        if v is None or tanh is None or not _calls(tanh, aten.tanh.default):
+        if v is None or tanh is None or not calls(tanh, aten.tanh.default):
             continue
         inner = _scaled(tanh.args[0], SQRT_2_OVER_PI)
         if inner is not None and _cubic_term_added(inner, v):
@@ -67,11 +67,11 @@ def tanh_gelu_input(node: torch.fx.Node) -> torch.fx.Node | None:
 
 def _cubic_term_added(node: torch.fx.Node, v: torch.fx.Node) -> bool:
     """Whether ``node`` is ``v + 0.044715 * v ** 3``."""
-    if not _calls(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
+    if not calls(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
         return False
     for term, other in _both_orders(*node.args):
         cube = _scaled(term, 0.044715)
-        if other is v and _calls(cube, aten.pow.Tensor_Scalar) and cube.args == (v, 3):  # 3 or 3.0
+        if other is v and calls(cube, aten.pow.Tensor_Scalar) and cube.args == (v, 3):  # 3 or 3.0
             return True
     return False
 
@@ -85,11 +85,11 @@ def _product(
     if not all(_read_only_by(n, part) for n in (v, *part) if n is not gelu):
         return None
     view = None
-    if _calls(v, aten.view.default):
+    if calls(v, aten.view.default):
         view, v = v, v.args[0]
         if not _read_only_by(v, {view}):
             return None
-    if not _calls(v, aten.addmm.default) or v.kwargs or len(v.args) != 3:
+    if not calls(v, aten.addmm.default) or v.kwargs or len(v.args) != 3:
         return None
     bias, a, b, out = (value(x) for x in (*v.args, v))
     if out is None or bias is None or a is None or b is None:
@@ -129,10 +129,6 @@ def _fuse(graph: torch.fx.Graph, gelu, product, view) -> None:
             graph.erase_node(node)
 
 
-def _calls(node: object, target) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
-
-
 def _both_orders(first: object, second: object):
     yield first, second
     yield second, first
@@ -140,7 +136,7 @@ def _both_orders(first: object, second: object):
 
 def _scaled(node: object, factor: float) -> torch.fx.Node | None:
     """``x`` where ``node`` is ``x * factor`` (either order), else None."""
-    if not _calls(node, aten.mul.Tensor) or len(node.args) != 2:
+    if not calls(node, aten.mul.Tensor) or len(node.args) != 2:
         return None
     for x, number in _both_orders(*node.args):
         if isinstance(x, torch.fx.Node) and _is_number(number, factor):
@@ -150,7 +146,7 @@ def _scaled(node: object, factor: float) -> torch.fx.Node | None:
 
 def _shifted(node: object, term: float) -> torch.fx.Node | None:
     """``x`` where ``node`` is ``x + term`` (either order), else None."""
-    if not _calls(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
+    if not calls(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
         return None
     for x, number in _both_orders(*node.args):
         if isinstance(x, torch.fx.Node) and _is_number(number, term):

@@ -27,6 +27,11 @@ def call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
     return node
 
 
+def calls(node: object, target) -> bool:
+    """Whether ``node`` is a call of ``target``."""
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
 def refresh_values(graph: torch.fx.Graph, changed: Collection[torch.fx.Node]) -> None:
     """Compute again the fake value of each view of a node of ``changed`` (a node with a
     new layout: a slice where a contiguous tensor was), and of views of those in turn. An

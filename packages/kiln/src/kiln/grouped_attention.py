@@ -24,7 +24,7 @@ import operator
 import torch
 import torch.fx
 
-from kiln.graph_edits import call, copy_graph, module_of, value
+from kiln.graph_edits import call, calls, copy_graph, module_of, value
 from kiln_loopir import GROUPED_ATTENTION
 
 aten = torch.ops.aten
@@ -90,16 +90,16 @@ def _repeated(node: object, reader: torch.fx.Node) -> tuple[torch.fx.Node | None
     """``(x, group)`` where ``node`` is ``x`` ([b, h, n, d]) with each head repeated
     ``group`` times, read by ``reader`` alone; else ``(None, 0)``."""
     views = (aten.view.default, aten._unsafe_view.default)  # reshape's copy, then a view
-    if not any(_calls(node, view) for view in views) or list(node.users) != [reader]:
+    if not any(calls(node, view) for view in views) or list(node.users) != [reader]:
         return None, 0
     clone = node.args[0]
-    if not _calls(clone, aten.clone.default) or len(clone.users) != 1:
+    if not calls(clone, aten.clone.default) or len(clone.users) != 1:
         return None, 0
     expand = clone.args[0]
-    if not _calls(expand, aten.expand.default) or len(expand.users) != 1:
+    if not calls(expand, aten.expand.default) or len(expand.users) != 1:
         return None, 0
     unsqueeze = expand.args[0]
-    if not _calls(unsqueeze, aten.unsqueeze.default) or unsqueeze.args[1] != 2:
+    if not calls(unsqueeze, aten.unsqueeze.default) or unsqueeze.args[1] != 2:
         return None, 0
     source, out = unsqueeze.args[0], value(node)
     x = value(source)
@@ -129,7 +129,3 @@ def _erase_unread(graph: torch.fx.Graph, attention: torch.fx.Node) -> None:
             stack.extend(node.all_input_nodes)
             graph.erase_node(node)
             erased.add(node)
-
-
-def _calls(node: object, target) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target

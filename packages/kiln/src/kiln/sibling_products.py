@@ -32,7 +32,7 @@ import torch.fx
 
 import kiln_autograd
 from kiln.device_timing import device_time
-from kiln.graph_edits import call, copy_graph, module_of, refresh_values, returned, value
+from kiln.graph_edits import call, calls, copy_graph, module_of, refresh_values, returned, value
 
 aten = torch.ops.aten
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -73,15 +73,14 @@ def _siblings(graph: torch.fx.Graph, state: set[torch.fx.Node], device_type: str
 def _product_key(node: torch.fx.Node, state: set[torch.fx.Node], device_type: str):
     """What a product shares with its siblings (its op, input, weights' layout, biases'
     presence), or None where it is not a product this merges."""
-    if node.op != "call_function" or node.kwargs:
+    if node.kwargs:
         return None
-    if node.target is aten.mm.default and len(node.args) == 2:
-        bias, (a, b) = None, node.args
-    elif node.target is aten.addmm.default and len(node.args) == 3:
-        bias, a, b = node.args
-        if not (isinstance(bias, torch.fx.Node) and bias in state and value(bias).dim() == 1):
-            return None
-    else:
+    if not (calls(node, aten.mm.default) and len(node.args) == 2) and not (
+        calls(node, aten.addmm.default) and len(node.args) == 3
+    ):
+        return None
+    bias, a, b = _operands(node)
+    if bias is not None and not (bias in state and value(bias).dim() == 1):
         return None
     out, weight = value(node), _weight(b, state)
     if out is None or weight is None or out.device.type != device_type or out.dtype not in DTYPES:
@@ -118,9 +117,14 @@ def _same_value(node: object) -> object:
     return node
 
 
+def _operands(product: torch.fx.Node) -> tuple:
+    """``(bias or None, a, b)`` of an ``mm`` or ``addmm``."""
+    return (None, *product.args) if product.target is aten.mm.default else tuple(product.args)
+
+
 def _shape(group: list[torch.fx.Node]) -> tuple:
     first = group[0]
-    a = first.args[0] if first.target is aten.mm.default else first.args[1]
+    _, a, _ = _operands(first)
     m, k = value(a).shape
     widths = tuple(value(n).shape[1] for n in group)
     return m, k, widths, value(first).dtype, value(first).device
@@ -129,9 +133,8 @@ def _shape(group: list[torch.fx.Node]) -> tuple:
 def _merge(graph: torch.fx.Graph, group: list[torch.fx.Node], state) -> list[torch.fx.Node]:
     """One product in place of ``group``'s, each of them replaced by its slice."""
     first = group[0]
-    mm = first.target is aten.mm.default
-    a = first.args[0] if mm else first.args[1]
-    weights = [_weight(n.args[1 if mm else 2], state) for n in group]
+    bias, a, _ = _operands(first)
+    weights = [_weight(_operands(n)[2], state) for n in group]
     transposed = weights[0][1]
     with graph.inserting_before(first):
         bases = [w for w, _ in weights]
@@ -140,11 +143,11 @@ def _merge(graph: torch.fx.Graph, group: list[torch.fx.Node], state) -> list[tor
             weight = call(graph, aten.permute.default, stacked, [1, 0])
         else:
             weight = call(graph, aten.cat.default, bases, 1)
-        if mm:
+        if bias is None:
             product = call(graph, aten.mm.default, a, weight)
         else:
-            bias = call(graph, aten.cat.default, [n.args[0] for n in group], 0)
-            product = call(graph, aten.addmm.default, bias, a, weight)
+            biases = call(graph, aten.cat.default, [_operands(n)[0] for n in group], 0)
+            product = call(graph, aten.addmm.default, biases, a, weight)
         parts, start = [], 0
         for node in group:
             width = value(node).shape[1]
