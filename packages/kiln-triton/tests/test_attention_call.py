@@ -30,18 +30,31 @@ def _node(v_offset: int = 512, read_lse: bool = False) -> tuple[ExternNode, set[
 
 def test_a_causal_flash_attention_is_taken_with_its_layouts():
     call = attention_call(*_node())
-    assert call is not None and call.causal and call.out == "out"
+    assert call is not None and call.causal and call.out.buffer == "out" and call.lse is None
     data = call.compile_args("cuda")
+    assert data["kernel"] == "attention_fwd"
     assert data["grid"] == [2, 8, 1]  # blocks of 64 queries, batch x heads
     span = 1 + 76800 + 3 * 64 + 99 * 768 + 63  # one head's elements past its view's start
-    assert data["spans"] == [span, span + 256, span + 512, 51200]
-    assert data["dtypes"] == ["bfloat16"] * 3
+    buffers = data["buffers"]
+    assert [buffers[p][1] for p in ("Q", "K", "V", "Out")] == [span, span + 256, span + 512, 51200]
+    assert {buffers[p][0] for p in ("Q", "K", "V", "Out")} == {"bfloat16"}
     assert data["args"]["HEAD_DIM"] == 64 and data["args"]["IS_CAUSAL"]
+    assert not data["args"]["HAS_LSE"]
 
 
-def test_misaligned_views_and_read_log_sum_exps_stay_aten_calls():
+def test_a_read_log_sum_exp_is_written_by_the_kernel():
+    call = attention_call(*_node(read_lse=True))  # a training graph's saved result
+    assert call is not None and call.lse.buffer == "lse"
+    args = call.compile_args("cuda")["args"]
+    assert args["HAS_LSE"] and (args["slb"], args["slh"], args["slm"]) == (400, 100, 1)
+
+
+def test_misaligned_views_and_other_read_results_stay_aten_calls():
     assert attention_call(*_node(v_offset=513)) is None  # 1026 bytes past an aligned start
-    assert attention_call(*_node(read_lse=True)) is None  # a training graph's saved result
+    node, _ = _node()
+    node.outputs.append(Buffer("mask", torch.bfloat16, CUDA, _ints(2, 4, 100, 100),
+                               _ints(40000, 10000, 100, 1)))  # fmt: skip
+    assert attention_call(node, {"mask"}) is None  # a debug mask the kernel does not write
 
 
 GROUPED = torch.ops.kiln_loopir.grouped_attention.default
@@ -62,3 +75,54 @@ def test_grouped_attention_reads_each_key_head_for_its_group_of_query_heads():
     uneven = TensorRef("k", torch.bfloat16, CUDA, _ints(2, 3, 100, 64), kv_stride, zero)
     assert attention_call(ExternNode(GROUPED, (q, uneven, v, None, True, 0.2, []), {}, [out]),
                           set()) is None  # fmt: skip
+
+
+CUDNN_BACKWARD = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
+EFFICIENT_BACKWARD = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
+
+
+def _grad(name: str, heads: int = 4) -> Buffer:
+    return Buffer(name, torch.bfloat16, CUDA, _ints(2, heads, 100, 64),
+                  _ints(heads * 6400, 6400, 64, 1))  # fmt: skip
+
+
+def _backward_node(dropout: float = 0.0, heads: int = 4) -> ExternNode:
+    zero = sympy.Integer(0)
+    grad_out, out = (_grad(n).ref() for n in ("grad_out", "out"))
+    lse = TensorRef("lse", torch.float32, CUDA, _ints(2, 4, 100, 1), _ints(400, 100, 1, 1), zero)
+    k = _grad("k", heads).ref()
+    seed = TensorRef("seed", torch.int64, CUDA, (), (), zero)
+    args = (grad_out, _head(0), k, k, out, lse, seed, seed, None, None, None, 100, 100,
+            dropout, True)  # fmt: skip
+    outputs = [_grad("dq"), _grad("dk", heads), _grad("dv", heads)]
+    return ExternNode(CUDNN_BACKWARD, args, {"scale": 0.2}, outputs)
+
+
+def test_a_cudnn_attention_backward_is_taken_with_its_layouts():
+    from kiln_triton.attention_backward import attention_backward_call
+
+    call = attention_backward_call(_backward_node(), set())
+    assert call is not None and call.causal and call.scale == 0.2
+    data = call.compile_args("cuda")
+    assert data["kernel"] == "attention_bwd"
+    assert data["grid"] == [2, 8, 1]  # blocks of 64 queries and keys, batch x heads
+    args = data["args"]
+    assert (args["sqm"], args["skn"], args["slm"], args["sdkn"]) == (768, 64, 1, 64)
+    assert data["buffers"]["DQ"] == ["bfloat16", 51200] and data["buffers"]["LSE"][0] == "float32"
+
+
+def test_attention_backwards_the_kernel_does_not_cover_stay_aten_calls():
+    from kiln_triton.attention_backward import attention_backward_call
+
+    assert attention_backward_call(_backward_node(dropout=0.1), set()) is None
+    assert attention_backward_call(_backward_node(heads=2), set()) is None  # grouped keys
+    node = _backward_node()
+    grad_bias = Buffer("grad_bias", torch.bfloat16, CUDA, _ints(2, 4, 100, 100),
+                       _ints(40000, 10000, 100, 1))  # fmt: skip
+    a = node.args
+    efficient = ExternNode(EFFICIENT_BACKWARD,
+                           (a[0], a[1], a[2], a[3], None, a[4], a[5], a[6], a[7], 0.0,
+                            [True, True, True, True], True),
+                           {}, [*node.outputs, grad_bias])  # fmt: skip
+    assert attention_backward_call(efficient, set()) is not None
+    assert attention_backward_call(efficient, {"grad_bias"}) is None  # the bias's gradient

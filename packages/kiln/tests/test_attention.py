@@ -123,3 +123,53 @@ def test_dropout_in_training_becomes_the_fused_ops_dropout(tmp_path):
     expected = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1) @ v
     assert actual.shape == expected.shape and not torch.equal(actual, expected)
     assert (actual.mean() - expected.mean()).abs() < 0.1
+
+
+class SelfAttention(torch.nn.Module):
+    """One attention layer as BERT's and GPT-2's: a projection to heads, SDPA, a projection."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.qkv = torch.nn.Linear(256, 768)
+        self.o = torch.nn.Linear(256, 256)
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 4, 64).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if self.causal else mask, is_causal=self.causal
+        )
+        return self.o(out.transpose(1, 2).reshape(b, n, -1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_on_cuda_a_training_step_runs_kilns_attention_kernels_both_ways(causal, tmp_path):
+    """The forward's kernel writes the log-sum-exp the backward's kernel reads: eager's
+    gradients, with no ATen attention op in either host program."""
+    torch.manual_seed(0)
+    model = SelfAttention(causal).cuda().to(torch.bfloat16)
+    reference = SelfAttention(causal).cuda()
+    reference.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model, options={"debug_dir": str(tmp_path), "cache": False})
+    for _ in range(2):
+        x = torch.randn(4, 96, 256, device="cuda", dtype=torch.bfloat16)
+        mask = torch.zeros(4, 1, 96, 96, device="cuda", dtype=torch.bfloat16)
+        mask[:, :, :, 80:] = float("-inf")  # padded keys
+        probe = torch.randn(4, 96, 256, device="cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a graph that runs eagerly warns
+            (compiled(x, mask).float() * probe).sum().backward()
+        (reference(x.float(), mask.float()) * probe).sum().backward()
+        for p, want in zip(model.parameters(), reference.parameters(), strict=True):
+            scale = want.grad.abs().max().item()
+            torch.testing.assert_close(p.grad.float(), want.grad, rtol=3e-2, atol=3e-2 * scale)
+            p.grad, want.grad = None, None
+    sources = {h.name: h.read_text() for h in tmp_path.glob("frame*/*_host.cpp")}
+    forward = next(s for name, s in sources.items() if name.startswith("forward"))
+    backward = next(s for name, s in sources.items() if name.startswith("backward"))
+    assert "attention_fwd (aten._scaled_dot_product" in forward, forward
+    assert "attention_bwd (aten._scaled_dot_product" in backward, backward
+    assert "call_extern" not in forward + backward  # no op through ATen

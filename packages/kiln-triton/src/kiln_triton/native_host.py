@@ -31,6 +31,7 @@ from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
 from kiln_triton.attention import AttentionCall, attention_call, attention_fwd, compile_attention
+from kiln_triton.attention_backward import BackwardCall, attention_backward_call, attention_bwd
 from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
@@ -180,6 +181,9 @@ def _shape_of_compiled(grid, compiled) -> list:
     return [grid, 32 * compiled.metadata.num_warps, compiled.metadata.shared]
 
 
+ATTENTION_KERNELS = {"attention_fwd": attention_fwd, "attention_bwd": attention_bwd}
+
+
 class CudaLauncher:
     """What :func:`kiln_cpp.host.render_host` asks of a kernel launcher."""
 
@@ -197,7 +201,7 @@ class CudaLauncher:
         for kernel in schedule.kernels():
             self.launches[kernel.name] = self._plan(kernel, kernels[kernel.name])
         self.device = next(iter(self.buffers.values())).device if self.buffers else "cuda"
-        self.attention: dict[int, tuple[AttentionCall, PlannedLaunch]] = {}
+        self.attention: dict[int, tuple[AttentionCall | BackwardCall, PlannedLaunch]] = {}
 
     def _plan(self, kernel: Kernel, fn: TritonKernel) -> list[PlannedLaunch]:
         """The launches of ``kernel`` (none where there is nothing to compute, two for a
@@ -296,24 +300,24 @@ class CudaLauncher:
         ]
 
     def computes(self, node: ExternNode, read: set[str]) -> str | None:
-        """The output buffer of ``node`` where a kernel of Kiln's computes it in place of
-        the ATen op (:mod:`kiln_triton.attention`), else None."""
+        """The name of the kernel of Kiln's that computes ``node`` in place of the ATen op
+        (:mod:`kiln_triton.attention`, :mod:`kiln_triton.attention_backward`), else None."""
         if id(node) not in self.attention:
-            call = attention_call(node, read)
+            call = attention_call(node, read) or attention_backward_call(node, read)
             if call is None:
                 return None
             self.attention[id(node)] = (call, self._plan_attention(call))
             self.pointer_args |= {r.buffer for r in call.operands}  # checked at entry
-        return self.attention[id(node)][0].out
+        return self.attention[id(node)][0].kernel
 
-    def _plan_attention(self, call: AttentionCall) -> PlannedLaunch:
+    def _plan_attention(self, call: AttentionCall | BackwardCall) -> PlannedLaunch:
         compile_args = call.compile_args(str(self.device))
         compiled, grid = compile_attention(**compile_args)
-        values = {**compile_args["args"], "Q": call.q, "K": call.k, "V": call.v, "Out": call.out}
-        values["Bias"] = call.bias if call.bias is not None else call.q
-        planned = self._launch("attention_fwd", compiled, grid, attention_fwd.arg_names, [], values)
+        values = {**compile_args["args"], **call.pointers()}
+        names = ATTENTION_KERNELS[call.kernel].arg_names
+        planned = self._launch(call.kernel, compiled, grid, names, [], values)
         self.records.append(
-            {"kernel": "attention_fwd", "attention": compile_args,
+            {"kernel": call.kernel, "attention": compile_args,
              "launch": _shape_of_compiled(grid, compiled)}
         )  # fmt: skip
         return planned
@@ -327,7 +331,7 @@ class CudaLauncher:
         def operand(value) -> str:
             return ref_pointer(value) if isinstance(value, TensorRef) else pointer(value)
 
-        return _launch_lines(planned, operand, f"attention_fwd ({node.target})")
+        return _launch_lines(planned, operand, f"{call.kernel} ({node.target})")
 
 
 def _params(kernel: str, names: list[str], values: dict, compiled) -> list[tuple[str, object]]:
