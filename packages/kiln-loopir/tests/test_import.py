@@ -10,6 +10,7 @@ def test_version_is_pep440():
 def test_public_api_is_pinned():
     assert sorted(kiln_loopir.__all__) == [
         "Buffer",
+        "CONVOLUTION_RELU",
         "Codegen",
         "CompiledGraph",
         "CompiledKernel",
@@ -30,6 +31,7 @@ def test_public_api_is_pinned():
         "TraceHandler",
         "__version__",
         "compile_fx",
+        "convolution_relu",
         "decompose",
         "eliminate_dead_nodes",
         "fuse",

@@ -20,6 +20,7 @@ from kiln_loopir.compile import (
     load_host_program,
     schedule_graph,
 )
+from kiln_loopir.convolution_relu import CONVOLUTION_RELU, convolution_relu
 from kiln_loopir.dce import eliminate_dead_nodes
 from kiln_loopir.decompose import decompose
 from kiln_loopir.greedy_fusion import fuse
@@ -45,6 +46,7 @@ from kiln_loopir.scheduler import order, unfused_schedule
 
 __all__ = [
     "Buffer",
+    "CONVOLUTION_RELU",
     "Codegen",
     "CompiledGraph",
     "CompiledKernel",
@@ -65,6 +67,7 @@ __all__ = [
     "TraceHandler",
     "__version__",
     "compile_fx",
+    "convolution_relu",
     "decompose",
     "eliminate_dead_nodes",
     "fuse",

@@ -15,8 +15,10 @@ pipeline for one aten graph, top to bottom:
    (:mod:`kiln.patch_convolutions`); freeze an inference graph, splitting off what its
    parameters and buffers alone compute, computed once (:mod:`kiln.freezing`: batch
    norms folded, weights laid out; on CUDA, products of one input by several weights
-   merged into one where faster, :mod:`kiln.sibling_products`); on CUDA, give
-   convolution biases to the kernel after the convolution (:mod:`kiln.folding`);
+   merged into one where faster, :mod:`kiln.sibling_products`); on CUDA, give a ReLU
+   after a convolution (and a residual) to cuDNN's fused convolution where that costs no
+   time (:mod:`kiln.convolution_epilogues`) and the other convolution biases to the
+   kernel after the convolution (:mod:`kiln.folding`);
 4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
    kiln-autograd rebuilt from its record (a warm start, :mod:`kiln.signature_records`) is
@@ -46,6 +48,7 @@ import kiln_autograd
 import kiln_loopir
 from kiln import (
     attention,
+    convolution_epilogues,
     epilogues,
     folding,
     freezing,
@@ -278,8 +281,10 @@ class AtenCompiler:
         attention over repeated keys and values given them before the repeat and
         convolutions whose kernel tiles the image computed as products where faster; an
         inference graph frozen (on CUDA, with its products of one input by several frozen
-        weights merged where faster: kept only where the graph is frozen); on CUDA,
-        convolution biases added by the kernel after the convolution. A rewrite that
+        weights merged where faster: kept only where the graph is frozen); on CUDA, ReLUs
+        after convolutions (and residuals) applied by cuDNN's fused convolution where that
+        costs no time, and the other convolution biases added by the kernel after the
+        convolution. A rewrite that
         fails is skipped (logged on ``kiln.fallbacks``). A graph these changed is dumped
         as ``<kind>_aten_rewritten.py``."""
         original = gm
@@ -302,6 +307,8 @@ class AtenCompiler:
             self.show_frozen(frozen)
             gm, example_inputs = frozen.graph, frozen.example_inputs
         if device.type == "cuda" and self.kind == "forward":
+            relus = convolution_epilogues.relu_epilogues
+            gm = self.optional("ReLU epilogues of convolutions", relus, gm) or gm
             gm = self.optional("moving biases", folding.biases_after_convolutions, gm) or gm
         if gm is not original and (self.frame.folder is not None or logs.enabled("graph")):
             code = gm.print_readable(print_output=False)

@@ -12,6 +12,7 @@ import logging
 
 import torch
 
+from kiln_loopir.convolution_relu import CONVOLUTION_RELU
 from kiln_loopir.grouped_attention import GROUPED_ATTENTION
 from kiln_loopir.lowering.context import LoweringContext
 from kiln_loopir.lowering.registry import register_lowering
@@ -27,6 +28,7 @@ EXTERN_OPS = (
     aten.scaled_dot_product_attention.default,
     aten._addmm_activation.default,  # a product with its activation in cuBLASLt's epilogue
     GROUPED_ATTENTION,  # keys and values with fewer heads than the queries
+    CONVOLUTION_RELU,  # a convolution with its bias, residual and ReLU in cuDNN's epilogue
 )  # fmt: skip
 _LOGGED: set[str] = set()
 

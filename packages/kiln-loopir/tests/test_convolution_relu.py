@@ -1,0 +1,39 @@
+"""``kiln_loopir::convolution_relu`` on the CPU (ATen's convolution, addition and ReLU;
+cuDNN's fused convolution on CUDA runs in kiln's GPU tests): eager's values, the layout it
+is given, and a compiled graph that calls it as an extern op."""
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln_loopir import CONVOLUTION_RELU, ReferenceCodegen, compile_fx
+
+F = torch.nn.functional
+
+
+def _inputs():
+    x = torch.randn(2, 4, 9, 9)
+    return x, torch.randn(6, 4, 3, 3) / 6, torch.randn(6), torch.randn(2, 6, 5, 5)
+
+
+def _fused(x, w, b, z):
+    return (CONVOLUTION_RELU(x, w, b, z, [2, 2], [1, 1], [1, 1], 1, [150, 1, 30, 6]) * 2,)
+
+
+def test_the_op_is_relu_of_convolution_plus_residual_in_the_layout_given():
+    x, w, b, z = _inputs()
+    got = CONVOLUTION_RELU(x, w, b, z, [2, 2], [1, 1], [1, 1], 1, [150, 1, 30, 6])
+    want = F.relu(F.conv2d(x, w, b, stride=2, padding=1) + z)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.stride() == (150, 1, 30, 6)  # channels-last, as asked
+    plain = CONVOLUTION_RELU(x, w, None, None, [2, 2], [1, 1], [1, 1], 1, [150, 25, 5, 1])
+    torch.testing.assert_close(plain, F.relu(F.conv2d(x, w, stride=2, padding=1)))
+
+
+def test_a_compiled_graph_calls_it_as_an_extern_op():
+    gm = make_fx(_fused, tracing_mode="fake")(*_inputs())
+    compiled = compile_fx(gm, list(_inputs()), codegen=ReferenceCodegen())
+    assert "convolution_relu" in compiled.host_source
+    fresh = _inputs()
+    (got,), (want,) = compiled.program.call(*fresh), _fused(*fresh)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.stride() == want.stride()

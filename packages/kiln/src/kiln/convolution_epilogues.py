@@ -1,0 +1,208 @@
+"""A ReLU after a convolution (and after a residual added to it), applied by cuDNN.
+
+In a ResNet frozen for inference each batch norm is folded into the convolution before it
+(:mod:`kiln.folding`), which leaves ``relu(convolution(x, w, b))`` and, at the end of a
+block, ``relu(convolution(x, w, b) + residual)``. Compiled as written, the convolution
+writes its output and a kernel of Kiln's reads it back to add the bias (and the residual)
+and apply the ReLU: ResNet-50 at batch 8 ran 47 such kernels, 154 µs a call on an H100.
+:func:`relu_epilogues` makes each one ``kiln_loopir::convolution_relu``, which cuDNN's
+fused convolution computes in the convolution's epilogue.
+
+Where: a 2-D convolution on ``device_type`` (one dtype, not transposed, sizes known) whose
+value only the ReLU reads, or only the addition of a residual of its own shape and dtype
+that only the ReLU reads; the ReLU's layout is the op's. Decided per shape: the fused
+convolution and the convolution alone are timed once on the device
+(:mod:`kiln.device_timing`), and the fused one is kept where it takes at most 5 % longer
+than the convolution alone (any kernel of its own that reads and writes the output back
+costs more). ResNet-50's 7 × 7 stem is the one of its shapes where it does not (98 µs
+against 62). The same random inputs check the fused values against the convolution's,
+with the bias, residual and ReLU added after it, within two roundings: a shape where they
+differ is kept apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.fx
+
+from kiln.device_timing import device_time
+from kiln.graph_edits import call, copy_graph, module_of, value
+from kiln_loopir import CONVOLUTION_RELU
+
+aten = torch.ops.aten
+CONVOLUTION = aten.convolution.default
+RELU = aten.relu.default
+ADD = aten.add.Tensor
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+log = logging.getLogger("kiln.convolutions")
+
+
+def relu_epilogues(
+    gm: torch.fx.GraphModule, device_type: str = "cuda"
+) -> torch.fx.GraphModule | None:
+    """A copy of ``gm`` whose ReLUs after convolutions on ``device_type`` are applied by the
+    convolution where that costs no time on the device; None where there is none."""
+    found = []
+    for relu in gm.graph.find_nodes(op="call_function", target=RELU):
+        match = _match(relu, device_type)
+        if match is not None and _free(*_shape(*match[:3])):
+            found.append(match)
+    if not found:
+        return None
+    graph, copies = copy_graph(gm)
+    for conv, bias, residual, replaced in found:
+        _fuse(graph, *(copies[n] if n is not None else None for n in (conv, bias, residual)),
+              [copies[n] for n in replaced])  # fmt: skip
+    graph.lint()
+    return module_of(gm, graph)
+
+
+def _match(relu: torch.fx.Node, device_type: str):
+    """``(convolution, bias or None, residual or None, nodes replaced)`` whose sum
+    ``relu`` takes, or None."""
+    source = relu.args[0]
+    found = _with_bias(source, device_type)
+    residual = None
+    if found is None and _plain_add(source):
+        for chain, other in (source.args[:2], source.args[1::-1]):
+            found = _with_bias(chain, device_type)
+            if found is not None:
+                residual = other
+                break
+        out = value(source)
+        r = value(residual) if isinstance(residual, torch.fx.Node) else None
+        if r is None or out is None or r.shape != out.shape or r.dtype != out.dtype:
+            return None
+    if found is None:
+        return None
+    conv, bias, replaced = found
+    out, conv_val = value(relu), value(conv)
+    if out is None or out.dtype != conv_val.dtype or out.shape != conv_val.shape:
+        return None
+    return conv, bias, residual, [relu] + ([source] if residual is not None else []) + replaced
+
+
+def _with_bias(node, device_type: str):
+    """``(convolution, bias or None, nodes)`` where ``node`` is a convolution read only
+    here, or such a convolution (with no bias of its own) plus a bias per channel."""
+    if _convolution(node, device_type):
+        return (node, node.args[2], [node]) if len(node.users) == 1 else None
+    if not _plain_add(node):
+        return None
+    for conv, bias in (node.args[:2], node.args[1::-1]):
+        if not _convolution(conv, device_type) or len(conv.users) != 1 or conv.args[2]:
+            continue
+        b, out = value(bias) if isinstance(bias, torch.fx.Node) else None, value(conv)
+        per_channel = (out.shape[1], 1, 1)
+        if (
+            b is not None
+            and b.dtype == out.dtype
+            and tuple(b.shape)[-3:] == per_channel
+            and (b.dim() == 3 or (b.dim() == 4 and b.shape[0] == 1))
+        ):
+            return conv, bias, [node, conv]
+    return None
+
+
+def _plain_add(node) -> bool:
+    """Whether ``node`` adds two tensors (no scaling) and only one node reads it."""
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.target is ADD
+        and len(node.args) == 2
+        and node.kwargs.get("alpha", 1) == 1
+        and len(node.users) == 1
+    )
+
+
+def _convolution(node, device_type: str) -> bool:
+    """Whether ``node`` is a 2-D convolution cuDNN's fused form takes."""
+    if not isinstance(node, torch.fx.Node) or node.target is not CONVOLUTION:
+        return False
+    x, w, bias, _, _, _, transposed, _, _ = node.args
+    x_val, w_val, out = value(x), value(w), value(node)
+    if x_val is None or w_val is None or out is None or out.device.type != device_type:
+        return False
+    if x_val.dim() != 4 or transposed or out.dtype not in DTYPES:
+        return False
+    if any(t.dtype != out.dtype for t in (x_val, w_val)):
+        return False
+    if bias is not None and (value(bias) is None or value(bias).dtype != out.dtype):
+        return False
+    return all(type(n) is int for n in (*x_val.shape, *w_val.shape, *x_val.stride()))
+
+
+def _shape(conv: torch.fx.Node, bias, residual) -> tuple:
+    x, w, _, stride, padding, dilation, _, _, groups = conv.args
+    x_val, w_val = value(x), value(w)
+    return (
+        tuple(x_val.shape), x_val.stride(), tuple(w_val.shape), w_val.stride(),
+        bias is not None, residual is not None, tuple(stride), tuple(padding),
+        tuple(dilation), groups, x_val.dtype, x_val.device,
+    )  # fmt: skip
+
+
+def _fuse(graph: torch.fx.Graph, conv, bias, residual, replaced: list) -> None:
+    """``kiln_loopir::convolution_relu`` in place of ``replaced`` (the ReLU first, then
+    what it read, the convolution last)."""
+    relu = replaced[0]
+    x, w, _, stride, padding, dilation, _, _, groups = conv.args
+    out_stride = list(value(relu).stride())
+    with graph.inserting_before(relu):
+        if bias is not None and value(bias).dim() != 1:
+            bias = call(graph, aten.view.default, bias, [-1])
+        fused = call(graph, CONVOLUTION_RELU, x, w, bias, residual, list(stride),
+                     list(padding), list(dilation), groups, out_stride)  # fmt: skip
+    fused.meta = {**relu.meta, "val": fused.meta["val"]}
+    relu.replace_all_uses_with(fused)
+    for node in replaced:
+        graph.erase_node(node)
+
+
+@functools.cache
+def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, padding,
+          dilation, groups, dtype, device) -> bool:  # fmt: skip
+    """Whether the fused convolution gives the convolution's values, plus the bias (and
+    residual), after a ReLU, on random inputs, and takes at most 5 % longer than the
+    convolution alone on ``device``, each timed from a CUDA graph; once per shape."""
+    try:
+        x = torch.empty_strided(x_shape, x_stride, dtype=dtype, device=device).normal_()
+        w = torch.empty_strided(w_shape, w_stride, dtype=dtype, device=device).normal_()
+        w = w / (w[0].numel() ** 0.5)
+        c_out = w_shape[0]
+        bias = torch.randn(c_out, dtype=dtype, device=device) if has_bias else None
+        args = (list(stride), list(padding), list(dilation))
+
+        def alone():
+            return aten.convolution(x, w, bias, *args, False, [0, 0], groups)
+
+        out = alone()
+        residual = torch.randn_like(out) if has_residual else None
+        layout = list(out.stride())
+
+        def fused():
+            return CONVOLUTION_RELU(x, w, bias, residual, *args, groups, layout)
+
+        want = torch.relu(out.float() + (residual.float() if has_residual else 0))
+        error = (fused().float() - want).abs().max().item()
+        if error > 2 * _ulp(dtype) * (want.abs().max().item() + 1):
+            log.info("fused convolution %s by %s is off by %g: kept apart", x_shape, w_shape, error)
+            return False
+        alone_us, fused_us = device_time(alone), device_time(fused)
+    except RuntimeError as exc:  # cuDNN has no fused form for these, say: keep them apart
+        log.info("could not time convolution %s by %s with its ReLU: %s", x_shape, w_shape, exc)
+        return False
+    log.info(
+        "convolution %s by %s %s: %.1f µs, with its ReLU%s %.1f µs",
+        x_shape, w_shape, dtype, alone_us, " and residual" if has_residual else "", fused_us,
+    )  # fmt: skip
+    return fused_us <= 1.05 * alone_us
+
+
+def _ulp(dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s numbers at 1 (one rounding of a value near 1), or TF32's
+    for float32, whose convolutions cuDNN may compute in TF32."""
+    return {torch.bfloat16: 2**-7, torch.float16: 2**-10}.get(dtype, 2**-10)
