@@ -122,6 +122,10 @@ def test_small_and_wide_reductions_keep_their_serial_form(threads):
     _check(lambda a: a.sum(), [torch.randn(2 * SPLIT_MIN_POINTS - 1) + 0.5], expect_split=False)
     # 64 blocks of columns (of 64) occupy 64 threads: never split
     _check(lambda a: a.sum(0), [torch.randn(128, 4096) + 0.5], expect_split=False)
+    # a small product by columns: 16 units of 4096 points, less than two chunks each
+    weight = torch.randn(64, 64) / 8
+    _check(lambda x, w: (x[:, :, None] * w).sum(1), [torch.randn(16, 64), weight],
+           expect_split=False, rtol=1e-4)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -118,10 +118,14 @@ def _combine_lines(loop, partials: list[_Partial], part: Callable[[str], str]) -
 
 def _worth_splitting(kernel: Kernel, units: str) -> bool:
     """Whether some thread count gives the kernel two chunks or more: not where it is
-    known to be smaller than two chunks, or to have :data:`SPLIT_MAX_CHUNKS` parallel
-    units or more (only that many threads would split it)."""
+    known to be smaller than two chunks per parallel unit (``kiln::split_chunks`` gives a
+    unit at most one chunk per :data:`SPLIT_MIN_POINTS` points), or to have
+    :data:`SPLIT_MAX_CHUNKS` parallel units or more (only that many threads would split
+    it). A small product (16 rows by 64 columns of 64 products each) keeps its serial
+    form: no array of partials to allocate and combine at every call."""
     points = _points(kernel)
-    if points.is_Integer and int(points) < 2 * SPLIT_MIN_POINTS:
+    per_unit = int(units) if units.isdigit() else 1
+    if points.is_Integer and int(points) < 2 * per_unit * SPLIT_MIN_POINTS:
         return False
     return not (units.isdigit() and int(units) >= SPLIT_MAX_CHUNKS)
 
