@@ -121,6 +121,7 @@ OPS = {
 SCALE_POSITIONS = {GROUPED_ATTENTION: 5}  # the others take ``scale`` as a keyword
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_SIZES = (16, 32, 64, 128, 256)
+BACKWARD_HEAD_SIZES = (16, 32, 64, 128)  # kiln_triton.attention_backward's
 ALIGNMENT = 16  # bytes: a view's offset into its buffer the kernel is compiled to assume
 # Longer rows of keys stay ATen's: on the H100 (bf16, 32 x 12 heads x 512 x 64, a key mask)
 # the forward took 172 µs against cuDNN's 107, the backward 431 against 340; at 197 keys
@@ -211,6 +212,8 @@ def attention_call(node: ExternNode, read: set[str]) -> AttentionCall | None:
             continue
         if i != 1 or not is_log_sum_exp(result.ref(), batch, heads, m):
             return None
+        if int(q.size[-1]) not in BACKWARD_HEAD_SIZES:
+            return None  # its backward stays ATen's: so does the forward that saves for it
         lse = result.ref()
     where = SCALE_POSITIONS.get(node.target)
     scale = node.kwargs.get("scale") if where is None else args[where]

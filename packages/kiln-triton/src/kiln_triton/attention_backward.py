@@ -35,6 +35,7 @@ import triton.language as tl
 
 from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_triton.attention import (
+    BACKWARD_HEAD_SIZES,
     bias_strides,
     heads_shape,
     is_log_sum_exp,
@@ -207,7 +208,6 @@ CUMULATIVE = {
     aten._scaled_dot_product_cudnn_attention_backward.default: (9, 10),
     aten._scaled_dot_product_flash_attention_backward.default: (6, 7),
 }
-HEAD_SIZES = (16, 32, 64, 128)
 
 
 @dataclass
@@ -296,7 +296,7 @@ def attention_backward_call(node: ExternNode, read: set[str]) -> BackwardCall | 
     if shape is None or not all(_like(g, k) for g in (dk, dv)):
         return None
     batch, heads, m, n, d = shape
-    if int(k.size[1]) != heads or d not in HEAD_SIZES:
+    if int(k.size[1]) != heads or d not in BACKWARD_HEAD_SIZES:
         return None
     if not is_log_sum_exp(lse, batch, heads, m) or int(lse.offset) * 4 % 16:
         return None
