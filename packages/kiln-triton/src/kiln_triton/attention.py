@@ -39,6 +39,26 @@ aten = torch.ops.aten
 
 
 @triton.jit
+def scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
+           sbb, sbh, sbm, sbn,
+           HAS_BIAS: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """Scores of a block of queries by a block of keys (``kt``: transposed), scaled, plus
+    the bias, in base 2 (times log2(e)); -inf where masked out or past the last key."""
+    qk = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+    if HAS_BIAS:
+        bias = tl.load(
+            Bias + b * sbb + h * sbh + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
+            mask=rows[:, None] & cols[None, :],
+            other=0.0,
+        )
+        qk += bias.to(tl.float32) * 1.4426950408889634
+    keep = cols[None, :]  # a row past the last query reads zeros: its results are not stored
+    if IS_CAUSAL:
+        keep = keep & (offs_n[None, :] <= offs_m[:, None])
+    return tl.where(keep, qk, float("-inf"))
+
+
+@triton.jit
 def attention_fwd(
     Q, K, V, Bias, Out, LSE, sm_scale,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
@@ -76,18 +96,8 @@ def attention_fwd(
             mask=cols[None, :],
             other=0.0,
         )
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        if HAS_BIAS:
-            bias = tl.load(
-                Bias + b * sbb + h * sbh + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
-                mask=rows[:, None] & cols[None, :],
-                other=0.0,
-            )
-            qk += bias.to(tl.float32) * 1.4426950408889634
-        keep = cols[None, :]
-        if IS_CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        qk = tl.where(keep, qk, float("-inf"))
+        qk = scores(q, k, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
+                    sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(qk - m_safe[:, None])

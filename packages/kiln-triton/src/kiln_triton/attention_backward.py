@@ -41,6 +41,7 @@ from kiln_triton.attention import (
     is_log_sum_exp,
     plain_compile_args,
     precision,
+    scores,
     strides,
 )
 
@@ -48,22 +49,42 @@ aten = torch.ops.aten
 
 
 @triton.jit
-def _scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
-            sbb, sbh, sbm, sbn,
-            HAS_BIAS: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """Scores of a block of queries by a block of keys, base 2, -inf where masked out."""
-    qk = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-    if HAS_BIAS:
-        bias = tl.load(
-            Bias + b * sbb + h * sbh + offs_m[:, None] * sbm + offs_n[None, :] * sbn,
-            mask=rows[:, None] & cols[None, :],
-            other=0.0,
-        )
-        qk += bias.to(tl.float32) * 1.4426950408889634
-    keep = rows[:, None] & cols[None, :]
-    if IS_CAUSAL:
-        keep = keep & (offs_n[None, :] <= offs_m[:, None])
-    return tl.where(keep, qk, float("-inf"))
+def _query_block(
+    Q, DOut, Out, LSE, b, h, offs_m, offs_d, rows,
+    sqb, sqh, sqm, sqd, sob, soh, som, sod, sgb, sgh, sgm, sgd, slb, slh, slm,
+):  # fmt: skip
+    """A block of queries: their values, their outputs' gradients, their log-sum-exps in
+    base 2 (+inf for a row whose keys are all masked, so that its probabilities are 0) and
+    ``rowsum(dO * O)``."""
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=rows[:, None],
+        other=0.0,
+    )
+    do = tl.load(
+        DOut + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+        mask=rows[:, None],
+        other=0.0,
+    )
+    o = tl.load(
+        Out + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+        mask=rows[:, None],
+        other=0.0,
+    )
+    lse = tl.load(LSE + b * slb + h * slh + offs_m * slm, mask=rows, other=0.0)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    return q, do, lse, delta
+
+
+@triton.jit
+def _transposed(X, b, h, offs_n, offs_d, cols, sxb, sxh, sxn, sxd):
+    """A block of keys (or values) transposed: [head size, block]."""
+    return tl.load(
+        X + b * sxb + h * sxh + offs_n[None, :] * sxn + offs_d[:, None] * sxd,
+        mask=cols[None, :],
+        other=0.0,
+    )
 
 
 @triton.jit
@@ -88,16 +109,8 @@ def attention_bwd(
     if start_n < N:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         cols = offs_n < N
-        kt = tl.load(
-            K + b * skb + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=cols[None, :],
-            other=0.0,
-        )
-        vt = tl.load(
-            V + b * svb + h * svh + offs_n[None, :] * svn + offs_d[:, None] * svd,
-            mask=cols[None, :],
-            other=0.0,
-        )
+        kt = _transposed(K, b, h, offs_n, offs_d, cols, skb, skh, skn, skd)
+        vt = _transposed(V, b, h, offs_n, offs_d, cols, svb, svh, svn, svd)
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         first = 0
@@ -106,26 +119,12 @@ def attention_bwd(
         for start_m in range(first, M, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             rows = offs_m < M
-            q = tl.load(
-                Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=rows[:, None],
-                other=0.0,
-            )
-            do = tl.load(
-                DOut + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-                mask=rows[:, None],
-                other=0.0,
-            )
-            o = tl.load(
-                Out + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
-                mask=rows[:, None],
-                other=0.0,
-            )
-            lse = tl.load(LSE + b * slb + h * slh + offs_m * slm, mask=rows, other=0.0)
-            lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-            qk = _scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
-                         sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
+            q, do, lse, delta = _query_block(
+                Q, DOut, Out, LSE, b, h, offs_m, offs_d, rows,
+                sqb, sqh, sqm, sqd, sob, soh, som, sod, sgb, sgh, sgm, sgd, slb, slh, slm,
+            )  # fmt: skip
+            qk = scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
+                        sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
             p = tl.math.exp2(qk - lse[:, None])
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
             dp = tl.dot(do, vt, input_precision=PRECISION)
@@ -148,24 +147,10 @@ def attention_bwd(
     if start_m < M:
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < M
-        q = tl.load(
-            Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-            mask=rows[:, None],
-            other=0.0,
-        )
-        do = tl.load(
-            DOut + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-            mask=rows[:, None],
-            other=0.0,
-        )
-        o = tl.load(
-            Out + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
-            mask=rows[:, None],
-            other=0.0,
-        )
-        lse = tl.load(LSE + b * slb + h * slh + offs_m * slm, mask=rows, other=0.0)
-        lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        q, do, lse, delta = _query_block(
+            Q, DOut, Out, LSE, b, h, offs_m, offs_d, rows,
+            sqb, sqh, sqm, sqd, sob, soh, som, sod, sgb, sgh, sgm, sgd, slb, slh, slm,
+        )  # fmt: skip
         dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         end = N
         if IS_CAUSAL:
@@ -173,18 +158,10 @@ def attention_bwd(
         for start_n in range(0, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             cols = offs_n < N
-            kt = tl.load(
-                K + b * skb + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                mask=cols[None, :],
-                other=0.0,
-            )
-            vt = tl.load(
-                V + b * svb + h * svh + offs_n[None, :] * svn + offs_d[:, None] * svd,
-                mask=cols[None, :],
-                other=0.0,
-            )
-            qk = _scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
-                         sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
+            kt = _transposed(K, b, h, offs_n, offs_d, cols, skb, skh, skn, skd)
+            vt = _transposed(V, b, h, offs_n, offs_d, cols, svb, svh, svn, svd)
+            qk = scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
+                        sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
             p = tl.math.exp2(qk - lse[:, None])
             dp = tl.dot(do, vt, input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
