@@ -49,6 +49,17 @@ def test_a_read_log_sum_exp_is_written_by_the_kernel():
     assert args["HAS_LSE"] and (args["slb"], args["slh"], args["slm"]) == (400, 100, 1)
 
 
+def test_a_head_wider_than_the_backward_takes_keeps_a_read_log_sum_exp_atens():
+    zero = sympy.Integer(0)
+    size, stride = _ints(2, 4, 100, 256), _ints(102400, 25600, 256, 1)
+    q = TensorRef("q", torch.bfloat16, CUDA, size, stride, zero)
+    out = Buffer("out", torch.bfloat16, CUDA, size, stride)
+    lse = Buffer("lse", torch.float32, CUDA, _ints(2, 4, 100), _ints(400, 100, 1))
+    node = ExternNode(FLASH, (q, q, q, 0.0, True, False), {}, [out, lse])
+    assert attention_call(node, set()) is not None  # inference: the output only
+    assert attention_call(node, {"lse"}) is None  # its backward would be ATen's
+
+
 def test_misaligned_views_and_other_read_results_stay_aten_calls():
     assert attention_call(*_node(v_offset=513)) is None  # 1026 bytes past an aligned start
     node, _ = _node()
