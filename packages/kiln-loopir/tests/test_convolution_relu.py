@@ -37,3 +37,38 @@ def test_a_compiled_graph_calls_it_as_an_extern_op():
     (got,), (want,) = compiled.program.call(*fresh), _fused(*fresh)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert got.stride() == want.stride()
+
+
+def _traced_on_cuda(x_channels_last: bool, residual: bool, out_channels_last: bool):
+    """The op traced on fake CUDA tensors (no device needed) and lowered."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln_loopir import lower
+
+    layout = [512, 1, 64, 8] if out_channels_last else [512, 64, 8, 1]
+
+    def fn(x, w, b, z):
+        z = z if residual else None
+        return (CONVOLUTION_RELU(x, w, b, z, [1, 1], [1, 1], [1, 1], 1, layout),)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(2, 8, 8, 8, device="cuda")
+        if x_channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        args = [x, torch.empty(8, 8, 3, 3, device="cuda"), torch.empty(8, device="cuda"),
+                torch.empty(2, 8, 8, 8, device="cuda")]  # fmt: skip
+        gm = make_fx(fn, tracing_mode="fake")(*args)
+    return lower(gm, args)
+
+
+def test_on_cuda_it_lowers_to_cudnns_fused_op_where_cudnn_lays_its_output_out_so():
+    aten = torch.ops.aten
+    for channels_last, residual, out_channels_last, want in [
+        (True, True, True, aten.cudnn_convolution_add_relu.default),
+        (False, False, False, aten.cudnn_convolution_relu.default),
+        (True, False, False, CONVOLUTION_RELU),  # another layout asked for: the op copies
+    ]:
+        graph = _traced_on_cuda(channels_last, residual, out_channels_last)
+        (node,) = [n for n in graph.nodes
+                   if hasattr(n, "target") and "convolution" in str(n.target)]  # fmt: skip
+        assert node.target is want, node.target

@@ -10,7 +10,8 @@ about what the convolution alone does. Elsewhere it runs the convolution, the ad
 the ReLU one after the other.
 
 The output is laid out with the strides the op is given (``out_stride``: those of the ReLU
-it replaces), so a graph's views of it keep theirs. Forward only.
+it replaces), so a graph's views of it keep theirs. On CUDA a graph calls cuDNN's ATen op
+itself where that is its own layout (``lowering/extern.py``). Forward only.
 """
 
 from __future__ import annotations

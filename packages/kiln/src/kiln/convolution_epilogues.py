@@ -14,7 +14,8 @@ that only the ReLU reads; the ReLU's layout is the op's. Decided per shape: the 
 convolution and the convolution alone are timed once on the device
 (:mod:`kiln.device_timing`), and the fused one is kept where it takes at most 5 % longer
 than the convolution alone (any kernel of its own that reads and writes the output back
-costs more). ResNet-50's 7 × 7 stem is the one of its shapes where it does not (98 µs
+costs more), where cuDNN lays the output out as the ReLU's (kiln-loopir then calls the ATen
+op itself, with no copy). ResNet-50's 7 × 7 stem is the one of its shapes where it does not (98 µs
 against 62). The same random inputs check the fused values against the convolution's,
 with the bias, residual and ReLU added after it, within two roundings: a shape where they
 differ is kept apart.
@@ -48,7 +49,7 @@ def relu_epilogues(
     found = []
     for relu in gm.graph.find_nodes(op="call_function", target=RELU):
         match = _match(relu, device_type)
-        if match is not None and _free(*_shape(*match[:3])):
+        if match is not None and _free(*_shape(*match[:3], relu)):
             found.append(match)
     if not found:
         return None
@@ -135,13 +136,13 @@ def _convolution(node, device_type: str) -> bool:
     return all(type(n) is int for n in (*x_val.shape, *w_val.shape, *x_val.stride()))
 
 
-def _shape(conv: torch.fx.Node, bias, residual) -> tuple:
+def _shape(conv: torch.fx.Node, bias, residual, relu: torch.fx.Node) -> tuple:
     x, w, _, stride, padding, dilation, _, _, groups = conv.args
     x_val, w_val = value(x), value(w)
     return (
         tuple(x_val.shape), x_val.stride(), tuple(w_val.shape), w_val.stride(),
         bias is not None, residual is not None, tuple(stride), tuple(padding),
-        tuple(dilation), groups, x_val.dtype, x_val.device,
+        tuple(dilation), groups, value(relu).stride(), x_val.dtype, x_val.device,
     )  # fmt: skip
 
 
@@ -164,10 +165,11 @@ def _fuse(graph: torch.fx.Graph, conv, bias, residual, replaced: list) -> None:
 
 @functools.cache
 def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, padding,
-          dilation, groups, dtype, device) -> bool:  # fmt: skip
-    """Whether the fused convolution gives the convolution's values, plus the bias (and
-    residual), after a ReLU, on random inputs, and takes at most 5 % longer than the
-    convolution alone on ``device``, each timed from a CUDA graph; once per shape."""
+          dilation, groups, out_stride, dtype, device) -> bool:  # fmt: skip
+    """Whether cuDNN's fused convolution lays its output out as ``out_stride`` (the layout
+    kiln-loopir then calls it for, with no copy), gives the convolution's values plus the
+    bias (and residual) after a ReLU on random inputs, and takes at most 5 % longer than
+    the convolution alone on ``device``, each timed from a CUDA graph; once per shape."""
     try:
         x = torch.empty_strided(x_shape, x_stride, dtype=dtype, device=device).normal_()
         w = torch.empty_strided(w_shape, w_stride, dtype=dtype, device=device).normal_()
@@ -181,13 +183,16 @@ def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, 
 
         out = alone()
         residual = torch.randn_like(out) if has_residual else None
-        layout = list(out.stride())
 
         def fused():
-            return CONVOLUTION_RELU(x, w, bias, residual, *args, groups, layout)
+            return _cudnn_fused(x, w, bias, residual, args, groups)
 
+        got = fused()
+        if got.stride() != tuple(out_stride):
+            log.info("fused convolution %s by %s lays its output out otherwise", x_shape, w_shape)
+            return False
         want = torch.relu(out.float() + (residual.float() if has_residual else 0))
-        error = (fused().float() - want).abs().max().item()
+        error = (got.float() - want).abs().max().item()
         if error > 2 * _ulp(dtype) * (want.abs().max().item() + 1):
             log.info("fused convolution %s by %s is off by %g: kept apart", x_shape, w_shape, error)
             return False
@@ -200,6 +205,13 @@ def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, 
         x_shape, w_shape, dtype, alone_us, " and residual" if has_residual else "", fused_us,
     )  # fmt: skip
     return fused_us <= 1.05 * alone_us
+
+
+def _cudnn_fused(x, w, bias, residual, args, groups) -> torch.Tensor:
+    """cuDNN's fused convolution called as the ATen op, as a compiled program calls it."""
+    if residual is None:
+        return aten.cudnn_convolution_relu(x, w, bias, *args, groups)
+    return aten.cudnn_convolution_add_relu(x, w, residual, 1.0, bias, *args, groups)
 
 
 def _ulp(dtype: torch.dtype) -> float:

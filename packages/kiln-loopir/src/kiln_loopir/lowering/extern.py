@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 
+import sympy
 import torch
 
 from kiln_loopir.convolution_relu import CONVOLUTION_RELU
 from kiln_loopir.grouped_attention import GROUPED_ATTENTION
+from kiln_loopir.ir import TensorRef
 from kiln_loopir.lowering.context import LoweringContext
 from kiln_loopir.lowering.registry import register_lowering
 
@@ -28,7 +30,6 @@ EXTERN_OPS = (
     aten.scaled_dot_product_attention.default,
     aten._addmm_activation.default,  # a product with its activation in cuBLASLt's epilogue
     GROUPED_ATTENTION,  # keys and values with fewer heads than the queries
-    CONVOLUTION_RELU,  # a convolution with its bias, residual and ReLU in cuDNN's epilogue
 )  # fmt: skip
 _LOGGED: set[str] = set()
 
@@ -36,6 +37,59 @@ _LOGGED: set[str] = set()
 @register_lowering(*EXTERN_OPS)
 def extern(ctx: LoweringContext, *args, **kwargs):
     return ctx.extern(ctx.op, args, kwargs, ctx.val)
+
+
+@register_lowering(CONVOLUTION_RELU)
+def convolution_relu(ctx: LoweringContext, x, weight, bias, residual, *rest):
+    """On CUDA, cuDNN's fused convolution as the ATen op itself (a host program calls it
+    with no Python in between), where its own output layout is the one asked for; else the
+    op, which copies into that layout (and runs three ATen ops in turn off CUDA)."""
+    stride, padding, dilation, groups, out_stride = rest
+    if ctx.val.device.type == "cuda" and _cudnn_layout(x, weight, ctx.val) == tuple(out_stride):
+        if residual is None:
+            args = (x, weight, bias, stride, padding, dilation, groups)
+            return ctx.extern(aten.cudnn_convolution_relu.default, args, {}, ctx.val)
+        args = (x, weight, residual, 1.0, bias, stride, padding, dilation, groups)
+        return ctx.extern(aten.cudnn_convolution_add_relu.default, args, {}, ctx.val)
+    return ctx.extern(ctx.op, (x, weight, bias, residual, *rest), {}, ctx.val)
+
+
+def _cudnn_layout(x, weight, out: torch.Tensor) -> tuple | None:
+    """The strides cuDNN's fused convolution gives ``out``: channels-last where the input or
+    the weight is laid out so, else contiguous; None where a layout is ambiguous (a
+    dimension of 1 makes both fit) or not static."""
+    if not all(isinstance(t, TensorRef) for t in (x, weight)):
+        return None
+    formats = [_memory_format(t.size, t.stride) for t in (x, weight)]
+    if None in formats:
+        return None
+    size = [int(n) for n in out.shape]
+    if _memory_format(size, _dense(size, channels_last=False)) is None:
+        return None  # the output's own strides would be ambiguous
+    return _dense(size, channels_last="channels_last" in formats)
+
+
+def _memory_format(size, stride) -> str | None:
+    """ "contiguous" or "channels_last" for a 4-d static layout that is exactly one of them."""
+    if len(size) != 4 or not all(sympy.sympify(n).is_Integer for n in (*size, *stride)):
+        return None
+    size, stride = [int(n) for n in size], tuple(int(s) for s in stride)
+    fits = [
+        name
+        for name, last in (("contiguous", False), ("channels_last", True))
+        if _same(size, stride, _dense(size, channels_last=last))
+    ]
+    return fits[0] if len(fits) == 1 else None
+
+
+def _dense(size: list[int], channels_last: bool) -> tuple[int, ...]:
+    n, c, h, w = size
+    return (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+
+
+def _same(size: list[int], stride: tuple, dense: tuple) -> bool:
+    """Whether ``stride`` is ``dense`` wherever it matters (not along a dimension of 1)."""
+    return all(n == 1 or s == d for n, s, d in zip(size, stride, dense, strict=True))
 
 
 def fallback(ctx: LoweringContext, *args, **kwargs):
