@@ -105,7 +105,12 @@ class Bottleneck(torch.nn.Module):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda_a_bottleneck_runs_cudnns_fused_convolutions(tmp_path):
+def test_on_cuda_a_bottleneck_runs_cudnns_fused_convolutions(tmp_path, monkeypatch, request):
+    """cuDNN's layout and values are checked on the device as in any compile; its timing is
+    taken as even (this block's convolutions are small enough for either to win)."""
+    monkeypatch.setattr(epilogue_module, "device_time", lambda fn: 1.0)
+    epilogue_module._free.cache_clear()
+    request.addfinalizer(epilogue_module._free.cache_clear)  # no decision outlives the test
     torch.manual_seed(0)
     model = Bottleneck().cuda().to(torch.bfloat16).to(memory_format=torch.channels_last).eval()
     for norm in (model.n1, model.n2, model.n3):  # statistics other than the initial ones
