@@ -20,7 +20,8 @@ keys are all masked), so ATen's backward and Kiln's read it alike.
 :func:`attention_call` decides whether an extern node is such a call this covers (no
 dropout, no result read but the output and the log-sum-exp, head size a power of two from
 16 to 256, at most 256 keys, static sizes) and compiles the kernel for its layouts; the
-native host program launches it like any other kernel. The Python host program keeps calling ATen.
+native host program launches it like any other kernel. The Python host program keeps
+calling ATen.
 """
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ def scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
 
 
 @triton.jit
+def transposed(X, b, h, offs_n, offs_d, cols, sxb, sxh, sxn, sxd):
+    """A block of keys (or values) of head ``h``, transposed: [head size, block]."""
+    return tl.load(
+        X + b * sxb + h * sxh + offs_n[None, :] * sxn + offs_d[:, None] * sxd,
+        mask=cols[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
 def attention_fwd(
     Q, K, V, Bias, Out, LSE, sm_scale,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
@@ -91,11 +102,7 @@ def attention_fwd(
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         cols = offs_n < N
-        k = tl.load(
-            K + b * skb + kv * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=cols[None, :],
-            other=0.0,
-        )
+        k = transposed(K, b, kv, offs_n, offs_d, cols, skb, skh, skn, skd)
         qk = scores(q, k, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
                     sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -166,14 +173,14 @@ class AttentionCall:
                 "Out": self.out, "LSE": self.lse or self.out}  # fmt: skip
 
     def compile_args(self, device: str) -> dict:
-        """What :func:`compile_attention` takes for this call: plain data (a cache entry
-        keeps it to compile the kernel again)."""
+        """What ``kiln_triton.attention_kernels.compile_attention`` takes for this call:
+        plain data (a cache entry keeps it to compile the kernel again)."""
         return plain_compile_args(self, device)
 
     def arguments(self) -> dict:
         """The kernel's non-pointer arguments (strides, sizes, constants) and its grid."""
         (batch, heads, m, d), n = _ints(self.q.size), int(self.k.size[-2])
-        block_m = 64 if m > 32 else max(16, triton.next_power_of_2(m))
+        block_m = block_size(m)
         return {
             "sm_scale": self.scale,
             **strides("sq", "bhmd", self.q),
@@ -188,7 +195,7 @@ class AttentionCall:
             "GROUP": self.group,
             "HEAD_DIM": d,
             "BLOCK_M": block_m,
-            "BLOCK_N": 64 if n > 32 else max(16, triton.next_power_of_2(n)),
+            "BLOCK_N": block_size(n),
             "HAS_BIAS": self.bias is not None,
             "IS_CAUSAL": self.causal,
             "HAS_LSE": self.lse is not None,
@@ -331,25 +338,11 @@ def pipeline_stages(head_dim: int, dtype: torch.dtype) -> int:
     return 3 if head_dim <= 64 and dtype in (torch.float16, torch.bfloat16) else 2
 
 
-def compile_attention(kernel: str, args: dict, grid: list, buffers: dict, device: str):
-    """``kernel`` (``attention_fwd`` or ``attention_bwd``) compiled for these arguments
-    (:func:`plain_compile_args`), on zero-filled buffers of these dtypes and element spans.
-    Plain data, so a cache entry can compile it again."""
-    from kiln_triton.attention_backward import attention_bwd, backward_launch
+def forward_launch(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(warps, pipeline stages) of the forward kernel."""
+    return 4, pipeline_stages(head_dim, dtype)
 
-    tensors = {
-        name: torch.zeros(span, dtype=getattr(torch, dtype), device=device)
-        for name, (dtype, span) in buffers.items()
-    }
-    dtype = tensors["Q"].dtype
-    if kernel == "attention_fwd":
-        fn, warps, stages = attention_fwd, 4, pipeline_stages(args["HEAD_DIM"], dtype)
-    else:
-        fn, (warps, stages) = attention_bwd, backward_launch(args["HEAD_DIM"], dtype)
-    grid = tuple(grid)
-    compiled = fn.run(**tensors, grid=grid, warmup=True, num_warps=warps, num_stages=stages,
-                      **args)  # fmt: skip
-    if hasattr(compiled, "result"):
-        compiled = compiled.result()
-    compiled[grid]  # loads the module: its function handle exists from here on
-    return compiled, grid
+
+def block_size(length: int) -> int:
+    """Queries or keys a kernel's program takes at a time: 64, fewer for a short row."""
+    return 64 if length > 32 else max(16, triton.next_power_of_2(length))

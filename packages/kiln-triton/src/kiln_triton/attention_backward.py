@@ -37,12 +37,14 @@ from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_triton.attention import (
     BACKWARD_HEAD_SIZES,
     bias_strides,
+    block_size,
     heads_shape,
     is_log_sum_exp,
     plain_compile_args,
     precision,
     scores,
     strides,
+    transposed,
 )
 
 aten = torch.ops.aten
@@ -78,13 +80,17 @@ def _query_block(
 
 
 @triton.jit
-def _transposed(X, b, h, offs_n, offs_d, cols, sxb, sxh, sxn, sxd):
-    """A block of keys (or values) transposed: [head size, block]."""
-    return tl.load(
-        X + b * sxb + h * sxh + offs_n[None, :] * sxn + offs_d[:, None] * sxd,
-        mask=cols[None, :],
-        other=0.0,
-    )
+def _score_gradients(q, kt, vt, do, lse, delta, Bias, b, h, offs_m, offs_n, rows, cols,
+                     qk_scale, sbb, sbh, sbm, sbn,
+                     HAS_BIAS: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                     PRECISION: tl.constexpr):  # fmt: skip
+    """The probabilities ``P`` of a block of queries by a block of keys and the gradient of
+    their scores, ``dS = P (dO Vᵀ - rowsum(dO * O))``."""
+    qk = scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
+                sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
+    p = tl.math.exp2(qk - lse[:, None])
+    dp = tl.dot(do, vt, input_precision=PRECISION)
+    return p, p * (dp - delta[:, None])
 
 
 @triton.jit
@@ -109,8 +115,8 @@ def attention_bwd(
     if start_n < N:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         cols = offs_n < N
-        kt = _transposed(K, b, h, offs_n, offs_d, cols, skb, skh, skn, skd)
-        vt = _transposed(V, b, h, offs_n, offs_d, cols, svb, svh, svn, svd)
+        kt = transposed(K, b, h, offs_n, offs_d, cols, skb, skh, skn, skd)
+        vt = transposed(V, b, h, offs_n, offs_d, cols, svb, svh, svn, svd)
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         first = 0
@@ -123,12 +129,10 @@ def attention_bwd(
                 Q, DOut, Out, LSE, b, h, offs_m, offs_d, rows,
                 sqb, sqh, sqm, sqd, sob, soh, som, sod, sgb, sgh, sgm, sgd, slb, slh, slm,
             )  # fmt: skip
-            qk = scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
-                        sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
-            p = tl.math.exp2(qk - lse[:, None])
+            p, ds = _score_gradients(q, kt, vt, do, lse, delta, Bias, b, h, offs_m, offs_n,
+                                     rows, cols, qk_scale, sbb, sbh, sbm, sbn,
+                                     HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-            dp = tl.dot(do, vt, input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         dk = dk * sm_scale
         tl.store(
@@ -158,13 +162,11 @@ def attention_bwd(
         for start_n in range(0, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             cols = offs_n < N
-            kt = _transposed(K, b, h, offs_n, offs_d, cols, skb, skh, skn, skd)
-            vt = _transposed(V, b, h, offs_n, offs_d, cols, svb, svh, svn, svd)
-            qk = scores(q, kt, Bias, b, h, offs_m, offs_n, rows, cols, qk_scale,
-                        sbb, sbh, sbm, sbn, HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
-            p = tl.math.exp2(qk - lse[:, None])
-            dp = tl.dot(do, vt, input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
+            kt = transposed(K, b, h, offs_n, offs_d, cols, skb, skh, skn, skd)
+            vt = transposed(V, b, h, offs_n, offs_d, cols, svb, svh, svn, svd)
+            _, ds = _score_gradients(q, kt, vt, do, lse, delta, Bias, b, h, offs_m, offs_n,
+                                     rows, cols, qk_scale, sbb, sbh, sbm, sbn,
+                                     HAS_BIAS, IS_CAUSAL, PRECISION)  # fmt: skip
             dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
         dq = dq * sm_scale
         tl.store(
@@ -225,7 +227,7 @@ class BackwardCall:
         """The kernel's non-pointer arguments (strides, sizes, constants) and its grid."""
         batch, heads, m, d = (int(x) for x in self.q.size)
         n = int(self.k.size[-2])
-        block_m, block_n = _block(m), _block(n)
+        block_m, block_n = block_size(m), block_size(n)
         return {
             "sm_scale": self.scale,
             **strides("sq", "bhmd", self.q),
@@ -291,7 +293,3 @@ def _like(grad: TensorRef, ref: TensorRef) -> bool:
     """Whether ``grad`` is a static gradient buffer of ``ref``'s shape and dtype."""
     static = all(sympy.sympify(x).is_Integer for x in (*grad.size, *grad.stride))
     return static and grad.dtype == ref.dtype and tuple(grad.size) == tuple(ref.size)
-
-
-def _block(length: int) -> int:
-    return 64 if length > 32 else max(16, triton.next_power_of_2(length))

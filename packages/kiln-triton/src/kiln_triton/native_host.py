@@ -30,8 +30,9 @@ from kiln_loopir.host import HostNotRendered
 from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
-from kiln_triton.attention import AttentionCall, attention_call, attention_fwd, compile_attention
-from kiln_triton.attention_backward import BackwardCall, attention_backward_call, attention_bwd
+from kiln_triton.attention import AttentionCall, attention_call
+from kiln_triton.attention_backward import BackwardCall, attention_backward_call
+from kiln_triton.attention_kernels import KERNELS, compile_attention
 from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
@@ -181,9 +182,6 @@ def _shape_of_compiled(grid, compiled) -> list:
     return [grid, 32 * compiled.metadata.num_warps, compiled.metadata.shared]
 
 
-ATTENTION_KERNELS = {"attention_fwd": attention_fwd, "attention_bwd": attention_bwd}
-
-
 class CudaLauncher:
     """What :func:`kiln_cpp.host.render_host` asks of a kernel launcher."""
 
@@ -314,7 +312,7 @@ class CudaLauncher:
         compile_args = call.compile_args(str(self.device))
         compiled, grid = compile_attention(**compile_args)
         values = {**compile_args["args"], **call.pointers()}
-        names = ATTENTION_KERNELS[call.kernel].arg_names
+        names = KERNELS[call.kernel][0].arg_names
         planned = self._launch(call.kernel, compiled, grid, names, [], values)
         self.records.append(
             {"kernel": call.kernel, "attention": compile_args,
