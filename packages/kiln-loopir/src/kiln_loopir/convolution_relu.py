@@ -36,18 +36,26 @@ def convolution_relu(
 ) -> torch.Tensor:
     """``relu(conv2d(x, weight, bias) + residual)`` (no residual where None)."""
     if x.is_cuda and torch.backends.cudnn.is_available():
-        if residual is None:
-            out = aten.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
-        else:
-            out = aten.cudnn_convolution_add_relu(
-                x, weight, residual, 1.0, bias, stride, padding, dilation, groups
-            )
+        op, args = cudnn_call(x, weight, bias, residual, stride, padding, dilation, groups)
+        out = op(*args)
     else:
         out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
         out = torch.relu(out if residual is None else out + residual)
     if list(out.stride()) == list(out_stride):
         return out
     return torch.empty_strided(out.shape, out_stride, dtype=out.dtype, device=out.device).copy_(out)
+
+
+def cudnn_call(x, weight, bias, residual, stride, padding, dilation, groups) -> tuple:
+    """``(ATen op, its arguments)`` of cuDNN's fused convolution for these operands: how the
+    op runs on CUDA, how a graph calls it there, and what Kiln's rewrite times."""
+    if residual is None:
+        return aten.cudnn_convolution_relu.default, (
+            x, weight, bias, stride, padding, dilation, groups,
+        )  # fmt: skip
+    return aten.cudnn_convolution_add_relu.default, (
+        x, weight, residual, 1.0, bias, stride, padding, dilation, groups,
+    )  # fmt: skip
 
 
 @convolution_relu.register_fake

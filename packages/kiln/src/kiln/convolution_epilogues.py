@@ -30,8 +30,9 @@ import torch
 import torch.fx
 
 from kiln.device_timing import device_time
-from kiln.graph_edits import call, copy_graph, module_of, value
+from kiln.graph_edits import call, calls, copy_graph, module_of, value
 from kiln_loopir import CONVOLUTION_RELU
+from kiln_loopir.convolution_relu import cudnn_call
 
 aten = torch.ops.aten
 CONVOLUTION = aten.convolution.default
@@ -111,8 +112,7 @@ def _with_bias(node, device_type: str):
 def _plain_add(node) -> bool:
     """Whether ``node`` adds two tensors (no scaling) and only one node reads it."""
     return (
-        isinstance(node, torch.fx.Node)
-        and node.target is ADD
+        calls(node, ADD)
         and len(node.args) == 2
         and node.kwargs.get("alpha", 1) == 1
         and len(node.users) == 1
@@ -121,7 +121,7 @@ def _plain_add(node) -> bool:
 
 def _convolution(node, device_type: str) -> bool:
     """Whether ``node`` is a 2-D convolution cuDNN's fused form takes."""
-    if not isinstance(node, torch.fx.Node) or node.target is not CONVOLUTION:
+    if not calls(node, CONVOLUTION):
         return False
     x, w, bias, _, _, _, transposed, _, _ = node.args
     x_val, w_val, out = value(x), value(w), value(node)
@@ -184,8 +184,10 @@ def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, 
         out = alone()
         residual = torch.randn_like(out) if has_residual else None
 
+        op, fused_args = cudnn_call(x, w, bias, residual, *args, groups)
+
         def fused():
-            return _cudnn_fused(x, w, bias, residual, args, groups)
+            return op(*fused_args)
 
         got = fused()
         if got.stride() != tuple(out_stride):
@@ -205,13 +207,6 @@ def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, 
         x_shape, w_shape, dtype, alone_us, " and residual" if has_residual else "", fused_us,
     )  # fmt: skip
     return fused_us <= 1.05 * alone_us
-
-
-def _cudnn_fused(x, w, bias, residual, args, groups) -> torch.Tensor:
-    """cuDNN's fused convolution called as the ATen op, as a compiled program calls it."""
-    if residual is None:
-        return aten.cudnn_convolution_relu(x, w, bias, *args, groups)
-    return aten.cudnn_convolution_add_relu(x, w, residual, 1.0, bias, *args, groups)
 
 
 def _ulp(dtype: torch.dtype) -> float:

@@ -13,7 +13,7 @@ import logging
 import sympy
 import torch
 
-from kiln_loopir.convolution_relu import CONVOLUTION_RELU
+from kiln_loopir.convolution_relu import CONVOLUTION_RELU, cudnn_call
 from kiln_loopir.grouped_attention import GROUPED_ATTENTION
 from kiln_loopir.ir import TensorRef
 from kiln_loopir.lowering.context import LoweringContext
@@ -46,11 +46,8 @@ def convolution_relu(ctx: LoweringContext, x, weight, bias, residual, *rest):
     op, which copies into that layout (and runs three ATen ops in turn off CUDA)."""
     stride, padding, dilation, groups, out_stride = rest
     if ctx.val.device.type == "cuda" and _cudnn_layout(x, weight, ctx.val) == tuple(out_stride):
-        if residual is None:
-            args = (x, weight, bias, stride, padding, dilation, groups)
-            return ctx.extern(aten.cudnn_convolution_relu.default, args, {}, ctx.val)
-        args = (x, weight, residual, 1.0, bias, stride, padding, dilation, groups)
-        return ctx.extern(aten.cudnn_convolution_add_relu.default, args, {}, ctx.val)
+        op, args = cudnn_call(x, weight, bias, residual, stride, padding, dilation, groups)
+        return ctx.extern(op, args, {}, ctx.val)
     return ctx.extern(ctx.op, (x, weight, bias, residual, *rest), {}, ctx.val)
 
 
