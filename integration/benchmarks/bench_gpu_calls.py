@@ -28,7 +28,8 @@ modes timed after a profiled one.
 
 Each (model, size, phase) runs in a process of its own. Environment:
 
-- ``KILN_BENCH_MODELS``: bert, gpt2, llama, resnet50, vit_base_patch16_224, convnext_tiny
+- ``KILN_BENCH_MODELS``: bert, gpt2, llama, resnet50, vit_base_patch16_224, convnext_tiny,
+  mobilenetv3_large_100
   (prefixes, comma-separated, or ``all``; default ``bert,resnet50``);
 - ``KILN_BENCH_SIZES``: serving (text 8x128, images 8), throughput (text 32x512, images 64),
   or ``all`` (default ``serving``);

@@ -67,6 +67,7 @@ IMAGE = {
     "resnet50": timm_model("resnet50"),
     "vit_base_patch16_224": timm_model("vit_base_patch16_224"),
     "convnext_tiny": timm_model("convnext_tiny"),
+    "mobilenetv3_large_100": timm_model("mobilenetv3_large_100"),
 }
 NAMES = [*TEXT, *IMAGE]
 

@@ -29,6 +29,16 @@ def test_the_op_is_relu_of_convolution_plus_residual_in_the_layout_given():
     torch.testing.assert_close(plain, F.relu(F.conv2d(x, w, stride=2, padding=1)))
 
 
+def test_a_float32_bias_of_a_bfloat16_convolution_is_added_in_float32_rounded_once():
+    x, w, b, z = _inputs()
+    x, w, z = x.bfloat16(), w.bfloat16(), z.bfloat16()
+    got = CONVOLUTION_RELU(x, w, b, z, [2, 2], [1, 1], [1, 1], 1, [150, 25, 5, 1])
+    conv = F.conv2d(x, w, stride=2, padding=1)
+    want = F.relu((conv + b.view(-1, 1, 1)).to(torch.bfloat16) + z)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_a_compiled_graph_calls_it_as_an_extern_op():
     gm = make_fx(_fused, tracing_mode="fake")(*_inputs())
     compiled = compile_fx(gm, list(_inputs()), codegen=ReferenceCodegen())

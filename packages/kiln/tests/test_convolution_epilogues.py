@@ -36,6 +36,11 @@ def folded_block_end(x, w1, b1, w2, b2):  # as freezing leaves it: biases added 
     return F.relu(F.conv2d(y, w2) + b2.view(-1, 1, 1) + x)
 
 
+def rounded_block_end(x, w1, b1, w2, b2):  # a bfloat16 block's: float32 shifts, rounded
+    y = F.relu((F.conv2d(x, w1, padding=1) + b1.view(-1, 1, 1)).to(x.dtype))
+    return F.relu((F.conv2d(y, w2) + b2.view(-1, 1, 1)).to(x.dtype) + x)
+
+
 def conv_read_twice(x, w, b):
     y = F.conv2d(x, w, b, padding=1)
     return F.relu(y), y * 2
@@ -72,6 +77,34 @@ def test_relus_after_convolutions_and_residuals_are_the_convolutions(
     got, want = rewritten(*fresh), block_end(*fresh)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert got.stride() == want.stride()
+
+
+def bfloat16_inputs(bias_dtype):
+    x, w1, b1, w2, b2 = inputs(channels_last=True)
+    return [x.bfloat16(), w1.bfloat16(), b1.to(bias_dtype), w2.bfloat16(), b2.to(bias_dtype)]
+
+
+def test_a_bfloat16_blocks_float32_shifts_are_the_convolutions_biases(always_free):
+    """Folded batch norms leave a bfloat16 convolution plus a float32 shift, rounded to
+    bfloat16: the fused op takes the float32 shift (cuDNN's fused forms read a float32
+    bias) and rounds the sum once, as eager does."""
+    gm = make_fx(rounded_block_end, tracing_mode="fake")(*bfloat16_inputs(torch.float32))
+    rewritten = relu_epilogues(gm, "cpu")
+    assert rewritten is not None
+    fused = calls(rewritten, FUSED)
+    assert len(fused) == 2 and not calls(rewritten, aten._to_copy.default)
+    assert all(n.args[2].meta["val"].dtype == torch.float32 for n in fused)
+    fresh = bfloat16_inputs(torch.float32)
+    got, want = rewritten(*fresh), rounded_block_end(*fresh)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # the same roundings on the CPU
+    assert got.stride() == want.stride()
+
+
+def test_a_bfloat16_bias_stays_apart(always_free):
+    """cuDNN's fused forms read their bias as float32 (given bfloat16 they return values
+    far off): a bias of the convolution's own narrower dtype keeps its ReLU apart."""
+    gm = make_fx(block_end, tracing_mode="fake")(*bfloat16_inputs(torch.bfloat16))
+    assert relu_epilogues(gm, "cpu") is None
 
 
 def test_a_convolution_read_elsewhere_keeps_its_relu(always_free):

@@ -9,6 +9,12 @@ with a residual) applies the rest in the convolution's epilogue, which on an H10
 about what the convolution alone does. Elsewhere it runs the convolution, the addition and
 the ReLU one after the other.
 
+The bias may be float32 where the convolution is in a narrower type (a batch norm folded
+into the convolution leaves its shift so): the sum is then taken in float32 and rounded
+once, as eager computes ``(convolution + shift).to(dtype)``. cuDNN's fused forms read
+their bias as float32 whatever the convolution's type (given a bfloat16 bias they return
+values far off), so on CUDA a bias of another type is converted first.
+
 The output is laid out with the strides the op is given (``out_stride``: those of the ReLU
 it replaces), so a graph's views of it keep theirs. On CUDA a graph calls cuDNN's ATen op
 itself where that is its own layout (``lowering/extern.py``). Forward only.
@@ -36,10 +42,14 @@ def convolution_relu(
 ) -> torch.Tensor:
     """``relu(conv2d(x, weight, bias) + residual)`` (no residual where None)."""
     if x.is_cuda and torch.backends.cudnn.is_available():
+        if bias is not None and bias.dtype != torch.float32:
+            bias = bias.float()  # exact: cuDNN's fused forms read a float32 bias
         op, args = cudnn_call(x, weight, bias, residual, stride, padding, dilation, groups)
         out = op(*args)
     else:
-        out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        out = F.conv2d(x, weight, None, stride, padding, dilation, groups)
+        if bias is not None:
+            out = (out + bias.view(-1, 1, 1)).to(x.dtype)  # in float32 where the bias is
         out = torch.relu(out if residual is None else out + residual)
     if list(out.stride()) == list(out_stride):
         return out
@@ -47,8 +57,9 @@ def convolution_relu(
 
 
 def cudnn_call(x, weight, bias, residual, stride, padding, dilation, groups) -> tuple:
-    """``(ATen op, its arguments)`` of cuDNN's fused convolution for these operands: how the
-    op runs on CUDA, how a graph calls it there, and what Kiln's rewrite times."""
+    """``(ATen op, its arguments)`` of cuDNN's fused convolution for these operands (a bias
+    is float32): how the op runs on CUDA, how a graph calls it there, and what Kiln's
+    rewrite times."""
     if residual is None:
         return aten.cudnn_convolution_relu.default, (
             x, weight, bias, stride, padding, dilation, groups,
@@ -65,7 +76,7 @@ def _(x, weight, bias, residual, stride, padding, dilation, groups, out_stride):
         lambda: "convolution_relu: a 2-D convolution takes 4-d inputs and weights",
     )
     shape = aten.convolution(
-        x, weight, bias, stride, padding, dilation, False, [0, 0], groups
+        x, weight, None, stride, padding, dilation, False, [0, 0], groups
     ).shape  # fmt: skip
     return x.new_empty_strided(shape, out_stride)
 

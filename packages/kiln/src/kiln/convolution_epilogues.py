@@ -10,8 +10,12 @@ fused convolution computes in the convolution's epilogue.
 
 Where: a 2-D convolution on ``device_type`` (one dtype, not transposed, sizes known) whose
 value only the ReLU reads, or only the addition of a residual of its own shape and dtype
-that only the ReLU reads; the ReLU's layout is the op's. Decided per shape: the fused
-convolution and the convolution alone are timed once on the device
+that only the ReLU reads; the ReLU's layout is the op's. A bias is taken where it is
+float32, the type cuDNN's fused forms read it in: a float32 model's, or the float32 shift a
+batch norm folded into a bfloat16 convolution leaves (added in float32, then rounded to
+bfloat16; the fused op rounds the same sum once). A bfloat16 bias keeps its ReLU apart.
+
+Decided per shape: the fused convolution and the convolution alone are timed once on the device
 (:mod:`kiln.device_timing`), and the fused one is kept where it takes at most 5 % longer
 than the convolution alone (any kernel of its own that reads and writes the output back
 costs more), where cuDNN lays the output out as the ReLU's (kiln-loopir then calls the ATen
@@ -37,6 +41,7 @@ from kiln_loopir.convolution_relu import cudnn_call
 aten = torch.ops.aten
 CONVOLUTION = aten.convolution.default
 RELU = aten.relu.default
+TO_COPY = aten._to_copy.default
 ADD = aten.add.Tensor
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 log = logging.getLogger("kiln.convolutions")
@@ -89,24 +94,43 @@ def _match(relu: torch.fx.Node, device_type: str):
 
 def _with_bias(node, device_type: str):
     """``(convolution, bias or None, nodes)`` where ``node`` is a convolution read only
-    here, or such a convolution (with no bias of its own) plus a bias per channel."""
+    here (a bias of its own float32), or such a convolution with no bias of its own plus a
+    float32 bias per channel: in the convolution's own dtype, or in float32 and then
+    rounded to the convolution's (as a batch norm folded into a bfloat16 convolution leaves
+    it). cuDNN's fused forms read a float32 bias."""
     if _convolution(node, device_type):
-        return (node, node.args[2], [node]) if len(node.users) == 1 else None
-    if not _plain_add(node):
+        bias = node.args[2]
+        if len(node.users) != 1 or (bias is not None and value(bias).dtype != torch.float32):
+            return None
+        return node, bias, [node]
+    rounded = node if _rounding(node) else None
+    added = node if rounded is None else node.args[0]
+    if not _plain_add(added):
         return None
-    for conv, bias in (node.args[:2], node.args[1::-1]):
+    for conv, bias in (added.args[:2], added.args[1::-1]):
         if not _convolution(conv, device_type) or len(conv.users) != 1 or conv.args[2]:
             continue
         b, out = value(bias) if isinstance(bias, torch.fx.Node) else None, value(conv)
+        if b is None or b.dtype != torch.float32:
+            continue
+        if value(node).dtype != out.dtype:  # a float32 sum of a narrower convolution, unrounded
+            continue
         per_channel = (out.shape[1], 1, 1)
-        if (
-            b is not None
-            and b.dtype == out.dtype
-            and tuple(b.shape)[-3:] == per_channel
-            and (b.dim() == 3 or (b.dim() == 4 and b.shape[0] == 1))
+        if tuple(b.shape)[-3:] == per_channel and (
+            b.dim() == 3 or (b.dim() == 4 and b.shape[0] == 1)
         ):
-            return conv, bias, [node, conv]
+            return conv, bias, [*(n for n in (rounded,) if n is not None), added, conv]
     return None
+
+
+def _rounding(node) -> bool:
+    """Whether ``node`` only converts a value to another dtype, and only one node reads it."""
+    return (
+        calls(node, TO_COPY)
+        and len(node.args) == 1
+        and set(node.kwargs) == {"dtype"}
+        and len(node.users) == 1
+    )
 
 
 def _plain_add(node) -> bool:
@@ -175,11 +199,11 @@ def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, 
         w = torch.empty_strided(w_shape, w_stride, dtype=dtype, device=device).normal_()
         w = w / (w[0].numel() ** 0.5)
         c_out = w_shape[0]
-        bias = torch.randn(c_out, dtype=dtype, device=device) if has_bias else None
+        bias = torch.randn(c_out, device=device) if has_bias else None  # float32
         args = (list(stride), list(padding), list(dilation))
 
         def alone():
-            return aten.convolution(x, w, bias, *args, False, [0, 0], groups)
+            return aten.convolution(x, w, None, *args, False, [0, 0], groups)
 
         out = alone()
         residual = torch.randn_like(out) if has_residual else None
@@ -193,7 +217,8 @@ def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, 
         if got.stride() != tuple(out_stride):
             log.info("fused convolution %s by %s lays its output out otherwise", x_shape, w_shape)
             return False
-        want = torch.relu(out.float() + (residual.float() if has_residual else 0))
+        summed = out if bias is None else (out.float() + bias.view(-1, 1, 1)).to(dtype)
+        want = torch.relu(summed.float() + (residual.float() if has_residual else 0))
         error = (got.float() - want).abs().max().item()
         if error > 2 * _ulp(dtype) * (want.abs().max().item() + 1):
             log.info("fused convolution %s by %s is off by %g: kept apart", x_shape, w_shape, error)

@@ -42,10 +42,13 @@ def extern(ctx: LoweringContext, *args, **kwargs):
 @register_lowering(CONVOLUTION_RELU)
 def convolution_relu(ctx: LoweringContext, x, weight, bias, residual, *rest):
     """On CUDA, cuDNN's fused convolution as the ATen op itself (a host program calls it
-    with no Python in between), where its own output layout is the one asked for; else the
-    op, which copies into that layout (and runs three ATen ops in turn off CUDA)."""
+    with no Python in between), where its own output layout is the one asked for and the
+    bias (if any) is float32; else the op, which converts the bias and copies into that
+    layout (and runs three ATen ops in turn off CUDA)."""
     stride, padding, dilation, groups, out_stride = rest
-    if ctx.val.device.type == "cuda" and _cudnn_layout(x, weight, ctx.val) == tuple(out_stride):
+    float_bias = bias is None or bias.dtype == torch.float32  # as cuDNN's fused forms read it
+    cudnn_layout = _cudnn_layout(x, weight, ctx.val) == tuple(out_stride)
+    if ctx.val.device.type == "cuda" and float_bias and cudnn_layout:
         op, args = cudnn_call(x, weight, bias, residual, stride, padding, dilation, groups)
         return ctx.extern(op, args, {}, ctx.val)
     return ctx.extern(ctx.op, (x, weight, bias, residual, *rest), {}, ctx.val)
