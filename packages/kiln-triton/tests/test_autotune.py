@@ -96,3 +96,20 @@ def test_a_kernel_with_size_arguments_is_timed_once_per_power_of_two_bucket(
     assert tune(1020) == first and len(timed) == 1  # the same bucket (1024): not timed
     tune(1100)
     assert len(timed) == 2  # the next bucket (2048) is timed
+
+
+@pytest.mark.gpu
+def test_configs_are_timed_on_the_device_from_a_cuda_graph():
+    """A launch is captured once and replayed: its Python runs 1 + 10 times (a warm-up, then
+    the capture), its kernel 1 + 3 x 10 times (the warm-up, then three replays)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    x = torch.zeros(1024, device="cuda")
+    calls = []
+
+    def launch():
+        calls.append(1)
+        x.add_(1)
+
+    assert autotune.time_config(launch, reps=10) > 0
+    assert len(calls) == 11 and x[0].item() == 31

@@ -43,7 +43,31 @@ def test_split_reduction_equals_eager(name, dtype, device, small_splits):
         assert "(finish)" in compiled.native_host.source
 
 
-def test_kernels_that_store_inside_the_loop_do_not_split(device, small_splits):
+def squeeze_mean(x, bias):  # a squeeze-and-excite block's activation and its mean
+    y = torch.relu(x + bias)
+    return y, y.mean((2, 3), keepdim=True)
+
+
+def test_elementwise_stores_inside_the_loop_are_made_by_each_chunk(device, small_splits):
+    x = torch.randn(2, 6, 16, 16, device=device).contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(6, 1, 1, device=device)
+    compiled = check_against_eager(squeeze_mean, [x, bias], codegen=TritonCodegen())
+    (kernel,) = compiled.kernels
+    assert kernel.fn.meta["split_parts"] == 1 and kernel.fn.meta["column_major"]
+    launches = [la for la in kernel.fn._launches.values() if la]
+    assert any(la.split is not None and la.split.nsplit > 1 for la in launches)
+
+
+def test_a_shorter_column_reduction_times_one_split_after_the_unsplit_pick():
+    meta = {"kind": "reduction", "name": "k", "split_parts": 1, "column_major": True}
+    found = configs.candidates(meta, {"xnumel": 576, "rnumel": 784})  # MobileNetV3's SE mean
+    assert not found[0].variant.endswith("_split")  # untimed, a small kernel keeps this
+    assert found[1].variant == "k_split" and dict(found[1].blocks)["NSPLIT"] > 1
+    rows = configs.candidates({**meta, "column_major": False}, {"xnumel": 576, "rnumel": 784})
+    assert not any(c.variant.endswith("_split") for c in rows)
+
+
+def test_kernels_whose_reductions_follow_one_another_do_not_split(device, small_splits):
     x = torch.randn(8, 300, device=device)
     compiled = check_against_eager(lambda a: torch.softmax(a, 0), [x], codegen=TritonCodegen())
     meta = compiled.kernels[0].fn.meta

@@ -26,6 +26,8 @@ from kiln_triton.configs import Config
 # big, and each timed candidate is compiled, loaded and launched 31 times at compile time)
 MIN_POINTS = 1 << 18
 MIN_POINTWISE_POINTS = 1 << 22
+# how winners were timed, part of their key: a winner timed otherwise is timed again
+TIMING = "replayed from a CUDA graph"
 
 
 def cache_dir() -> Path:
@@ -47,7 +49,7 @@ def cache_key(source_hash: str, numels: dict, sizes: tuple, device: str) -> str:
     import triton
 
     text = json.dumps(
-        [source_hash, sorted(numels.items()), list(sizes), device, triton.__version__]
+        [source_hash, sorted(numels.items()), list(sizes), device, triton.__version__, TIMING]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -72,19 +74,43 @@ def save_winner(
 
 
 def time_config(launch: Callable[[], None], reps: int = 10) -> float:
-    """Microseconds per launch, median of three batches (after a warm-up launch)."""
+    """Microseconds per launch on the device, median of three batches (after a warm-up
+    launch): ``reps`` launches captured in a CUDA graph and replayed, as Kiln runs kernels
+    (a kernel of a few microseconds launched from Python is timed mostly as its launch: a
+    split reduction's two launches lost to one slower launch that way). Kiln's launches
+    never synchronize with the host, so a graph holds them; where a capture still fails,
+    they are timed as launched."""
     launch()
     torch.cuda.synchronize()
+    batch = _captured(launch, reps)
+    if batch is None:
+
+        def batch() -> None:
+            for _ in range(reps):
+                launch()
+
     times = []
     for _ in range(3):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(reps):
-            launch()
+        batch()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / reps)
     return sorted(times)[1]
+
+
+def _captured(launch: Callable[[], None], reps: int) -> Callable[[], None] | None:
+    """The replay of a CUDA graph of ``reps`` launches, or None where capture fails."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                launch()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    return graph.replay
 
 
 def pick(configs: list[Config], launch_with: Callable[[Config], Callable[[], None]]) -> tuple:

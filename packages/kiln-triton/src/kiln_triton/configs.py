@@ -15,6 +15,10 @@ WIDE_PERSISTENT_MAX = 32768
 SPLIT_MIN_RNUMEL = 8192
 SPLIT_BELOW_PROGRAMS = 256
 SPLIT_PROGRAMS = 1024
+# a column reduction over fewer rows, but at least SPLIT_MIN_COLUMN_RNUMEL, that as few
+# programs would run is split too where timing says so (MobileNetV3's squeeze-and-excite
+# means over 28 x 28 images: 8 x 72 columns of 784 rows ran in 18-72 programs, 8.5 µs)
+SPLIT_MIN_COLUMN_RNUMEL = 512
 # a tiled kernel over a small space runs in at least this many programs where tiles down to
 # 16x16 allow: Llama's rotary table (cos and sin of a 128x64 transposed read) ran as two
 # 64x64 programs on two of the H100's 132 SMs, 14.6 us
@@ -128,10 +132,13 @@ def reduction_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -
     return _unique(out)
 
 
-def split_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -> list[Config]:
-    """Split reductions (see kiln_triton.split) for reductions too few programs would run:
-    about SPLIT_PROGRAMS programs in all, each over a chunk of the reduction."""
-    if rnumel < SPLIT_MIN_RNUMEL:
+def split_configs(
+    name: str, xnumel: int, rnumel: int, column_major: bool, least: int | None = None
+) -> list[Config]:
+    """Split reductions (see kiln_triton.split) for reductions of at least ``least``
+    elements (default SPLIT_MIN_RNUMEL) too few programs would run: about SPLIT_PROGRAMS
+    programs in all, each over a chunk of the reduction."""
+    if rnumel < (SPLIT_MIN_RNUMEL if least is None else least):
         return []
     out = []
     for xb in (32, 64) if column_major else (1,):
@@ -143,7 +150,22 @@ def split_configs(name: str, xnumel: int, rnumel: int, column_major: bool) -> li
         nsplit = max(2, min(next_pow2(SPLIT_PROGRAMS // xblocks), rnumel // rb))
         out.append(Config(f"{name}_split", (("XBLOCK", xb), ("RBLOCK", rb), ("NSPLIT", nsplit)),
                           _warps(xb * rb, 4, 8)))  # fmt: skip
-    return out
+    return _unique(out)
+
+
+def _with_splits(
+    found: list[Config], name: str, xnumel: int, rnumel: int, column: bool
+) -> list[Config]:
+    """``found`` with the split configurations worth timing: first for a long reduction;
+    for a shorter column reduction, one after the unsplit pick (a kernel too small to be
+    timed keeps that pick: the split's second launch would cost more than it saves)."""
+    split = split_configs(name, xnumel, rnumel, column)
+    if split:
+        return split + found
+    if column:
+        short = split_configs(name, xnumel, rnumel, column, least=SPLIT_MIN_COLUMN_RNUMEL)
+        return found[:1] + short[:1] + found[1:]
+    return found
 
 
 def candidates(meta: dict, numels: dict[str, int]) -> list[Config]:
@@ -156,6 +178,7 @@ def candidates(meta: dict, numels: dict[str, int]) -> list[Config]:
         found = tiled_configs(name, numels["ynumel"], numels["xnumel"])
     else:
         xnumel, rnumel, column = numels["xnumel"], numels["rnumel"], meta["column_major"]
-        split = split_configs(name, xnumel, rnumel, column) if meta.get("split_parts") else []
-        found = split + reduction_configs(name, xnumel, rnumel, column)
+        found = reduction_configs(name, xnumel, rnumel, column)
+        if meta.get("split_parts"):
+            found = _with_splits(found, name, xnumel, rnumel, column)
     return found[: max(1, MAX_CANDIDATES)]

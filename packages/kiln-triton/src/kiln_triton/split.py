@@ -7,8 +7,10 @@ elements) and writes its partial results (in float32) to a workspace,
 ``[part, split, output]``. ``<name>_split_finish`` then combines each output's
 partials in a fixed order, so the result does not depend on which program finished first,
 and computes what the kernel does after the reduction. Kernels qualify with one
-reduction loop, no stores inside it, and float sums, maxima, minima or Welford
-statistics.
+reduction loop and float sums, maxima, minima or Welford statistics. Elementwise results
+stored inside the reduction loop (a ReLU's output, whose mean a squeeze-and-excite block
+takes) are stored by the program whose chunk computes them, where the kernel reads them
+back only at the element it stores.
 
 A kernel may also have a second loop after the reduction that stores elementwise results
 (a batch norm in training: per-channel statistics over the batch and the image, then the
@@ -63,13 +65,17 @@ def has_epilogue(r: KernelRenderer) -> bool:
 
 
 def _loops_qualify(r: KernelRenderer) -> bool:
-    """One loop of reductions and no stores inside it, then at most one loop of stores
-    that chunks of programs can run apart (see the module's docstring)."""
+    """One loop of reductions (its elementwise stores made by the chunk that computes them),
+    then at most one loop of stores that chunks of programs can run apart (see the
+    module's docstring)."""
     plan = r.loop_plan()
-    if plan.nloops == 1:
-        return not any(p % 2 for p in plan.store_pos)
-    if plan.nloops != 2 or 1 in plan.store_pos:
+    if plan.nloops not in (1, 2):
         return False
+    chunked = [st for st, p in zip(r.rec.stores, plan.store_pos, strict=True) if p % 2]
+    if not all(_read_only_where_stored(r, st) for st in chunked):
+        return False
+    if plan.nloops == 1:
+        return True
     reductions = [v for v in r.rec.values if v.op == "reduction"]
     if any(plan.position[v.name] != 2 for v in reductions):
         return False  # a reduction in the second loop
@@ -83,13 +89,16 @@ def _loops_qualify(r: KernelRenderer) -> bool:
             a.name in tainted for a in v.args
         ):
             tainted.add(v.name)
-    for st in epilogue:
-        if any(v.name in tainted for v in (st.value, *st.deps)):
+    return not any(v.name in tainted for st in epilogue for v in (st.value, *st.deps))
+
+
+def _read_only_where_stored(r: KernelRenderer, st) -> bool:
+    """Whether the kernel reads the buffer of store ``st`` (made inside a loop) only at the
+    element the store writes: another chunk's program may not have stored the rest."""
+    for v in r.rec.values:
+        same = v.op == "load" and v.attrs["buffer"] == st.buffer
+        if same and not (v.inner and sympy.expand(v.attrs["index"] - st.index) == 0):
             return False
-        for v in r.rec.values:
-            same = v.op == "load" and v.attrs["buffer"] == st.buffer
-            if same and not (v.inner and sympy.expand(v.attrs["index"] - st.index) == 0):
-                return False  # read elsewhere than where the chunk stores it
     return True
 
 
