@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import pytest
 import torch
@@ -91,6 +92,54 @@ def test_a_worker_compiles_for_a_gpu_target_and_this_process_loads_that_binary(
     assert any(reply["hash"] in e for e in entries)  # made in the cache this test set up
     assert "cubin" in binary.asm and "sm_90" in binary.asm["ptx"]
     assert precompiled.binary(kernel.source_hash, config, tuple(numels.values())) is binary
+
+
+def _scale_job(workers, tmp_path, monkeypatch):
+    """The first configuration of ``_scale``'s kernel as a job for sm_90, compiled by a
+    worker, and its function."""
+    monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(tmp_path / "kiln"))
+    kernel = compiled_kernel(_scale, [torch.randn(64, 48)], tmp_path, monkeypatch)
+    numels = kernel.numels(())
+    config = candidates(kernel.meta, numels)[0]
+    job = kernel.compile_job(config, numels, SM90)
+    workers.submit(job).result(timeout=300)
+    return job, getattr(kernel.module, config.variant)
+
+
+def test_a_later_load_finds_the_binary_without_triton_s_cache_key(
+    workers, triton_cache, tmp_path, monkeypatch
+):
+    """Triton's key hashes its own installation once per process (0.37 s here): a binary
+    loaded before is found under the key its load remembered."""
+    import triton.compiler.compiler as triton_compiler
+
+    job, fn = _scale_job(workers, tmp_path, monkeypatch)
+    first = precompiled.load(fn, job)  # found by Triton's key, which is remembered
+    assert list((tmp_path / "kiln" / "binaries").glob("*.json"))
+
+    def no_key(*args, **kwargs):
+        raise AssertionError("Triton's cache key was computed")
+
+    monkeypatch.setattr(triton_compiler, "get_cache_key", no_key)
+    made = count_compiles(monkeypatch)
+    again = precompiled.load(fn, job)
+    assert made == [] and again is not first
+    assert again.hash == first.hash and again.asm["cubin"] == first.asm["cubin"]
+
+
+def test_a_remembered_binary_gone_from_triton_s_cache_goes_to_triton(
+    workers, triton_cache, tmp_path, monkeypatch
+):
+    import shutil
+
+    import triton
+
+    job, fn = _scale_job(workers, tmp_path, monkeypatch)
+    precompiled.load(fn, job)
+    shutil.rmtree(triton_cache)  # the binary is gone; the remembered key is not
+    asked, compiled = [], types.SimpleNamespace(hash="0" * 64)
+    monkeypatch.setattr(triton, "compile", lambda source, **kw: asked.append(source) or compiled)
+    assert precompiled.load(fn, job) is compiled and len(asked) == 1
 
 
 def test_a_graph_s_launch_configurations_compile_in_workers(

@@ -14,7 +14,8 @@ specialization itself and calls ``triton.compile`` directly:
 
 A job (:func:`compile_job`) is plain data, compiled in a worker process
 (:mod:`kiln_triton.compile_pool`) into Triton's on-disk cache by :func:`load`, which this
-process calls too and which then finds the worker's binary there. The result
+process calls too and which then finds the worker's binary there (a later process finds
+it under the key the compile remembered, :mod:`kiln_triton.known_binaries`). The result
 is kept per (source, configuration, numels) for every kernel of that source
 (:func:`binary`), and launched through the compiled kernel's own launcher.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 
+from kiln_triton import known_binaries
 from kiln_triton.configs import Config
 
 DIVISIBLE_BY_16 = [["tt.divisibility", 16]]
@@ -119,4 +121,9 @@ def load(fn, job: dict):
     from triton.compiler import ASTSource
 
     source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
-    return triton.compile(source, target=GPUTarget(*job["target"]), options=job["options"])
+    found = known_binaries.recall(source, job)  # without computing Triton's cache key
+    if found is not None:
+        return found
+    compiled = triton.compile(source, target=GPUTarget(*job["target"]), options=job["options"])
+    known_binaries.remember(source, job, compiled)
+    return compiled

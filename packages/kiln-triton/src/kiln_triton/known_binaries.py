@@ -1,0 +1,98 @@
+"""Binaries in Triton's cache found again without computing Triton's cache key.
+
+``triton.compile`` keys a kernel by a hash of its source, its options, the environment and
+Triton's installation; the installation's part hashes Triton's own files, its 500 MB
+``libtriton`` among them, once per process: 0.37 s on the 2-core development machine, the
+largest part of loading a graph's few dozen compiled kernels in a warm process.
+
+:func:`remember` writes, after a compile, the cache key Triton gave a job (a
+:func:`kiln_triton.precompiled.compile_job`) under a key of Kiln's own: the job, the
+kernel function's ``cache_key`` (its source and the functions it calls, as Triton's
+source hash reads them), Triton's version and location, the size and modification time
+of each file Triton hashes for its installation's part, and the environment variables
+Triton keys by. :func:`recall` finds the binary again under that key, as
+``triton.compile`` itself finds a cached one (the metadata group of its file name in the
+cache folder of its key); None where nothing is remembered, the files are gone, or
+Triton is set to compile, dump or override kernels (``TRITON_ALWAYS_COMPILE`` ...).
+The entries live in kiln-triton's cache (``<cache>/binaries/``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def recall(source, job: dict):
+    """The ``CompiledKernel`` of ``job`` (compiled from ``source``, an ``ASTSource``) in
+    Triton's cache under the key remembered for it, or None."""
+    if _compiling_anyway():
+        return None
+    try:
+        known = json.loads(_entry(source, job).read_text())
+    except (OSError, ValueError):
+        return None
+    from triton.compiler import CompiledKernel
+    from triton.runtime.cache import get_cache_manager
+
+    file_name = f"{source.name[:150]}.json"  # as triton.compile names the metadata
+    group = get_cache_manager(known["hash"]).get_group(file_name)
+    if not group or file_name not in group:
+        return None
+    return CompiledKernel(source, group, known["hash"])
+
+
+def remember(source, job: dict, compiled) -> None:
+    """Write the key Triton's cache holds ``compiled`` (``job``'s binary) under."""
+    if _compiling_anyway():
+        return
+    path = _entry(source, job)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"hash": compiled.hash}, f)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache costs the next process Triton's key, nothing more
+        pass
+
+
+def _entry(source, job: dict) -> Path:
+    from kiln_triton import autotune
+
+    described = {k: v for k, v in job.items() if k != "attrs"}
+    described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
+    text = json.dumps([described, source.fn.cache_key, _installation()], sort_keys=True)
+    key = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return autotune.cache_dir() / "binaries" / f"{key}.json"
+
+
+@functools.cache
+def _installation() -> list:
+    """What Triton's cache key reads of its installation, as file sizes and times, and the
+    environment variables it keys by."""
+    import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    root = Path(triton.__file__).parent
+    files = [*root.glob("_C/libtriton*"), *root.glob("runtime/cache.py")]
+    for folder in ("compiler", "backends", "language"):
+        files += root.glob(f"{folder}/**/*.py")
+    stats = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in files)  # fmt: skip
+    env = sorted(get_cache_invalidating_env_vars().items())
+    return [triton.__version__, str(root), stats, env]
+
+
+def _compiling_anyway() -> bool:
+    """Whether Triton is set to compile (or dump, or override) kernels its cache holds."""
+    from triton import knobs
+
+    compilation = knobs.compilation
+    return any(
+        getattr(compilation, flag, False) for flag in ("always_compile", "override", "dump_ir")
+    )
