@@ -283,3 +283,19 @@ def test_the_number_of_workers_comes_from_the_environment(monkeypatch):
     assert worker_count() == 3
     monkeypatch.setenv("KILN_TRITON_COMPILE_WORKERS", "0")
     assert compile_workers() is None  # compiled in threads
+
+
+def test_triton_s_key_of_its_installation_is_computed_in_a_thread():
+    from triton.runtime.cache import triton_key
+
+    from kiln_triton import known_binaries
+
+    triton_key.cache_clear()
+    known_binaries._key_thread = None
+    codegen.TritonCodegen.prepare()
+    thread = known_binaries._key_thread
+    assert thread is not None and thread.name == "kiln-triton-key"
+    thread.join(timeout=60)
+    assert triton_key.cache_info().currsize == 1  # a compile now finds it computed
+    codegen.TritonCodegen.prepare()
+    assert known_binaries._key_thread is thread  # once per process

@@ -68,3 +68,42 @@ def test_working_plugin_object_is_loaded(tmp_path, monkeypatch, fresh_loader):
 
 def test_each_group_is_loaded_once(fresh_loader):
     assert _plugins.load_plugins("kiln.codegen") is _plugins.load_plugins("kiln.codegen")
+
+
+class PreparingCodegen:
+    """A code generator for CUDA that counts its ``prepare()`` calls."""
+
+    device_types = ("cuda",)
+    prepared = 0
+
+    def render(self, kernel):
+        raise NotImplementedError
+
+    def compile(self, sources):
+        raise NotImplementedError
+
+    def prepare(self):
+        PreparingCodegen.prepared += 1
+
+
+def test_on_a_machine_with_cuda_the_gpu_codegen_prepares_as_kiln_compile_is_called(
+    monkeypatch,
+):
+    import torch
+
+    import kiln_loopir
+
+    asked = []
+
+    def resolve(codegen, device_type):
+        asked.append((codegen, device_type))
+        return PreparingCodegen()
+
+    monkeypatch.setattr(kiln_loopir, "resolve_codegen", resolve)
+    monkeypatch.setattr(PreparingCodegen, "prepared", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    kiln.compile(lambda x: x + 1)
+    assert PreparingCodegen.prepared == 0 and asked == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    kiln.compile(lambda x: x + 1, options={"codegen": "triton"})
+    assert PreparingCodegen.prepared == 1 and asked == [("triton", "cuda")]

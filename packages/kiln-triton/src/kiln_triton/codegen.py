@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from kiln_cpp import cache_dirs
 from kiln_loopir.kernel import Kernel
-from kiln_triton import autotune, precompiled
+from kiln_triton import autotune, known_binaries, precompiled
 from kiln_triton.compile_pool import compile_workers, compiles_for_gpu, start_compile_workers
 from kiln_triton.configs import candidates
 from kiln_triton.launcher import DIRECT_LAUNCH, TritonKernel
@@ -213,6 +213,12 @@ class TritonCodegen:
     def __init__(self, parallel_compile: bool = True) -> None:
         self.parallel_compile = parallel_compile
         self.precompiled = 0
+
+    @staticmethod
+    def prepare() -> None:
+        """Work a first compile will need, begun ahead (by ``kiln.compile()``): Triton's
+        cache key of its installation, in a thread (:mod:`kiln_triton.known_binaries`)."""
+        known_binaries.compute_key_in_background()
 
     def render(self, kernel: Kernel) -> str:
         if self.parallel_compile:  # the workers start while the graph's kernels render

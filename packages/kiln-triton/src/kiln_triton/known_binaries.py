@@ -15,6 +15,12 @@ Triton keys by. :func:`recall` finds the binary again under that key, as
 cache folder of its key); None where nothing is remembered, the files are gone, or
 Triton is set to compile, dump or override kernels (``TRITON_ALWAYS_COMPILE`` ...).
 The entries live in kiln-triton's cache (``<cache>/binaries/``).
+
+Kernels launched through Triton's own launcher (the attention kernels, split reductions,
+symbolic sizes) still need Triton's key. :func:`compute_key_in_background` starts
+computing it in a thread, once per process (``TritonCodegen.prepare``, which
+``kiln.compile()`` calls on a machine with CUDA), so that it overlaps the capture of the
+first call (reading and hashing the files release the interpreter's lock).
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
+
+_key_thread: threading.Thread | None = None
 
 
 def recall(source, job: dict):
@@ -96,3 +105,20 @@ def _compiling_anyway() -> bool:
     return any(
         getattr(compilation, flag, False) for flag in ("always_compile", "override", "dump_ir")
     )
+
+
+def compute_key_in_background() -> None:
+    """Start computing Triton's cache key of its installation in a thread (once)."""
+    global _key_thread
+    if _key_thread is None:
+        _key_thread = threading.Thread(target=_triton_key, name="kiln-triton-key", daemon=True)
+        _key_thread.start()
+
+
+def _triton_key() -> None:
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()  # kept by Triton (functools.lru_cache) for its compiles
+    except Exception:  # noqa: BLE001 - another Triton: its first compile computes its key
+        return

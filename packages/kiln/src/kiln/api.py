@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 import kiln_capture
+import kiln_loopir
 from kiln import frames, runtime
 from kiln.backends import Session
 from kiln.config import Config, make_config
@@ -60,6 +61,7 @@ def _compile(model, config: Config, disable: bool):
     if disable:
         return model
     _start_host_runtime()
+    _prepare_gpu_codegen(config)
     if isinstance(model, (CompiledModule, CompiledFunction)):
         model = _original(model)
     if isinstance(model, torch.nn.Module):
@@ -81,6 +83,21 @@ def _start_host_runtime() -> None:
     from kiln_cpp.host import start_loading
 
     start_loading()
+
+
+def _prepare_gpu_codegen(config: Config) -> None:
+    """On a machine with CUDA, the code generator for it begins what its first compile
+    will need (its ``prepare()``, where it has one: kiln-triton computes Triton's cache
+    key in a thread), overlapping the first call's capture."""
+    if not torch.cuda.is_available():
+        return
+    try:
+        codegen = kiln_loopir.resolve_codegen(config.options.codegen, "cuda")
+    except (RuntimeError, ValueError, TypeError):
+        return  # none for CUDA: the first compile says so
+    prepare = getattr(codegen, "prepare", None)
+    if callable(prepare):
+        prepare()
 
 
 def _capturable(model):
