@@ -9,11 +9,12 @@ largest part of loading a graph's few dozen compiled kernels in a warm process.
 :func:`kiln_triton.precompiled.compile_job`) under a key of Kiln's own: the job, the
 kernel function's ``cache_key`` (its source and the functions it calls, as Triton's
 source hash reads them), Triton's version and location, the size and modification time
-of each file Triton hashes for its installation's part, and the environment variables
-Triton keys by. :func:`recall` finds the binary again under that key, as
-``triton.compile`` itself finds a cached one (the metadata group of its file name in the
-cache folder of its key); None where nothing is remembered, the files are gone, or
-Triton is set to compile, dump or override kernels (``TRITON_ALWAYS_COMPILE`` ...).
+of each file Triton hashes for its installation's part and of its backends' compiler
+binaries, and the environment variables Triton keys by (with every ``TRITON_*`` one).
+:func:`recall` finds the binary again under that key, as ``triton.compile`` itself finds
+a cached one (the metadata group of its file name in the cache folder of its key); None
+where nothing is remembered, the files are gone, or Triton is set to compile, dump or
+override kernels (``TRITON_ALWAYS_COMPILE`` ...).
 The entries live in kiln-triton's cache (``<cache>/binaries/``).
 
 Kernels launched through Triton's own launcher (the attention kernels, split reductions,
@@ -75,26 +76,36 @@ def _entry(source, job: dict) -> Path:
 
     described = {k: v for k, v in job.items() if k != "attrs"}
     described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
-    text = json.dumps([described, source.fn.cache_key, _installation()], sort_keys=True)
+    text = json.dumps(
+        [described, source.fn.cache_key, _installation(), _environment()], sort_keys=True
+    )
     key = hashlib.sha256(text.encode()).hexdigest()[:32]
     return autotune.cache_dir() / "binaries" / f"{key}.json"
 
 
 @functools.cache
 def _installation() -> list:
-    """What Triton's cache key reads of its installation, as file sizes and times, and the
-    environment variables it keys by."""
+    """What Triton's cache key reads of its installation (its files, and the compiler
+    binaries its backends run, whose versions it keys by), as file sizes and times."""
     import triton
-    from triton._C.libtriton import get_cache_invalidating_env_vars
 
     root = Path(triton.__file__).parent
     files = [*root.glob("_C/libtriton*"), *root.glob("runtime/cache.py")]
+    files += root.glob("backends/*/bin/*")
     for folder in ("compiler", "backends", "language"):
         files += root.glob(f"{folder}/**/*.py")
     stats = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
                    for p in files)  # fmt: skip
-    env = sorted(get_cache_invalidating_env_vars().items())
-    return [triton.__version__, str(root), stats, env]
+    return [triton.__version__, str(root), stats]
+
+
+def _environment() -> list:
+    """The environment variables Triton keys by, and every ``TRITON_*`` one (a compiler
+    binary named by a variable, say): more than Triton reads, never less."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    named = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    return sorted({**named, **get_cache_invalidating_env_vars()}.items())
 
 
 def _compiling_anyway() -> bool:
