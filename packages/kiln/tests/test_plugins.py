@@ -107,3 +107,5 @@ def test_on_a_machine_with_cuda_the_gpu_codegen_prepares_as_kiln_compile_is_call
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     kiln.compile(lambda x: x + 1, options={"codegen": "triton"})
     assert PreparingCodegen.prepared == 1 and asked == [("triton", "cuda")]
+    kiln.compile(lambda x: x + 1, backend="aot_eager")  # no code generator runs
+    assert PreparingCodegen.prepared == 1

@@ -89,8 +89,8 @@ def _prepare_gpu_codegen(config: Config) -> None:
     """On a machine with CUDA, the code generator for it begins what its first compile
     will need (its ``prepare()``, where it has one: kiln-triton computes Triton's cache
     key in a thread), overlapping the first call's capture."""
-    if not torch.cuda.is_available():
-        return
+    if config.backend not in ("auto", "kiln") or not torch.cuda.is_available():
+        return  # no code generator runs (eager, aot_eager, a backend of the caller's)
     try:
         codegen = kiln_loopir.resolve_codegen(config.options.codegen, "cuda")
     except (RuntimeError, ValueError, TypeError):
