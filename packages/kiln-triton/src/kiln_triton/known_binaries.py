@@ -6,11 +6,12 @@ Triton's installation; the installation's part hashes Triton's own files, its 50
 largest part of loading a graph's few dozen compiled kernels in a warm process.
 
 :func:`remember` writes, after a compile, the cache key Triton gave a job (a
-:func:`kiln_triton.precompiled.compile_job`) under a key of Kiln's own: the job, the
-kernel function's ``cache_key`` (its source and the functions it calls, as Triton's
-source hash reads them), Triton's version and location, the size and modification time
-of each file Triton hashes for its installation's part and of its backends' compiler
-binaries, and the environment variables Triton keys by (with every ``TRITON_*`` one).
+:func:`kiln_triton.precompiled.compile_job`) under a key of Kiln's own (:func:`entry`):
+the job, the kernel function's ``cache_key`` (its source and the functions it calls, as
+Triton's source hash reads them), Triton's version and location, the size and
+modification time of each file Triton hashes for its installation's part and of its
+backends' compiler binaries, and the environment variables Triton keys by (with every
+``TRITON_*`` one).
 :func:`recall` finds the binary again under that key, as ``triton.compile`` itself finds
 a cached one (the metadata group of its file name in the cache folder of its key); None
 where nothing is remembered, the files are gone, or Triton is set to compile, dump or
@@ -37,13 +38,29 @@ from pathlib import Path
 _key_thread: threading.Thread | None = None
 
 
-def recall(source, job: dict):
-    """The ``CompiledKernel`` of ``job`` (compiled from ``source``, an ``ASTSource``) in
-    Triton's cache under the key remembered for it, or None."""
+def entry(source, job: dict) -> Path | None:
+    """Where the key of ``job``'s binary (compiled from ``source``, an ``ASTSource``) is
+    remembered; None where Triton is set to compile anyway."""
     if _compiling_anyway():
         return None
+    from kiln_triton import autotune
+
+    described = {k: v for k, v in job.items() if k != "attrs"}
+    described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
+    text = json.dumps(
+        [described, source.fn.cache_key, _installation(), _environment()], sort_keys=True
+    )
+    key = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return autotune.cache_dir() / "binaries" / f"{key}.json"
+
+
+def recall(source, path: Path | None):
+    """The ``CompiledKernel`` compiled from ``source`` in Triton's cache under the key
+    remembered at ``path`` (its :func:`entry`), or None."""
+    if path is None:
+        return None
     try:
-        known = json.loads(_entry(source, job).read_text())
+        known = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     from triton.compiler import CompiledKernel
@@ -56,11 +73,11 @@ def recall(source, job: dict):
     return CompiledKernel(source, group, known["hash"])
 
 
-def remember(source, job: dict, compiled) -> None:
-    """Write the key Triton's cache holds ``compiled`` (``job``'s binary) under."""
-    if _compiling_anyway():
+def remember(path: Path | None, compiled) -> None:
+    """Write at ``path`` (an :func:`entry`) the key Triton's cache holds ``compiled``
+    under."""
+    if path is None:
         return
-    path = _entry(source, job)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -69,18 +86,6 @@ def remember(source, job: dict, compiled) -> None:
         os.replace(tmp, path)
     except OSError:  # a read-only cache costs the next process Triton's key, nothing more
         pass
-
-
-def _entry(source, job: dict) -> Path:
-    from kiln_triton import autotune
-
-    described = {k: v for k, v in job.items() if k != "attrs"}
-    described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
-    text = json.dumps(
-        [described, source.fn.cache_key, _installation(), _environment()], sort_keys=True
-    )
-    key = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return autotune.cache_dir() / "binaries" / f"{key}.json"
 
 
 @functools.cache

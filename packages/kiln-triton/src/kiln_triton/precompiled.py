@@ -121,9 +121,10 @@ def load(fn, job: dict):
     from triton.compiler import ASTSource
 
     source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
-    found = known_binaries.recall(source, job)  # without computing Triton's cache key
+    entry = known_binaries.entry(source, job)
+    found = known_binaries.recall(source, entry)  # without computing Triton's cache key
     if found is not None:
         return found
     compiled = triton.compile(source, target=GPUTarget(*job["target"]), options=job["options"])
-    known_binaries.remember(source, job, compiled)
+    known_binaries.remember(entry, compiled)
     return compiled
