@@ -1,6 +1,8 @@
 """Which attention nodes Kiln's attention kernel takes, and the plain data it is compiled
-from (no device needed: the kernel itself runs in the GPU tests)."""
+from (no device needed: the kernel itself runs in the GPU tests); on a GPU, that data's
+binary found again without Triton's cache key."""
 
+import pytest
 import sympy
 import torch
 
@@ -137,3 +139,38 @@ def test_attention_backwards_the_kernel_does_not_cover_stay_aten_calls():
                            {}, [*node.outputs, grad_bias])  # fmt: skip
     assert attention_backward_call(efficient, set()) is not None
     assert attention_backward_call(efficient, {"grad_bias"}) is None  # the bias's gradient
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_attention_kernel_compiled_before_is_found_without_triton_s_key(tmp_path, monkeypatch):
+    """A warm start compiles its attention kernels again from their records: the second
+    compile of the same data reads the binary its first compile remembered."""
+    import triton.compiler.compiler as triton_compiler
+    from triton.compiler import ASTSource
+
+    from kiln_triton import attention_kernels
+    from kiln_triton.attention_kernels import compile_attention
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(tmp_path / "kiln"))
+    data = attention_call(*_node(read_lse=True)).compile_args("cuda")
+    first, grid = compile_attention(**data)
+    assert list((tmp_path / "kiln" / "binaries").glob("*.json"))
+
+    def no_key(*args, **kwargs):
+        raise AssertionError("Triton's cache key was computed")
+
+    monkeypatch.setattr(attention_kernels, "_loaded", {})  # as a new process starts
+    made: list[str] = []
+    make_ir = ASTSource.make_ir
+    monkeypatch.setattr(triton_compiler, "get_cache_key", no_key)
+    monkeypatch.setattr(
+        ASTSource, "make_ir", lambda self, *a, **k: made.append(self.name) or make_ir(self, *a, **k)
+    )
+    again, again_grid = compile_attention(**data)
+    assert made == [] and again is not first and again_grid == grid
+    assert again.hash == first.hash and again.asm["cubin"] == first.asm["cubin"]
+    assert int(again.function) != 0
+    assert again.src.signature == first.src.signature
+    assert again.src.constants == first.src.constants

@@ -85,7 +85,7 @@ def test_cache_info_and_clear_cache(root):
     info = kiln.cache_info()
     assert info.root == root
     parts = {part.name: part for part in info.parts}
-    assert list(parts) == ["graphs", "cpp", "runtime", "triton"]
+    assert list(parts) == ["graphs", "cpp", "runtime", "triton", "timings"]
     assert parts["graphs"].entries >= 1 and parts["cpp"].entries >= 1
     assert parts["graphs"].size_bytes > 0 and info.size_bytes >= parts["cpp"].size_bytes > 0
     assert parts["triton"].entries == 0 and parts["triton"].path == root / "triton"

@@ -139,8 +139,9 @@ class Bottleneck(torch.nn.Module):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_a_bottleneck_runs_cudnns_fused_convolutions(tmp_path, monkeypatch, request):
-    """cuDNN's layout and values are checked on the device as in any compile; its timing is
-    taken as even (this block's convolutions are small enough for either to win)."""
+    """With ``mode="max-autotune"``, cuDNN's layout and values are checked on the device as
+    in any compile; its timing is taken as even (this block's convolutions are small
+    enough for either to win)."""
     monkeypatch.setattr(epilogue_module, "device_time", lambda fn: 1.0)
     epilogue_module._free.cache_clear()
     request.addfinalizer(epilogue_module._free.cache_clear)  # no decision outlives the test
@@ -150,7 +151,8 @@ def test_on_cuda_a_bottleneck_runs_cudnns_fused_convolutions(tmp_path, monkeypat
         norm.running_mean.normal_()
         norm.running_var.uniform_(0.5, 2)
     reference = copy.deepcopy(model).float()
-    compiled = kiln.compile(model, options={"debug_dir": str(tmp_path), "cache": False})
+    options = {"debug_dir": str(tmp_path), "cache": False}
+    compiled = kiln.compile(model, mode="max-autotune", options=options)
     for _ in range(2):
         x = torch.randn(8, 64, 28, 28, device="cuda", dtype=torch.bfloat16)
         x = x.to(memory_format=torch.channels_last)
@@ -163,3 +165,27 @@ def test_on_cuda_a_bottleneck_runs_cudnns_fused_convolutions(tmp_path, monkeypat
         assert got.stride() == want.stride()
     (rewritten,) = tmp_path.glob("frame*/*_aten_rewritten.py")
     assert rewritten.read_text().count("convolution_relu") >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_default_mode_times_no_fused_convolution(tmp_path, monkeypatch):
+    """cuDNN builds a fused form at its first call (about a second per shape): only
+    ``mode="max-autotune"`` pays for timing them."""
+
+    def not_timed(*shape):
+        raise AssertionError(f"timed a fused convolution {shape} in the default mode")
+
+    monkeypatch.setattr(epilogue_module, "_free", not_timed)
+    torch.manual_seed(0)
+    model = Bottleneck().cuda().to(torch.bfloat16).eval()
+    compiled = kiln.compile(model, options={"debug_dir": str(tmp_path), "cache": False})
+    x = torch.randn(8, 64, 28, 28, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a graph that runs eagerly warns
+        got = compiled(x)
+        want = model.float()(x.float())
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2 * scale)
+    dumped = "".join(p.read_text() for p in tmp_path.glob("frame*/*.py"))
+    assert "convolution_relu" not in dumped

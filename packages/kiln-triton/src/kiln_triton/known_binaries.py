@@ -18,11 +18,16 @@ where nothing is remembered, the files are gone, or Triton is set to compile, du
 override kernels (``TRITON_ALWAYS_COMPILE`` ...).
 The entries live in kiln-triton's cache (``<cache>/binaries/``).
 
-Kernels launched through Triton's own launcher (the attention kernels, split reductions,
-symbolic sizes) still need Triton's key. :func:`compute_key_in_background` starts
-computing it in a thread, once per process (``TritonCodegen.prepare``, which
-``kiln.compile()`` calls on a machine with CUDA), so that it overlaps the capture of the
-first call (reading and hashing the files release the interpreter's lock).
+:func:`jit_entry`, :func:`remember_jit` and :func:`recall_jit` do the same for a kernel
+compiled through its ``@triton.jit`` function's own launcher from plain data (Kiln's
+attention kernels, :mod:`kiln_triton.attention_kernels`): the entry also keeps the
+specialization (signature, constants, attributes) the source was compiled for.
+
+Kernels compiled at a launch (split reductions, symbolic sizes) still need Triton's key.
+:func:`compute_key_in_background` starts computing it in a thread, once per process
+(``TritonCodegen.prepare``, which ``kiln.compile()`` calls on a machine with CUDA), so
+that it overlaps the capture of the first call (reading and hashing the files release the
+interpreter's lock).
 """
 
 from __future__ import annotations
@@ -41,15 +46,24 @@ _key_thread: threading.Thread | None = None
 def entry(source, job: dict) -> Path | None:
     """Where the key of ``job``'s binary (compiled from ``source``, an ``ASTSource``) is
     remembered; None where Triton is set to compile anyway."""
+    described = {k: v for k, v in job.items() if k != "attrs"}
+    described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
+    return _entry(described, source.fn)
+
+
+def jit_entry(fn, described: list) -> Path | None:
+    """Where the key of a compile of the ``@triton.jit`` function ``fn`` through its own
+    launcher is remembered: ``described`` holds all its specialization and options follow
+    from (its arguments, dtypes, warps, stages, the device's capability)."""
+    return _entry(described, fn)
+
+
+def _entry(described, fn) -> Path | None:
     if _compiling_anyway():
         return None
     from kiln_triton import autotune
 
-    described = {k: v for k, v in job.items() if k != "attrs"}
-    described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
-    text = json.dumps(
-        [described, source.fn.cache_key, _installation(), _environment()], sort_keys=True
-    )
+    text = json.dumps([described, fn.cache_key, _installation(), _environment()], sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()[:32]
     return autotune.cache_dir() / "binaries" / f"{key}.json"
 
@@ -57,32 +71,76 @@ def entry(source, job: dict) -> Path | None:
 def recall(source, path: Path | None):
     """The ``CompiledKernel`` compiled from ``source`` in Triton's cache under the key
     remembered at ``path`` (its :func:`entry`), or None."""
+    known = _read(path)
+    return None if known is None else _found(source, known["hash"])
+
+
+def recall_jit(fn, path: Path | None):
+    """The ``CompiledKernel`` of ``fn`` remembered at ``path`` (a :func:`jit_entry`) with
+    the specialization it was compiled for, or None."""
+    known = _read(path)
+    if known is None or "signature" not in known:
+        return None
+    from triton.compiler import ASTSource
+
+    constants = {tuple(k): v for k, v in known["constants"]}
+    attrs = {tuple(k): v for k, v in known["attrs"]}
+    return _found(ASTSource(fn, known["signature"], constants, attrs), known["hash"])
+
+
+def _read(path: Path | None) -> dict | None:
     if path is None:
         return None
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return known if isinstance(known, dict) and "hash" in known else None
+
+
+def _found(source, key: str):
+    """The ``CompiledKernel`` of ``source`` in Triton's cache folder of ``key``, or None."""
     from triton.compiler import CompiledKernel
     from triton.runtime.cache import get_cache_manager
 
     file_name = f"{source.name[:150]}.json"  # as triton.compile names the metadata
-    group = get_cache_manager(known["hash"]).get_group(file_name)
+    group = get_cache_manager(key).get_group(file_name)
     if not group or file_name not in group:
         return None
-    return CompiledKernel(source, group, known["hash"])
+    return CompiledKernel(source, group, key)
 
 
 def remember(path: Path | None, compiled) -> None:
     """Write at ``path`` (an :func:`entry`) the key Triton's cache holds ``compiled``
     under."""
+    _write(path, {"hash": compiled.hash})
+
+
+def remember_jit(path: Path | None, compiled) -> None:
+    """Write at ``path`` (a :func:`jit_entry`) the key Triton's cache holds ``compiled``
+    under and the specialization its source was compiled for (where it is plain data)."""
+    src = compiled.src
+    known = {
+        "hash": compiled.hash,
+        "signature": src.signature,
+        "constants": [[list(k), v] for k, v in src.constants.items()],
+        "attrs": [[list(k), v] for k, v in src.attrs.items()],
+    }
+    plain = (int, float, bool, str, type(None))
+    if all(type(v) is str for v in src.signature.values()) and all(
+        type(v) in plain for v in src.constants.values()
+    ):
+        _write(path, known)
+
+
+def _write(path: Path | None, known: dict) -> None:
     if path is None:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "w") as f:
-            json.dump({"hash": compiled.hash}, f)
+            json.dump(known, f)
         os.replace(tmp, path)
     except OSError:  # a read-only cache costs the next process Triton's key, nothing more
         pass

@@ -9,6 +9,7 @@ option, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``)::
     <root>/runtime/  kiln-cpp's host runtime, where its installation cannot hold it
                      ($KILN_CPP_RUNTIME_DIR moves it)
     <root>/triton/   kiln-triton's kernels and autotuning winners ($KILN_TRITON_CACHE_DIR)
+    <root>/timings/  the graph rewrites' decisions timed on the device (kiln.device_timing)
 
 The cache holds code Kiln runs, so folders are made private to the user (mode 0o700), and a
 root that another user can write to (group- or world-writable, or owned by someone else) is
@@ -33,6 +34,7 @@ PARTS = {
     "cpp": "KILN_CPP_CACHE_DIR",
     "runtime": "KILN_CPP_RUNTIME_DIR",
     "triton": "KILN_TRITON_CACHE_DIR",
+    "timings": None,
 }
 
 
@@ -62,7 +64,7 @@ def usable_root(root: Path) -> Path | None:
 class CachePart:
     """One part of the cache: its folder, its size in bytes and how many entries it holds
     (graphs and signature records; libraries; runtime builds; kernel files and autotuning
-    winners)."""
+    winners; timed decisions)."""
 
     name: str
     path: Path
@@ -102,6 +104,8 @@ def _entries(name: str, folder: Path) -> int:
         return sum(1 for p in folder.rglob("*") if p.suffix in (".pt", ".record"))
     if name == "triton":
         return sum(1 for p in folder.rglob("*") if p.suffix in (".py", ".json"))
+    if name == "timings":
+        return sum(1 for p in folder.glob("*.json"))
     return sum(1 for p in folder.iterdir() if p.is_dir())  # one folder per library / build
 
 

@@ -28,13 +28,12 @@ added after it, within two roundings: a shape where they differ is kept apart.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
 import torch.fx
 
-from kiln.device_timing import device_time
+from kiln.device_timing import decided_once, device_time
 from kiln.graph_edits import call, calls, copy_graph, module_of, value
 from kiln_loopir import CONVOLUTION_RELU
 from kiln_loopir.convolution_relu import cudnn_call
@@ -188,9 +187,9 @@ def _fuse(graph: torch.fx.Graph, conv, bias, residual, replaced: list) -> None:
         graph.erase_node(node)
 
 
-@functools.cache
+@decided_once("ReLU epilogues of convolutions")
 def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, padding,
-          dilation, groups, out_stride, dtype, device) -> bool:  # fmt: skip
+          dilation, groups, out_stride, dtype, device) -> bool | None:  # fmt: skip
     """Whether cuDNN's fused convolution lays its output out as ``out_stride`` (the layout
     kiln-loopir then calls it for, with no copy), gives the convolution's values plus the
     bias (and residual) after a ReLU on random inputs, and takes at most 5 % longer than
@@ -227,7 +226,7 @@ def _free(x_shape, x_stride, w_shape, w_stride, has_bias, has_residual, stride, 
         alone_us, fused_us = device_time(alone), device_time(fused)
     except RuntimeError as exc:  # cuDNN has no fused form for these, say: keep them apart
         log.info("could not time convolution %s by %s with its ReLU: %s", x_shape, w_shape, exc)
-        return False
+        return None
     log.info(
         "convolution %s by %s %s: %.1f µs, with its ReLU%s %.1f µs",
         x_shape, w_shape, dtype, alone_us, " and residual" if has_residual else "", fused_us,

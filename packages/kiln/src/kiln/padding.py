@@ -16,13 +16,13 @@ parameters alone, so freezing (:mod:`kiln.freezing`) pads it once.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
 import torch.fx
 
 import kiln_autograd
+from kiln.device_timing import decided_once
 from kiln.graph_edits import call, computed_from, copy_graph, module_of, value
 
 aten = torch.ops.aten
@@ -98,8 +98,8 @@ def _pad(graph: torch.fx.Graph, node: torch.fx.Node, pad_n: int, pad_k: int) -> 
     graph.erase_node(node)
 
 
-@functools.cache
-def _faster(m, n, k, a_stride, b_stride, dtype, device, pad_n, pad_k, weight) -> bool:
+@decided_once("padded products")
+def _faster(m, n, k, a_stride, b_stride, dtype, device, pad_n, pad_k, weight) -> bool | None:
     """Whether the padded product (with its operands' padding, but a ``weight``'s, which
     freezing pads once, and the slice's copy) beats the plain one on ``device``, timed
     once per shape."""
@@ -118,7 +118,7 @@ def _faster(m, n, k, a_stride, b_stride, dtype, device, pad_n, pad_k, weight) ->
         padded_ms = _time(padded)
     except RuntimeError as exc:  # out of memory, say: keep the product as it is
         log.info("could not time padding %dx%dx%d: %s", m, n, k, exc)
-        return False
+        return None
     log.info("product %dx%dx%d %s: plain %.3f ms, padded %.3f ms", m, n, k, dtype, plain, padded_ms)
     return padded_ms < 0.9 * plain
 

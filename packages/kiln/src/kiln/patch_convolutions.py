@@ -27,14 +27,13 @@ faster.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
 import torch.fx
 
 from kiln import folding
-from kiln.device_timing import device_time
+from kiln.device_timing import decided_once, device_time
 from kiln.graph_edits import call, copy_graph, module_of, refresh_values, returned, value
 
 aten = torch.ops.aten
@@ -130,8 +129,8 @@ def _patches(graph: torch.fx.Graph, x, size: tuple, tiles: tuple) -> torch.fx.No
     return call(graph, aten.view.default, rows, [b * ho * wo, c * kh * kw])
 
 
-@functools.cache
-def _faster(x_shape, x_stride, w_shape, has_bias, dtype, device) -> bool:
+@decided_once("convolutions as products")
+def _faster(x_shape, x_stride, w_shape, has_bias, dtype, device) -> bool | None:
     """Whether the product (with its copy of the patches) beats the convolution by 10 %
     on ``device``, each timed from a CUDA graph; timed once per shape."""
     (b, _, h, width), (c_out, _, kh, kw) = x_shape, w_shape
@@ -151,7 +150,7 @@ def _faster(x_shape, x_stride, w_shape, has_bias, dtype, device) -> bool:
         as_product = device_time(product)
     except RuntimeError as exc:  # out of memory, say: keep the convolution
         log.info("could not time convolution %s by %s: %s", x_shape, w_shape, exc)
-        return False
+        return None
     log.info(
         "convolution %s by %s %s: %.1f µs, as a product %.1f µs",
         x_shape, w_shape, dtype, conv, as_product,

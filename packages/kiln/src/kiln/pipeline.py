@@ -15,10 +15,12 @@ pipeline for one aten graph, top to bottom:
    (:mod:`kiln.patch_convolutions`); freeze an inference graph, splitting off what its
    parameters and buffers alone compute, computed once (:mod:`kiln.freezing`: batch
    norms folded, weights laid out; on CUDA, products of one input by several weights
-   merged into one where faster, :mod:`kiln.sibling_products`); on CUDA, give a ReLU
-   after a convolution (and a residual) to cuDNN's fused convolution where that costs no
-   time (:mod:`kiln.convolution_epilogues`) and the other convolution biases to the
-   kernel after the convolution (:mod:`kiln.folding`);
+   merged into one where faster, :mod:`kiln.sibling_products`); on CUDA with
+   ``mode="max-autotune"``, give a ReLU after a convolution (and a residual) to cuDNN's
+   fused convolution where that costs no time (:mod:`kiln.convolution_epilogues`), and
+   always the other convolution biases to the kernel after the convolution
+   (:mod:`kiln.folding`). What "faster" is was timed on the device once per shape and
+   machine, and is kept in the cache (:mod:`kiln.device_timing`);
 4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
    kiln-autograd rebuilt from its record (a warm start, :mod:`kiln.signature_records`) is
@@ -40,6 +42,7 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.fx
@@ -49,6 +52,7 @@ import kiln_loopir
 from kiln import (
     attention,
     convolution_epilogues,
+    device_timing,
     epilogues,
     folding,
     freezing,
@@ -231,7 +235,8 @@ class AtenCompiler:
         codegen = self.pick_codegen(device)  # 2
         if codegen is None:
             return gm.forward
-        gm, example_inputs, frozen = self.rewrite(gm, example_inputs, device)  # 3
+        with device_timing.decisions_in(self.timings_root()):
+            gm, example_inputs, frozen = self.rewrite(gm, example_inputs, device)  # 3
         try:
             program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 4
         except kiln_autograd.NeedsTrace:
@@ -281,10 +286,10 @@ class AtenCompiler:
         attention over repeated keys and values given them before the repeat and
         convolutions whose kernel tiles the image computed as products where faster; an
         inference graph frozen (on CUDA, with its products of one input by several frozen
-        weights merged where faster: kept only where the graph is frozen); on CUDA, ReLUs
-        after convolutions (and residuals) applied by cuDNN's fused convolution where that
-        costs no time, and the other convolution biases added by the kernel after the
-        convolution. A rewrite that
+        weights merged where faster: kept only where the graph is frozen); on CUDA with
+        ``max_autotune``, ReLUs after convolutions (and residuals) applied by cuDNN's fused
+        convolution where that costs no time; the other convolution biases added by the
+        kernel after the convolution. A rewrite that
         fails is skipped (logged on ``kiln.fallbacks``). A graph these changed is dumped
         as ``<kind>_aten_rewritten.py``."""
         original = gm
@@ -307,8 +312,9 @@ class AtenCompiler:
             self.show_frozen(frozen)
             gm, example_inputs = frozen.graph, frozen.example_inputs
         if device.type == "cuda" and self.kind == "forward":
-            relus = convolution_epilogues.relu_epilogues
-            gm = self.optional("ReLU epilogues of convolutions", relus, gm) or gm
+            if self.options.max_autotune:  # cuDNN's fused forms cost seconds each to time
+                relus = convolution_epilogues.relu_epilogues
+                gm = self.optional("ReLU epilogues of convolutions", relus, gm) or gm
             gm = self.optional("moving biases", folding.biases_after_convolutions, gm) or gm
         if gm is not original and (self.frame.folder is not None or logs.enabled("graph")):
             code = gm.print_readable(print_output=False)
@@ -317,6 +323,11 @@ class AtenCompiler:
             )
             self.frame.dump(self.frame.file_name(f"{self.kind}_aten_rewritten.py"), code)
         return gm, example_inputs, frozen
+
+    def timings_root(self) -> Path | None:
+        """Where the rewrites' timed decisions are kept on disk (None: in this process
+        only, as with ``options={"cache": False}``)."""
+        return usable_root(cache_root(self.options)) if self.options.cache else None
 
     def optional(self, what: str, rewrite: Callable, *args):
         """``rewrite(*args)``, or None where it raises (logged: the graph is compiled

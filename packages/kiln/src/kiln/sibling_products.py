@@ -23,7 +23,6 @@ kept where it is at least 5 % faster.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import defaultdict
 
@@ -31,7 +30,7 @@ import torch
 import torch.fx
 
 import kiln_autograd
-from kiln.device_timing import device_time
+from kiln.device_timing import decided_once, device_time
 from kiln.graph_edits import call, calls, copy_graph, module_of, refresh_values, returned, value
 
 aten = torch.ops.aten
@@ -161,8 +160,8 @@ def _merge(graph: torch.fx.Graph, group: list[torch.fx.Node], state) -> list[tor
     return parts
 
 
-@functools.cache
-def _faster(m, k, widths, dtype, device) -> bool:
+@decided_once("merged products")
+def _faster(m, k, widths, dtype, device) -> bool | None:
     """Whether one product of width ``sum(widths)`` beats the separate products by 5 %
     on ``device``, each timed from a CUDA graph; timed once per shape."""
     try:
@@ -173,7 +172,7 @@ def _faster(m, k, widths, dtype, device) -> bool:
         together = device_time(lambda: torch.mm(a, merged.t()))
     except RuntimeError as exc:  # out of memory, say: keep the products as they are
         log.info("could not time merging products %dx%dx%s: %s", m, k, widths, exc)
-        return False
+        return None
     log.info(
         "products %dx%d by %s %s: apart %.1f µs, merged %.1f µs",
         m, k, list(widths), dtype, apart, together,
