@@ -127,6 +127,36 @@ def test_a_later_load_finds_the_binary_without_triton_s_cache_key(
     assert again.hash == first.hash and again.asm["cubin"] == first.asm["cubin"]
 
 
+def test_a_worker_compiles_its_first_job_without_importing_torch(
+    triton_cache, tmp_path, monkeypatch
+):
+    """torch takes seconds to import in a fresh interpreter (9 s a worker on a GPU
+    machine's host, sixteen starting at once): a worker's job must not need it, nor what
+    the cache's folders are worked out from."""
+    import pickle
+
+    from kiln_triton import compile_pool, compile_worker
+
+    monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(tmp_path / "kiln"))
+    kernel = compiled_kernel(_scale, [torch.randn(64, 48)], tmp_path, monkeypatch)
+    numels = kernel.numels(())
+    job = kernel.compile_job(candidates(kernel.meta, numels)[0], numels, SM90)
+    (tmp_path / "job.pickle").write_bytes(pickle.dumps(job))
+    script = textwrap.dedent(f"""
+        import pickle, runpy, sys
+        worker = runpy.run_path({compile_worker.__file__!r})  # as a worker, without main()
+        worker["_register_package"]()
+        with open({str(tmp_path / "job.pickle")!r}, "rb") as f:
+            reply = worker["compile_job"](pickle.load(f), {{}})
+        print(reply["error"], "torch" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True,
+                          env=compile_pool._worker_environment(), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "False"]
+    assert list((tmp_path / "kiln" / "binaries").glob("*.json"))  # remembered where it says
+
+
 def test_a_remembered_binary_gone_from_triton_s_cache_goes_to_triton(
     workers, triton_cache, tmp_path, monkeypatch
 ):

@@ -43,29 +43,38 @@ from pathlib import Path
 _key_thread: threading.Thread | None = None
 
 
+def folder() -> Path:
+    """Where the keys are remembered: ``binaries/`` in kiln-triton's cache."""
+    from kiln_triton import autotune
+
+    return autotune.cache_dir() / "binaries"
+
+
 def entry(source, job: dict) -> Path | None:
     """Where the key of ``job``'s binary (compiled from ``source``, an ``ASTSource``) is
-    remembered; None where Triton is set to compile anyway."""
-    described = {k: v for k, v in job.items() if k != "attrs"}
+    remembered; None where Triton is set to compile anyway. A job that names its
+    ``binaries_dir`` (:func:`kiln_triton.precompiled.compile_job`'s do) is remembered
+    there: a compile worker then never imports what the cache's folder is worked out from
+    (torch, which takes seconds to import in a fresh process)."""
+    described = {k: v for k, v in job.items() if k not in ("attrs", "binaries_dir")}
     described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
-    return _entry(described, source.fn)
+    where = job.get("binaries_dir")
+    return _entry(described, source.fn, Path(where) if where else None)
 
 
 def jit_entry(fn, described: list) -> Path | None:
     """Where the key of a compile of the ``@triton.jit`` function ``fn`` through its own
     launcher is remembered: ``described`` holds all its specialization and options follow
     from (its arguments, dtypes, warps, stages, the device's capability)."""
-    return _entry(described, fn)
+    return _entry(described, fn, None)
 
 
-def _entry(described, fn) -> Path | None:
+def _entry(described, fn, where: Path | None) -> Path | None:
     if _compiling_anyway():
         return None
-    from kiln_triton import autotune
-
     text = json.dumps([described, fn.cache_key, _installation(), _environment()], sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return autotune.cache_dir() / "binaries" / f"{key}.json"
+    return (where or folder()) / f"{key}.json"
 
 
 def recall(source, path: Path | None):

@@ -108,6 +108,7 @@ def compile_job(
         "options": options,
         "target": target,
         "cache_dir": triton_cache_dir(),
+        "binaries_dir": str(known_binaries.folder()),  # a worker need not work it out
     }
 
 
