@@ -115,3 +115,23 @@ def test_nodes_alike_share_one_trace(monkeypatch):
     # the second norm is like the first; another eps and another shape are traced anew
     assert len(traced_nodes) == 3
     assert lower(decomposed, inputs).format() == lower(retraced(gm), inputs).format()
+
+
+def test_nodes_alike_share_one_trace_when_their_recorded_op_is_a_copy(monkeypatch):
+    """A graph's tracer may record a copy of the op in ``meta["original_aten"]`` (it hashes
+    like the op but compares unequal): each of a model's layer norms was traced again."""
+    import copy
+
+    decompose_module = importlib.import_module("kiln_loopir.decompose")
+    traced_nodes = []
+    trace = decompose_module._trace
+    monkeypatch.setattr(
+        decompose_module, "_trace", lambda node, *a: traced_nodes.append(node) or trace(node, *a)
+    )
+    gm, inputs = traced("layer_norms_alike", dynamic=False)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            node.meta["original_aten"] = copy.copy(node.target)
+    decomposed = decompose(gm)
+    assert len(traced_nodes) == 3
+    assert lower(decomposed, inputs).format() == lower(retraced(gm), inputs).format()

@@ -148,7 +148,10 @@ def _trace_key(node: torch.fx.Node, leaves: list, spec, inputs: list[int]) -> tu
             return None
         layouts.append((layout, val.dtype, val.device, val.requires_grad))
     constants = tuple((type(leaf), leaf) for k, leaf in enumerate(leaves) if k not in inputs)
-    key = (node.target, node.meta.get("original_aten"), spec, constants, tuple(layouts))
+    # the recorded op by its name: a graph's tracer may record copies of an op, which hash
+    # alike but compare unequal (each layer norm of a model was traced again)
+    original = node.meta.get("original_aten")
+    key = (node.target, str(original), spec, constants, tuple(layouts))
     try:
         hash(key)
     except TypeError:
