@@ -122,8 +122,18 @@ class KernelTrace:
 
     @staticmethod
     def of(kernel: Kernel) -> KernelTrace:
-        handler = EventTrace()
-        stores = kernel.body(handler)
+        parts = kernel.node_traces()
+        if parts is None:  # a node indexes indirectly: its symbols are named per trace
+            handler = EventTrace()
+            stores = kernel.body(handler)
+        else:
+            handler = EventTrace()  # the kernel's events, loads and symbols: all readers use
+            stores = {}
+            for node, part in zip(kernel.nodes, parts, strict=True):
+                handler.events += part.events
+                handler.loads += part.loads
+                handler.symbols |= part.symbols
+                stores[node.name] = part.store
         same_point = all(
             sympy.expand(load.index - stores[load.buffer]) == 0
             for load in handler.loads
@@ -137,6 +147,73 @@ class KernelTrace:
             frozenset(handler.symbols),
             same_point,
         )
+
+
+@dataclass(frozen=True)
+class NodeTrace:
+    """What one node adds to a kernel's :class:`EventTrace`: its events and loads in order,
+    the symbols they mention and its store index. A node's share does not depend on the
+    nodes around it (a load of a buffer made earlier in the kernel is recorded all the
+    same), only on how the kernel runs it: its level, the loop variables it is given and
+    whether it stores."""
+
+    events: tuple
+    loads: tuple
+    symbols: frozenset
+    store: sympy.Expr
+    indirect: bool  # it made symbols of indirect indexing (named by the handler's count)
+
+    @staticmethod
+    def of(node: ComputedNode, how: tuple) -> NodeTrace:
+        """``node``'s share when a kernel runs it ``how`` (see :meth:`Kernel.node_traces`),
+        traced once per body and buffer layout."""
+        layout = (node.buffer.size, node.buffer.stride)
+        memo = node.__dict__.get("_node_traces")
+        if memo is None or memo[0] is not node.body or memo[1] != layout:
+            memo = (node.body, layout, {})
+            node.__dict__["_node_traces"] = memo
+        found = memo[2].get(how)
+        if found is None:
+            level, n_ranges, n_reduction, order, stored = how
+            handler = EventTrace()
+            store = run_node(handler, node, level, n_ranges, n_reduction, order, stored)
+            found = NodeTrace(
+                tuple(handler.events),
+                tuple(handler.loads),
+                frozenset(handler.symbols),
+                store,
+                bool(handler.indirect),
+            )
+            memo[2][how] = found
+        return found
+
+
+def run_node(ops, node: ComputedNode, level: str, n_ranges: int, n_reduction: int,
+             order: tuple[int, ...] | None, stored: bool) -> sympy.Expr:  # fmt: skip
+    """Drive ``ops`` through one node of a kernel over ``n_ranges`` outer and
+    ``n_reduction`` reduction loops: its inner function at ``level`` (an inner node's loops
+    reordered by ``order``), its reduction or scan, and its store where ``stored``.
+    Returns its store index; ``ops.local_values`` gets its value variable."""
+    xs, rs = index_vars(n_ranges), reduction_vars(n_reduction)
+    if level == "inner":
+        loops = xs + rs
+        if order is not None:
+            loops = [loops[d] for d in order]
+        value = node.body.call(ops, loops, [])
+        index = node.store_index(ops, loops)
+    else:
+        value = node.body.call(ops, xs, rs)
+        index = node.store_index(ops, xs, rs)
+    if isinstance(node.body, Reduction):
+        value = ops.reduction(node.body.reduction_type, value, node.body.src_dtype)
+    if isinstance(node.body, Scan):
+        value = ops.scan(node.body.scan_type, value, node.body.src_dtype)
+    accumulate = isinstance(node.body, Scatter) and node.body.accumulate
+    if stored:
+        ops.store(node.name, index, value, accumulate)
+    if not isinstance(node.body, Scatter):
+        ops.local_values[node.name] = value
+    return index
 
 
 @dataclass(eq=False)
@@ -212,32 +289,29 @@ class Kernel:
         """Drive ``ops`` through the whole kernel: every node's inner function, its
         reduction and its store (skipped for local buffers). ``ops.local_values`` gets each
         produced buffer's value variable. Returns each node's store index."""
-        xs = index_vars(len(self.ranges))
-        rs = reduction_vars(len(self.reduction_ranges))
         stores: dict[str, sympy.Expr] = {}
+        for node, how in zip(self.nodes, self._runs(), strict=True):
+            stores[node.name] = run_node(ops, node, *how)
+        return stores
+
+    def node_traces(self) -> list[NodeTrace] | None:
+        """Each node's share of the kernel's trace, or None where a node indexes
+        indirectly (the kernel is traced whole)."""
+        parts = [
+            NodeTrace.of(node, how) for node, how in zip(self.nodes, self._runs(), strict=True)
+        ]
+        return None if any(part.indirect for part in parts) else parts
+
+    def _runs(self) -> list[tuple]:
+        """How each node runs: ``(level, outer loops, reduction loops, order, stored)``."""
+        runs = []
         for node, level in zip(self.nodes, self.levels(), strict=True):
             if level is None:
                 raise ValueError(f"{node.name} does not fit the iteration space of {self.name}")
-            if level == "inner":
-                loops = xs + rs
-                if node.name in self.orders:
-                    loops = [loops[d] for d in self.orders[node.name]]
-                value = node.body.call(ops, loops, [])
-                index = node.store_index(ops, loops)
-            else:
-                value = node.body.call(ops, xs, rs)
-                index = node.store_index(ops, xs, rs)
-            if isinstance(node.body, Reduction):
-                value = ops.reduction(node.body.reduction_type, value, node.body.src_dtype)
-            if isinstance(node.body, Scan):
-                value = ops.scan(node.body.scan_type, value, node.body.src_dtype)
-            stores[node.name] = index
-            accumulate = isinstance(node.body, Scatter) and node.body.accumulate
-            if node.name not in self.local_buffers:
-                ops.store(node.name, index, value, accumulate)
-            if not isinstance(node.body, Scatter):
-                ops.local_values[node.name] = value
-        return stores
+            order = self.orders.get(node.name) if level == "inner" else None
+            stored = node.name not in self.local_buffers
+            runs.append((level, len(self.ranges), len(self.reduction_ranges), order, stored))
+        return runs
 
     def trace(self) -> TraceHandler:
         handler = TraceHandler()
