@@ -269,6 +269,8 @@ class ComputedNode:
     body: Pointwise | Reduction | Scan | Scatter
     origins: tuple[str, ...] = ()
     _traced: tuple | None = field(default=None, repr=False)  # (body, layout, trace)
+    # (body, layout, {how a kernel runs it: kernel.NodeTrace}): its shares of kernel traces
+    _node_traces: tuple | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:

@@ -122,12 +122,11 @@ class KernelTrace:
 
     @staticmethod
     def of(kernel: Kernel) -> KernelTrace:
+        handler = EventTrace()
         parts = kernel.node_traces()
         if parts is None:  # a node indexes indirectly: its symbols are named per trace
-            handler = EventTrace()
             stores = kernel.body(handler)
-        else:
-            handler = EventTrace()  # the kernel's events, loads and symbols: all readers use
+        else:  # the events, loads and symbols the kernel's readers use, node by node
             stores = {}
             for node, part in zip(kernel.nodes, parts, strict=True):
                 handler.events += part.events
@@ -168,10 +167,9 @@ class NodeTrace:
         """``node``'s share when a kernel runs it ``how`` (see :meth:`Kernel.node_traces`),
         traced once per body and buffer layout."""
         layout = (node.buffer.size, node.buffer.stride)
-        memo = node.__dict__.get("_node_traces")
+        memo = node._node_traces
         if memo is None or memo[0] is not node.body or memo[1] != layout:
-            memo = (node.body, layout, {})
-            node.__dict__["_node_traces"] = memo
+            memo = node._node_traces = (node.body, layout, {})
         found = memo[2].get(how)
         if found is None:
             level, n_ranges, n_reduction, order, stored = how
