@@ -110,8 +110,6 @@ def planned_jobs(kernels: Sequence[TritonKernel]) -> list[tuple]:
             winner = k.tuned_winner(numels)
             configs = [winner] if winner in configs else configs
         for c in configs:
-            if c.variant.endswith("_split"):
-                continue  # two functions and a workspace: compiled at the first launch
             if precompiled.binary(k.source_hash, c, tuple(numels.values())) is not None:
                 continue
             jobs.setdefault((k.source_hash, c, tuple(numels.values())), (k, c, numels))
@@ -122,24 +120,30 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
     """Compile ``jobs`` in the worker processes for ``target``, then load each binary here
     (Triton's cache has it) as the worker finishes it. Returns how many were compiled and
     the failures (kernel, config: error)."""
-    futures: dict = {}
+    futures: dict = {}  # each worker's job -> what it is part of
     failures: list[str] = []
     for kernel, config, numels in jobs:
         try:
-            job = kernel.compile_job(config, numels, target)
+            parts = kernel.compile_jobs(config, numels, target)
         except Exception as exc:  # noqa: BLE001 - a type Kiln's specialization lacks
             _failed(failures, kernel, config, exc)
             continue
-        futures[workers.submit(job)] = (kernel, config, numels, job)
+        waiting = {"left": len(parts), "failed": False}
+        for part in parts:
+            futures[workers.submit(part)] = (kernel, config, numels, parts, waiting)
     compiled = 0
     for future in as_completed(futures):
-        kernel, config, numels, job = futures[future]
+        kernel, config, numels, parts, waiting = futures[future]
+        waiting["left"] -= 1
         try:
             future.result()
-            kernel.adopt(config, numels, job)
-            compiled += 1
+            if waiting["left"] == 0 and not waiting["failed"]:  # a split reduction's both
+                kernel.adopt(config, numels, parts)
+                compiled += 1
         except Exception as exc:  # noqa: BLE001
-            _failed(failures, kernel, config, exc)
+            if not waiting["failed"]:
+                _failed(failures, kernel, config, exc)
+            waiting["failed"] = True
     return compiled, failures
 
 
@@ -158,7 +162,7 @@ def _load_in_process(jobs: list[tuple], target: tuple) -> tuple[int, list[str]]:
     def load(job) -> bool:
         kernel, config, numels = job
         try:
-            kernel.adopt(config, numels, kernel.compile_job(config, numels, target))
+            kernel.adopt(config, numels, kernel.compile_jobs(config, numels, target))
             return True
         except Exception as exc:  # noqa: BLE001 - reported when the kernel launches
             _failed(failures, kernel, config, exc)
@@ -182,6 +186,8 @@ def _compile_in_threads(jobs: list[tuple]) -> tuple[int, list[str]]:
             _failed(failures, kernel, config, exc)
             return False
 
+    # a split reduction's two kernels and workspace compile at its first launch
+    jobs = [job for job in jobs if not job[1].variant.endswith("_split")]
     threads = int(os.environ.get("KILN_TRITON_COMPILE_THREADS", os.cpu_count() or 4))
     if threads <= 1:
         return sum(build(job) for job in jobs), failures

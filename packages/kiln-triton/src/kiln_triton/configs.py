@@ -15,6 +15,9 @@ WIDE_PERSISTENT_MAX = 32768
 SPLIT_MIN_RNUMEL = 8192
 SPLIT_BELOW_PROGRAMS = 256
 SPLIT_PROGRAMS = 1024
+# a split reduction's finish combines an XBLOCK x SPLIT_BLOCK tile of partials at once: at
+# most this many (64 x 1024 Welford partials took 14 s to compile, ResNet-50's batch norms)
+SPLIT_FINISH_TILE = 8192
 # a column reduction over fewer rows, but at least SPLIT_MIN_COLUMN_RNUMEL, that as few
 # programs would run is split too where timing says so (MobileNetV3's squeeze-and-excite
 # means over 28 x 28 images: 8 x 72 columns of 784 rows ran in 18-72 programs, 8.5 µs)
@@ -147,7 +150,8 @@ def split_configs(
         if xblocks >= SPLIT_BELOW_PROGRAMS:
             continue
         rb = min(max(8, 2048 // xb), next_pow2(rnumel))
-        nsplit = max(2, min(next_pow2(SPLIT_PROGRAMS // xblocks), rnumel // rb))
+        nsplit = min(next_pow2(SPLIT_PROGRAMS // xblocks), rnumel // rb, SPLIT_FINISH_TILE // xb)
+        nsplit = max(2, nsplit)
         out.append(Config(f"{name}_split", (("XBLOCK", xb), ("RBLOCK", rb), ("NSPLIT", nsplit)),
                           _warps(xb * rb, 4, 8)))  # fmt: skip
     return _unique(out)

@@ -23,7 +23,8 @@ compiled through its ``@triton.jit`` function's own launcher from plain data (Ki
 attention kernels, :mod:`kiln_triton.attention_kernels`): the entry also keeps the
 specialization (signature, constants, attributes) the source was compiled for.
 
-Kernels compiled at a launch (split reductions, symbolic sizes) still need Triton's key.
+Kernels compiled at a launch (symbolic sizes, calls with misaligned tensors) still need
+Triton's key.
 :func:`compute_key_in_background` starts computing it in a thread, once per process
 (``TritonCodegen.prepare``, which ``kiln.compile()`` calls on a machine with CUDA), so
 that it overlaps the capture of the first call (reading and hashing the files release the

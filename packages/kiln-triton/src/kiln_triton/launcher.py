@@ -31,6 +31,7 @@ INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block p
 # per-call argument specialization (KILN_TRITON_DIRECT_LAUNCH=0 goes through Triton's)
 DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") == "1"
 MAX_SIZES = 256  # sizes whose launch a kernel keeps
+FINISH_WARPS = 4  # a split reduction's finish
 
 
 @dataclass
@@ -45,6 +46,13 @@ class SplitLaunch:
     nsplit: int
     workspace_size: int
     workspace: torch.Tensor | None = None
+    compiled: tuple = ()  # the chunks' and the finish's kernels, where compiled ahead
+
+    def workspace_on(self, device: torch.device) -> torch.Tensor:
+        """The workspace, made on ``device`` at the first launch there."""
+        if self.workspace is None or self.workspace.device != device:
+            self.workspace = torch.empty(self.workspace_size, dtype=torch.float32, device=device)
+        return self.workspace
 
 
 @dataclass
@@ -71,11 +79,9 @@ class Launch:
         if s is None:
             self.fn[self.grid](*args, *self.numels, **self.kwargs)
             return
-        device = args[0].device  # type: ignore[attr-defined]
-        if s.workspace is None or s.workspace.device != device:
-            s.workspace = torch.empty(s.workspace_size, dtype=torch.float32, device=device)
-        self.fn[self.grid](*args, *self.numels, s.workspace, s.rsplit, **self.kwargs)
-        s.finish[s.grid](*args, *self.numels, s.workspace, s.nsplit, s.rsplit, **s.kwargs)
+        workspace = s.workspace_on(args[0].device)  # type: ignore[attr-defined]
+        self.fn[self.grid](*args, *self.numels, workspace, s.rsplit, **self.kwargs)
+        s.finish[s.grid](*args, *self.numels, workspace, s.nsplit, s.rsplit, **s.kwargs)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -93,6 +99,13 @@ def _specialized(n: int) -> tuple[bool, bool, bool]:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def split_chunks(rnumel: int, rblock: int, nsplit: int) -> tuple[int, int]:
+    """``(rsplit, nsplit)``: chunks of the reduction a whole number of ``rblock`` long,
+    ``nsplit`` of them at most."""
+    rsplit = _cdiv(_cdiv(rnumel, nsplit), rblock) * rblock
+    return rsplit, _cdiv(rnumel, rsplit)
 
 
 def direct_runner(kernel, grid: tuple[int, int, int]):
@@ -248,9 +261,13 @@ class TritonKernel:
         launch = Launch(fn, grid, tuple(numels.values()), kwargs, config)
         if nsplit:
             launch.split = self._split(launch, blocks, numels, nsplit, index64)
-        elif not index64 and DIRECT_LAUNCH and not INTERPRET:
+        if not index64 and DIRECT_LAUNCH and not INTERPRET:
             kernel = precompiled.binary(self.source_hash, config, launch.numels)
-            if kernel is not None:  # compiled when the graph compiled (codegen.precompile)
+            if kernel is None:  # not compiled when the graph compiled (codegen.precompile)
+                return launch
+            if launch.split is not None:
+                self._launch_split_compiled(launch, *kernel)
+            else:
                 self._launch_compiled(launch, kernel)
         return launch
 
@@ -269,24 +286,36 @@ class TritonKernel:
     def _split(self, launch: Launch, blocks: dict, numels: dict, nsplit: int, index64: bool):
         """Chunks of the reduction a whole number of ``RBLOCK`` long, ``nsplit`` of them at
         most, and the finishing launch over the output blocks."""
-        rnumel, rblock = numels["rnumel"], blocks["RBLOCK"]
-        rsplit = _cdiv(_cdiv(rnumel, nsplit), rblock) * rblock
-        nsplit = _cdiv(rnumel, rsplit)
+        rsplit, nsplit = split_chunks(numels["rnumel"], blocks["RBLOCK"], nsplit)
         xblocks = launch.grid[0]
         launch.grid = (xblocks * nsplit,)
-        kwargs = {
-            "XBLOCK": blocks["XBLOCK"],
-            "SPLIT_BLOCK": next_pow2(nsplit),
-            "RBLOCK": rblock,
-            "INDEX64": index64,
-        }
+        kwargs = _finish_constants(blocks, nsplit, index64)
         if not INTERPRET:
-            kwargs["num_warps"] = 4
+            kwargs["num_warps"] = FINISH_WARPS
         finish = getattr(self.module, f"{self.meta['name']}_split_finish")
         size = self.meta["split_parts"] * nsplit * numels["xnumel"]
         # with a loop after the reduction, each chunk's program finishes its own chunk
         grid = launch.grid if self.meta.get("split_epilogue") else (xblocks,)
         return SplitLaunch(finish, grid, kwargs, rsplit, nsplit, size)
+
+    def _launch_split_compiled(self, launch: Launch, first, finish) -> None:
+        """Launch a split reduction's two kernels (compiled for aligned pointers) directly
+        from now on, with its workspace made at the first launch."""
+        s, numels = launch.split, launch.numels
+        run_first = direct_runner(first, (*launch.grid, 1, 1)[:3])
+        run_finish = direct_runner(finish, (*s.grid, 1, 1)[:3])
+        after = self._nargs + len(numels) + 1  # the tensors, the numels, the workspace
+        first_tail = (s.rsplit, *_constants_after(launch.fn, after + 1, launch.kwargs))
+        finish_tail = (s.nsplit, s.rsplit, *_constants_after(s.finish, after + 2, s.kwargs))
+        workspace_on = s.workspace_on
+
+        def runner(*tensors):
+            workspace = workspace_on(tensors[0].device)
+            run_first(*tensors, *numels, workspace, *first_tail)
+            run_finish(*tensors, *numels, workspace, *finish_tail)
+
+        launch.runner, launch.tail = runner, ()
+        s.compiled = (first, finish)
 
     def warmup(self, config: Config, numels: dict[str, int]) -> None:
         """Compile ``config`` for these (static) sizes without launching it."""
@@ -294,22 +323,37 @@ class TritonKernel:
         dtypes = [getattr(torch, d) for d in self.meta["dtypes"]]
         launch.fn.warmup(*dtypes, *launch.numels, grid=launch.grid, **launch.kwargs)
 
-    def compile_job(self, config: Config, numels: dict[str, int], target: tuple) -> dict:
+    def compile_jobs(self, config: Config, numels: dict[str, int], target: tuple) -> list[dict]:
         """What a compile worker needs to compile ``config`` for these (static) sizes with
-        Kiln's specialization (see :mod:`kiln_triton.precompiled`)."""
-        fn = getattr(self.module, config.variant)
+        Kiln's specialization (see :mod:`kiln_triton.precompiled`): one job, two for a split
+        reduction (its chunks' kernel, then its finish)."""
         blocks = {k: v for k, v in config.blocks if k != "NSPLIT"}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        tensors, sizes = list(self.meta["dtypes"]), list(numels.values())
+        nsplit = dict(config.blocks).get("NSPLIT")
+        if not nsplit:
+            return [self._job(config.variant, [*tensors, *sizes], blocks, options, target)]
+        rsplit, nsplit = split_chunks(numels["rnumel"], blocks["RBLOCK"], nsplit)
+        finish = f"{self.meta['name']}_split_finish"
+        return [
+            self._job(config.variant, [*tensors, *sizes, "float32", rsplit], blocks, options,
+                      target),
+            self._job(finish, [*tensors, *sizes, "float32", nsplit, rsplit],
+                      _finish_constants(blocks, nsplit, False), {"num_warps": FINISH_WARPS},
+                      target),
+        ]  # fmt: skip
+
+    def _job(self, function: str, args: list, constants: dict, options: dict, target) -> dict:
         return precompiled.compile_job(
-            fn, self.module.__file__, self.meta["dtypes"], tuple(numels.values()),
-            {**blocks, "INDEX64": False}, options, target,
+            getattr(self.module, function), self.module.__file__, args,
+            {**constants, "INDEX64": False}, options, target,
         )  # fmt: skip
 
-    def adopt(self, config: Config, numels: dict[str, int], job: dict):
-        """Load the binary a worker compiled for ``job`` (Triton's cache has it) and launch
-        it at these sizes from now on."""
-        fn = getattr(self.module, config.variant)
-        kernel = precompiled.load(fn, job)
+    def adopt(self, config: Config, numels: dict[str, int], jobs: list[dict]):
+        """Load the binaries a worker compiled for ``jobs`` (Triton's cache has them) and
+        launch them at these sizes from now on: the kernel (a split reduction's pair)."""
+        kernels = [precompiled.load(getattr(self.module, j["function"]), j) for j in jobs]
+        kernel = kernels[0] if len(kernels) == 1 else tuple(kernels)
         precompiled.keep(self.source_hash, config, tuple(numels.values()), kernel)
         return kernel
 
@@ -356,3 +400,19 @@ class TritonKernel:
             self._tuning_key(kept_numels, kept_sizes, device), best, timings, self._tuning_dir
         )
         return best
+
+
+def _finish_constants(blocks: dict, nsplit: int, index64: bool) -> dict:
+    """The constants of a split reduction's finish over ``nsplit`` chunks."""
+    return {
+        "XBLOCK": blocks["XBLOCK"],
+        "SPLIT_BLOCK": next_pow2(nsplit),
+        "RBLOCK": blocks["RBLOCK"],
+        "INDEX64": index64,
+    }
+
+
+def _constants_after(fn, first: int, kwargs: dict) -> tuple:
+    """The values of ``fn``'s arguments from position ``first`` on (its constants, which
+    a compiled kernel's launcher takes too), from ``kwargs``."""
+    return tuple(kwargs[name] for name in fn.arg_names[first:])

@@ -148,8 +148,11 @@ def _planned(fn: TritonKernel, scratch: list[torch.Tensor]):
 
 
 def _compile_split(launch, scratch: list[torch.Tensor]):
-    """The two compiled kernels of a split reduction's launches, loaded."""
+    """The two compiled kernels of a split reduction's launches, loaded (compiled ahead
+    by the compile workers where they could, else through Triton's launcher here)."""
     s = launch.split
+    if s.compiled:
+        return s.compiled
     first = _compiled(
         launch.fn, [*scratch, *launch.numels, s.workspace, s.rsplit], launch.grid, launch.kwargs
     )

@@ -7,9 +7,10 @@ specialization itself and calls ``triton.compile`` directly:
 
 - tensors are pointers of their dtype, assumed 16-byte aligned (the launcher takes this
   binary only for aligned calls, see ``TritonKernel._aligned``; others go through Triton's
-  launcher, which compiles its own);
+  launcher, which compiles its own); so is a split reduction's workspace;
 - each numel is a runtime ``i32`` (``i64`` past 32 bits), marked divisible by 16 where it
-  is (it is a number fixed for the launch);
+  is (it is a number fixed for the launch); so are a split reduction's chunk length and
+  chunk count;
 - block sizes and ``INDEX64`` are the constants, ``num_warps``/``num_stages`` the options.
 
 A job (:func:`compile_job`) is plain data, compiled in a worker process
@@ -43,12 +44,14 @@ ELEMENT_TYPES = {
 }
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
-# (kernel source hash, configuration, numels) -> the CompiledKernel made for it
+# (kernel source hash, configuration, numels) -> the CompiledKernel made for it (a split
+# reduction's: the pair of its chunks' kernel and its finish)
 _BINARIES: dict[tuple[str, Config, tuple[int, ...]], object] = {}
 
 
 def binary(source_hash: str, config: Config, numels: tuple[int, ...]):
-    """The kernel compiled ahead for this launch (32-bit indices), or None."""
+    """The kernel compiled ahead for this launch (32-bit indices; a pair for a split
+    reduction), or None."""
     return _BINARIES.get((source_hash, config, numels))
 
 
@@ -75,29 +78,27 @@ def triton_cache_dir() -> str:
 def compile_job(
     fn,
     path: str,
-    dtypes: list[str],
-    numels: tuple[int, ...],
+    args: list[str | int],
     constants: dict,
     options: dict,
     target: tuple[str, int, int],
 ) -> dict:
     """``triton.compile``'s arguments for ``fn`` (a ``@triton.jit`` function of the
-    module at ``path``) called with tensors of ``dtypes``, then ``numels``, then
-    ``constants``: plain data for a worker."""
+    module at ``path``) called with ``args`` (a tensor's dtype name for each tensor, the
+    number itself for each integer), then ``constants``: plain data for a worker."""
     signature: dict[str, str] = {}
     attrs: dict[tuple[int], list] = {}
     for i, name in enumerate(fn.arg_names):
         if name in constants:
             signature[name] = "constexpr"
-        elif i < len(dtypes):
-            if dtypes[i] not in ELEMENT_TYPES:
-                raise ValueError(f"{name}: no Triton pointer type for {dtypes[i]}")
-            signature[name] = "*" + ELEMENT_TYPES[dtypes[i]]
+        elif isinstance(arg := args[i], str):
+            if arg not in ELEMENT_TYPES:
+                raise ValueError(f"{name}: no Triton pointer type for {arg}")
+            signature[name] = "*" + ELEMENT_TYPES[arg]
             attrs[(i,)] = DIVISIBLE_BY_16
         else:
-            n = numels[i - len(dtypes)]
-            signature[name] = "i32" if INT32_MIN <= n <= INT32_MAX else "i64"
-            attrs[(i,)] = DIVISIBLE_BY_16 if n % 16 == 0 else []
+            signature[name] = "i32" if INT32_MIN <= arg <= INT32_MAX else "i64"
+            attrs[(i,)] = DIVISIBLE_BY_16 if arg % 16 == 0 else []
     return {
         "path": path,
         "module": fn.fn.__module__,
