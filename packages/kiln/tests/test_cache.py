@@ -63,7 +63,7 @@ def entries(root):
 
 def compile_and_check(options):
     torch.manual_seed(0)
-    model = Block()
+    model = Block().eval()  # in training mode, its backward would be compiled (and kept) too
     x = torch.randn(4, 16)
     torch.testing.assert_close(kiln.compile(model, options=options)(x), model(x))
 
@@ -101,7 +101,7 @@ def test_an_entry_for_the_python_host_program_is_not_loaded_for_the_native_one(t
     compile_and_check({**options, "host_program": "python"})
     kiln.reset()
     torch.manual_seed(0)
-    model, x = Block(), torch.randn(4, 16)
+    model, x = Block().eval(), torch.randn(4, 16)
     compiled = kiln.compile(model, options={**options, "host_program": "native"})
     torch.testing.assert_close(compiled(x), model(x))  # "native" raises without one
     assert "loopir" in kiln.compile_times(), "compiled again, with its native host program"

@@ -8,6 +8,7 @@ The stages are public on their own (:func:`trace_joint_graph`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -21,7 +22,13 @@ from kiln_autograd.fake import captured_examples, fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
 from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
 from kiln_autograd.records import encode_inference, encode_training
-from kiln_autograd.runtime import Compiler, InferenceRunner, TrainingRunner, example_values
+from kiln_autograd.runtime import (
+    BackwardAhead,
+    Compiler,
+    InferenceRunner,
+    TrainingRunner,
+    example_values,
+)
 from kiln_autograd.signature_cache import (
     SignatureCache,
     encode_record,
@@ -58,6 +65,7 @@ class Options:
     dynamic: bool
     cache: SignatureCache | None = None
     direct_gradients: bool = False
+    backward_ahead: BackwardAhead | None = None
 
 
 def aot(
@@ -71,6 +79,7 @@ def aot(
     dynamic: bool = False,
     cache: SignatureCache | None = None,
     direct_gradients: bool = False,
+    backward_ahead: BackwardAhead | None = None,
 ) -> AOTCompiled:
     """Compile ``gm`` for ``example_inputs``; the result takes the graph's inputs.
 
@@ -97,6 +106,12 @@ def aot(
     gradients into their ``.grad`` itself, in ``loss.backward()``, instead of through one
     autograd accumulator node per parameter; parameters are then out of reach of
     ``torch.autograd.grad`` and ``backward(inputs=...)`` (:mod:`kiln_autograd.direct_gradients`).
+
+    ``backward_ahead(compile, bw_graph, example_inputs)`` is asked, once a training
+    signature is partitioned and before its forward compiles, to start compiling its
+    backward graph (where its sizes are numbers): it returns what gives the compiled graph
+    at the first backward (waiting for it), or None to have the first backward compile it,
+    as it does without the hook.
     """
     if partitioner not in PARTITIONERS:
         raise ValueError(
@@ -112,6 +127,7 @@ def aot(
         dynamic=dynamic or is_dynamic(example_inputs),
         cache=cache,
         direct_gradients=direct_gradients,
+        backward_ahead=backward_ahead,
     )
     lifted = lift(gm)
     state = captured_state_inputs(gm, list(example_inputs))
@@ -256,8 +272,13 @@ def compile_signature(
     primals = [n.name for n in joint.gm.graph.nodes if n.op == "placeholder"]
     note_static_inputs(parts.bw, {primals[i] for i in static_inputs})
     data = encode_record(key, encode_training, parts, joint)
-    compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
     compile_bw = store_after(options.bw_compiler, options, key, data)
+    bw_inputs = example_values(parts.bw)
+    started = None
+    if options.backward_ahead and not options.dynamic and not is_dynamic(bw_inputs):
+        started = options.backward_ahead(compile_bw, parts.bw, bw_inputs)
+    compile_bw = started or functools.partial(compile_bw, parts.bw, bw_inputs)
+    compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
     return TrainingRunner(compiled_fw, parts, joint, compile_bw)
 
 

@@ -27,6 +27,9 @@ from kiln_autograd.partition import PartitionedGraphs, view_root
 from kiln_autograd.trace import JointGraph, differentiable_outputs
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
+# starts compiling a backward graph: (compiler, graph, example inputs) -> what gives the
+# compiled graph at the first backward, or None (the first backward compiles it)
+BackwardAhead = Callable[[Compiler, torch.fx.GraphModule, list], Callable[[], Callable] | None]
 
 
 def example_values(gm: torch.fx.GraphModule) -> list[object]:
@@ -60,21 +63,22 @@ class InferenceRunner:
 
 
 class TrainingRunner:
-    """Runs a compiled forward in an ``autograd.Function`` whose backward is compiled lazily
-    (at the first backward), unless ``compiled_bw`` is given."""
+    """Runs a compiled forward in an ``autograd.Function`` whose backward graph is
+    ``compiled_bw``, or what ``compile_bw()`` returns at the first backward (it compiles the
+    graph then, or waits for a :class:`~kiln_autograd.background.BackgroundCompile`)."""
 
     def __init__(
         self,
         compiled_fw: Callable,
         parts: PartitionedGraphs,
         joint: JointGraph,
-        bw_compiler: Compiler,
+        compile_bw: Callable[[], Callable] | None = None,
         compiled_bw: Callable | None = None,
     ) -> None:
         self.meta = joint.meta
         self.parts = parts
         self.joint = joint
-        self.function = _make_function(compiled_fw, parts, joint, bw_compiler, compiled_bw)
+        self.function = _make_function(compiled_fw, parts, joint, compile_bw, compiled_bw)
         # autograd.Function.apply less its Python prologue, which binds default arguments
         # (the function has none) and unwraps dead functorch wrappers one argument at a
         # time (there are none unless a functorch transform is active): torch's C++ apply
@@ -137,7 +141,7 @@ def _make_function(
     compiled_fw: Callable,
     parts: PartitionedGraphs,
     joint: JointGraph,
-    bw_compiler: Compiler,
+    compile_bw: Callable[[], Callable] | None,
     compiled_bw: Callable | None,
 ) -> type[torch.autograd.Function]:
     meta = joint.meta
@@ -208,8 +212,7 @@ def _make_function(
             ]
             saved = [*ctx.saved_tensors, *ctx.symints]
             if not compiled_bws:
-                compiled = bw_compiler(parts.bw, example_values(parts.bw))
-                compiled_bws.append(without_autocast(compiled, autocast))
+                compiled_bws.append(without_autocast(compile_bw(), autocast))
             with torch.no_grad():
                 grads = compiled_bws[0](*saved, *tangents)
             result: list[object] = [None] * num_inputs

@@ -206,6 +206,4 @@ def restore_runner(options: Options, key: str | None) -> InferenceRunner | Train
     except NeedsTrace as exc:
         log.debug("signature record %s: a compiler needs the traced graphs (%s)", key, exc)
         return None
-    return TrainingRunner(
-        compiled_fw, record.parts, record.joint, options.bw_compiler, compiled_bw=compiled_bw
-    )
+    return TrainingRunner(compiled_fw, record.parts, record.joint, compiled_bw=compiled_bw)

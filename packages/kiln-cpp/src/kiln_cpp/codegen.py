@@ -13,6 +13,7 @@ from kiln_cpp.host import NativeHost, load_runtime, render_host
 from kiln_cpp.library import library_source
 from kiln_cpp.prelude import PRELUDE
 from kiln_cpp.render import render_group, render_kernel
+from kiln_loopir import compile_lock
 from kiln_loopir.kernel import Kernel
 from kiln_loopir.launch import LaunchGroup
 
@@ -156,7 +157,8 @@ class CppCodegen:
             return []
         host_source = None if host is None else "\n" + HOST_HEADER + host.source
         library = library_source(PRELUDE, sources, host_source)
-        path, built = build.build(library.units, library.host)
+        with compile_lock.waiting():  # another graph's compile may work meanwhile
+            path, built = build.build(library.units, library.host)
         self.builds += built
         self.cache_hits += not built
         _KERNEL_COUNTS["built"] += library.distinct if built else 0

@@ -6,9 +6,10 @@ import importlib.util
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from kiln_cpp import cache_dirs
+from kiln_loopir import compile_lock
 from kiln_loopir.kernel import Kernel
 from kiln_triton import autotune, known_binaries, precompiled
 from kiln_triton.compile_pool import compile_workers, compiles_for_gpu, start_compile_workers
@@ -131,9 +132,10 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
         waiting = {"left": len(parts), "failed": False}
         for part in parts:
             futures[workers.submit(part)] = (kernel, config, numels, parts, waiting)
+    with compile_lock.waiting():  # another graph's compile may work meanwhile
+        wait(futures)
     compiled = 0
-    for future in as_completed(futures):
-        kernel, config, numels, parts, waiting = futures[future]
+    for future, (kernel, config, numels, parts, waiting) in futures.items():
         waiting["left"] -= 1
         try:
             future.result()

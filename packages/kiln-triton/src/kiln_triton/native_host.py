@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
+from kiln_loopir import compile_lock
 from kiln_loopir.host import HostNotRendered
 from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
@@ -130,7 +131,10 @@ def _loaded(host):
     from kiln_cpp import build
     from kiln_cpp.codegen import HOST_HEADER, load_program
 
-    path, _ = build.build([], host=HOST_HEADER + host.source, host_flags=build.LAUNCH_HOST_FLAGS)
+    with compile_lock.waiting():  # another graph's compile may work meanwhile
+        path, _ = build.build(
+            [], host=HOST_HEADER + host.source, host_flags=build.LAUNCH_HOST_FLAGS
+        )
     host.program = load_program(build.load(path), host)
     return host
 

@@ -73,6 +73,10 @@ class Options:
     # parameter; parameters are then out of reach of torch.autograd.grad(loss, params) and
     # backward(inputs=params), and hooks on accumulator nodes do not run (tensor hooks do)
     direct_gradients: bool = False
+    # a training graph's backward compiles in a thread while its forward compiles (sizes
+    # that are numbers), the capture waiting for both (kiln/backward_ahead.py): None (when
+    # a module in training mode is called), True (always), False (at the first backward)
+    backward_ahead: bool | None = None
 
     def code_settings(self) -> dict[str, object]:
         """The options that change a graph's generated code: part of its cache key (an
@@ -142,7 +146,7 @@ def _check_option(name: str, value: object, default: object) -> None:
                 f"kiln.compile(options={{'partitioner': {value!r}}}): use one of {PARTITIONERS}"
             )
         return
-    if name in ("cudagraphs", "channels_last", "fused_attention"):
+    if name in ("cudagraphs", "channels_last", "fused_attention", "backward_ahead"):
         if value not in (None, True, False):
             raise TypeError(f"kiln.compile(options={{{name!r}: ...}}) takes True, False or None")
         return

@@ -49,7 +49,33 @@ def compile_times() -> dict[str, float]:
 
 
 _frames_made = 0  # frames made in this process, to tell a call that compiled
-_staged_seconds = 0.0  # seconds charged to the stages of frames, in all
+# per thread: seconds charged to the stages of frames, and spent waiting on other threads'
+_this_thread = threading.local()
+
+
+_called: object = None  # what the latest call_timing_capture called (a module, or a label)
+
+
+def calling_a_module_in_training() -> bool:
+    """Whether the call now capturing is of a module in training mode (whose backward
+    will follow, as a rule)."""
+    return getattr(_called, "training", False) is True
+
+
+def _not_capture() -> float:
+    """Seconds this thread spent in stages, or waiting for another thread's."""
+    return getattr(_this_thread, "staged", 0.0)
+
+
+@contextlib.contextmanager
+def waiting_for_other_threads():
+    """Time spent waiting for compiles another thread runs (and charges to its stages):
+    not charged to ``capture`` either."""
+    started = perf_counter()
+    try:
+        yield
+    finally:
+        _this_thread.staged = _not_capture() + perf_counter() - started
 
 
 def call_timing_capture(fn, args, kwargs, what: object):
@@ -57,13 +83,15 @@ def call_timing_capture(fn, args, kwargs, what: object):
     the stages the frames timed is charged to ``capture`` (tracing the bytecode, building
     guards and code, and the first run) and logged on the ``perf`` log, naming ``what``
     (a label, or the module called)."""
-    made, staged = _frames_made, _staged_seconds
+    global _called
+    _called = what
+    made, staged = _frames_made, _not_capture()
     started = perf_counter()
     out = fn(*args, **kwargs)
     if _frames_made != made:
         elapsed = perf_counter() - started
         label = what if isinstance(what, str) else type(what).__qualname__
-        capture = max(elapsed - (_staged_seconds - staged), 0.0)
+        capture = max(elapsed - (_not_capture() - staged), 0.0)
         with _lock:
             _totals["capture"] += capture
         logs.logger("perf").info(
@@ -115,7 +143,7 @@ class Frame:
             self.folder.mkdir(parents=True, exist_ok=True)
         self.started = time.perf_counter()
         self.times: dict[str, float] = defaultdict(float)
-        self._running: list[list] = []  # [stage, started] of the stages now open, innermost last
+        self._threads = threading.local()  # per thread: the stages it has open
         self._files: set[str] = set()
 
     # --- debug files ------------------------------------------------------------
@@ -143,12 +171,29 @@ class Frame:
 
     # --- stage times and progress -------------------------------------------------
 
+    @property
+    def _running(self) -> list[list]:
+        """``[stage, started]`` of the stages this thread has open, innermost last (a
+        backward compiled ahead times its stages in a thread of its own)."""
+        running = getattr(self._threads, "running", None)
+        if running is None:
+            running = self._threads.running = []
+        return running
+
+    @property
+    def _unlogged(self) -> dict[str, float]:
+        """The stage times this thread charged since its last :meth:`log_perf`."""
+        times = getattr(self._threads, "unlogged", None)
+        if times is None:
+            times = self._threads.unlogged = defaultdict(float)
+        return times
+
     def _charge(self, stage: str, seconds: float) -> None:
-        global _staged_seconds
-        self.times[stage] += seconds
+        _this_thread.staged = _not_capture() + seconds
+        self._unlogged[stage] += seconds
         with _lock:
+            self.times[stage] += seconds
             _totals[stage] += seconds
-            _staged_seconds += seconds
 
     @contextlib.contextmanager
     def stage(self, stage: str, what: str = ""):
@@ -175,12 +220,14 @@ class Frame:
                 )
 
     def log_perf(self, what: str) -> None:
-        """Log the stage times since the last call (then start counting afresh)."""
-        if logs.enabled("perf") and self.times:
-            parts = ", ".join(f"{k} {v:.3f} s" for k, v in self.times.items())
-            total = sum(self.times.values())
+        """Log the stage times this thread charged since its last call (a backward compiled
+        ahead logs its own), then start counting afresh."""
+        times = dict(self._unlogged)
+        self._unlogged.clear()
+        if logs.enabled("perf") and times:
+            parts = ", ".join(f"{k} {v:.3f} s" for k, v in times.items())
+            total = sum(times.values())
             logs.logger("perf").info("%s %s: %.3f s (%s)", self.describe(), what, total, parts)
-        self.times.clear()
 
     def describe(self) -> str:
         return f"{self.name} ({self.function})"

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -64,15 +63,16 @@ from kiln import (
     runtime,
     sibling_products,
 )
+from kiln.backward_ahead import Ahead
 from kiln.cache import Entry, GraphCache, graph_key, load_entry
 from kiln.cache_folders import usable_root
 from kiln.config import Config, cache_root
 from kiln.constants import lift_constants
-from kiln.frames import Frame
+from kiln.frames import Frame, calling_a_module_in_training, waiting_for_other_threads
 from kiln.freezing import FrozenGraph, WithFrozenState
 from kiln.signature_records import SignatureRecords
-from kiln_capture.user_frames import user_stacklevel
-from kiln_loopir import HostProgram
+from kiln_capture.user_frames import warn_user
+from kiln_loopir import HostProgram, compile_lock
 from kiln_loopir.compile import graph_device
 
 cache_log = logging.getLogger("kiln.cache")
@@ -156,11 +156,9 @@ def _count(n: int, noun: str) -> str:
 
 def _warn_eager(frame: Frame, kind: str, reason: str) -> None:
     frame.ran_eagerly = True  # no signature record then: its graphs have no cache entries
-    warnings.warn(
+    warn_user(
         f"kiln: {frame.describe()} {kind} graph runs eagerly (ATen kernels, no generated "
-        f"code): {reason}",
-        RuntimeWarning,
-        stacklevel=user_stacklevel(),
+        f"code): {reason}"
     )
 
 
@@ -225,6 +223,10 @@ class AtenCompiler:
         self.generate = generate  # False: aot_eager, the aten graph runs as it is
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]):
+        with compile_lock.compiling():  # a backward compiled ahead takes turns with others
+            return self._compile(gm, example_inputs)
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]):
         frame, kind = self.frame, self.kind
         self.show_aten_graph(gm)  # 1
         if not self.generate:
@@ -267,7 +269,7 @@ class AtenCompiler:
             )
         if frozen is not None:
             compiled = WithFrozenState(compiled, frozen)
-        if kind == "backward":  # compiled at the first backward, after capture finished
+        if kind == "backward":  # compiled ahead, or at the first backward
             frame.log_perf("backward compiled")
         return compiled
 
@@ -478,6 +480,14 @@ class AtenCompiler:
             frame.dump(frame.file_name(f"{kind}_host.cpp"), entry.native_host["source"])
 
 
+def _backward_ahead(options) -> bool:
+    """Whether a training graph's backward compiles while its forward does (option
+    ``backward_ahead``; None: where a module in training mode is being called)."""
+    if options.backward_ahead is None:
+        return calling_a_module_in_training()
+    return options.backward_ahead
+
+
 def signature_records(config: Config, frame: Frame) -> SignatureRecords | None:
     """kiln-autograd's record cache under the cache root, where the on-disk cache is on."""
     if not config.options.cache:
@@ -494,16 +504,23 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
     forward's host program itself where autograd has nothing to add."""
 
     def trace(gm: torch.fx.GraphModule, example_inputs: list[object]):
-        with frame.stage("autograd"):
-            return kiln_autograd.aot(
-                gm,
-                example_inputs,
-                fw_compiler=AtenCompiler(config, frame, "forward", generate),
-                bw_compiler=AtenCompiler(config, frame, "backward", generate),
-                partitioner=config.options.partitioner,
-                cache=signature_records(config, frame),
-                direct_gradients=config.options.direct_gradients,
-            ).guarded()
+        ahead = Ahead() if generate and _backward_ahead(config.options) else None
+        try:
+            with compile_lock.compiling(), frame.stage("autograd"):
+                return kiln_autograd.aot(
+                    gm,
+                    example_inputs,
+                    fw_compiler=AtenCompiler(config, frame, "forward", generate),
+                    bw_compiler=AtenCompiler(config, frame, "backward", generate),
+                    partitioner=config.options.partitioner,
+                    cache=signature_records(config, frame),
+                    direct_gradients=config.options.direct_gradients,
+                    backward_ahead=ahead,
+                ).guarded()
+        finally:
+            if ahead is not None:  # the backward's compile, started ahead, ends here
+                with waiting_for_other_threads():
+                    ahead.close()
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[object]):
         for rewritten in rewrites(gm, example_inputs):  # the captured graph rewritten

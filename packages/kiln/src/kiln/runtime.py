@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
 from kiln import tensor_views
 from kiln._plugins import RUNTIME_GROUP, load_plugins
-from kiln_capture.user_frames import user_stacklevel
+from kiln_capture.user_frames import warn_user
 
 MIN_GRAPH_STEPS = 8  # kernels and extern calls from which the default mode replays a graph
 # the most output bytes per step the default mode copies after a replay: a launch costs
@@ -61,7 +60,7 @@ def _warn_once(message: str) -> None:
         if message in _warned:
             return
         _warned.add(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=user_stacklevel())
+    warn_user(message)
 
 
 def find_runtime(device_type: str) -> tuple[object | None, str]:
