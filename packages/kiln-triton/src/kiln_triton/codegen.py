@@ -6,7 +6,7 @@ import importlib.util
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from kiln_cpp import cache_dirs
 from kiln_loopir import compile_lock
@@ -132,20 +132,22 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
         waiting = {"left": len(parts), "failed": False}
         for part in parts:
             futures[workers.submit(part)] = (kernel, config, numels, parts, waiting)
-    with compile_lock.waiting():  # another graph's compile may work meanwhile
-        wait(futures)
     compiled = 0
-    for future, (kernel, config, numels, parts, waiting) in futures.items():
-        waiting["left"] -= 1
-        try:
-            future.result()
-            if waiting["left"] == 0 and not waiting["failed"]:  # a split reduction's both
-                kernel.adopt(config, numels, parts)
-                compiled += 1
-        except Exception as exc:  # noqa: BLE001
-            if not waiting["failed"]:
-                _failed(failures, kernel, config, exc)
-            waiting["failed"] = True
+    # another graph's compile may work meanwhile: loading a binary (Triton's cache and the
+    # remembered keys, both safe from threads) needs no fake tensor and no device
+    with compile_lock.waiting():
+        for future in as_completed(futures):
+            kernel, config, numels, parts, waiting = futures[future]
+            waiting["left"] -= 1
+            try:
+                future.result()
+                if waiting["left"] == 0 and not waiting["failed"]:  # a split's both parts
+                    kernel.adopt(config, numels, parts)
+                    compiled += 1
+            except Exception as exc:  # noqa: BLE001
+                if not waiting["failed"]:
+                    _failed(failures, kernel, config, exc)
+                waiting["failed"] = True
     return compiled, failures
 
 
