@@ -7,20 +7,10 @@ import threading
 
 import pytest
 import torch
+from helpers import Block
 
 import kiln
 from kiln import pipeline
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(16)
-        self.up = torch.nn.Linear(16, 32)
-        self.down = torch.nn.Linear(32, 16)
-
-    def forward(self, x):
-        return self.down(torch.nn.functional.gelu(self.up(self.norm(x)))) + x
 
 
 @pytest.fixture
@@ -54,7 +44,10 @@ def test_the_backward_compiles_in_a_thread_before_the_first_call_returns(compile
     eager(x).square().sum().backward()
     assert len(compiles) == 2  # the first backward compiled nothing more
     for p, q in zip(compiled.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        if q.grad is None:  # the unused Linear's
+            assert p.grad is None
+        else:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
     assert sum(kiln.compile_times().get(s, 0) for s in ("lowering", "build")) > 0
 
 
