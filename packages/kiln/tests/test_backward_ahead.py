@@ -84,3 +84,16 @@ def test_a_failed_backward_compile_raises_at_the_first_backward(monkeypatch):
     torch.testing.assert_close(out, eager(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(RuntimeError, match="the backward does not compile"):
         out.sum().backward()
+
+
+def test_the_module_called_last_is_not_kept_alive():
+    import gc
+    import weakref
+
+    model = Block()
+    compiled = kiln.compile(model, options={"cache": False})
+    compiled(torch.randn(4, 16)).sum().backward()
+    alive = weakref.ref(model)
+    del model, compiled
+    gc.collect()
+    assert alive() is None, "a compiled call kept its module alive"

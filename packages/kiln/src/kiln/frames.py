@@ -53,13 +53,15 @@ _frames_made = 0  # frames made in this process, to tell a call that compiled
 _this_thread = threading.local()
 
 
-_called: object = None  # what the latest call_timing_capture called (a module, or a label)
+# whether the latest call_timing_capture called a module in training mode (a flag, not the
+# module: a module the user let go must not be kept alive here)
+_called_in_training = False
 
 
 def calling_a_module_in_training() -> bool:
     """Whether the call now capturing is of a module in training mode (whose backward
     will follow, as a rule)."""
-    return getattr(_called, "training", False) is True
+    return _called_in_training
 
 
 def _not_capture() -> float:
@@ -83,8 +85,8 @@ def call_timing_capture(fn, args, kwargs, what: object):
     the stages the frames timed is charged to ``capture`` (tracing the bytecode, building
     guards and code, and the first run) and logged on the ``perf`` log, naming ``what``
     (a label, or the module called)."""
-    global _called
-    _called = what
+    global _called_in_training
+    _called_in_training = getattr(what, "training", False) is True
     made, staged = _frames_made, _not_capture()
     started = perf_counter()
     out = fn(*args, **kwargs)
