@@ -65,7 +65,7 @@ class InferenceRunner:
 class TrainingRunner:
     """Runs a compiled forward in an ``autograd.Function`` whose backward graph is
     ``compiled_bw``, or what ``compile_bw()`` returns at the first backward (it compiles the
-    graph then, or waits for a :class:`~kiln_autograd.background.BackgroundCompile`)."""
+    graph then, or waits for the compile that ``aot(backward_ahead=...)`` started)."""
 
     def __init__(
         self,
