@@ -198,8 +198,8 @@ class TritonKernel:
 
     def _launch_compiled(self, launch: Launch, kernel) -> None:
         """Launch ``kernel`` (compiled for aligned pointers) directly from now on."""
-        names = launch.fn.arg_names[self._nargs + self._nsizes + len(launch.numels) :]
-        launch.tail = (*launch.numels, *(launch.kwargs[n] for n in names))
+        after = self._nargs + self._nsizes + len(launch.numels)  # tensors, sizes, numels
+        launch.tail = (*launch.numels, *_constants_after(launch.fn, after, launch.kwargs))
         launch.runner = direct_runner(kernel, (*launch.grid, 1, 1)[:3])
         launch.compiled = kernel
         if launch.specialization:
