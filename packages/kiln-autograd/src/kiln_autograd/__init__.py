@@ -30,7 +30,7 @@ from kiln_autograd.decompositions import (
 )
 from kiln_autograd.errors import NeedsTrace, UnsupportedError
 from kiln_autograd.partition import PartitionedGraphs
-from kiln_autograd.records import is_restored
+from kiln_autograd.records import Unserializable, decode_graphs, encode_graphs, is_restored
 from kiln_autograd.signature_cache import SignatureCache
 from kiln_autograd.static_inputs import (
     STATIC_INPUTS,
@@ -55,6 +55,9 @@ __all__ = [
     "aot",
     "decomposition_table",
     "is_restored",
+    "encode_graphs",
+    "decode_graphs",
+    "Unserializable",
     "op_set_table",
     "partition",
     "register_decomposition",

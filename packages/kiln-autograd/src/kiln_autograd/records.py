@@ -2,8 +2,9 @@
 
 A *record* holds what the runners of one input signature need (see
 :mod:`kiln_autograd.runtime`): the :class:`GraphMeta`, the partition's counts and the
-forward/backward (or inference) aten graphs. It is JSON, followed by the graphs' constant
-tensors (``get_attr``) written with ``torch.save`` and read with
+forward/backward (or inference) aten graphs; a compiler keeps graphs it made of its own
+(:func:`encode_graphs`: named graphs and plain data about them). It is JSON, followed by
+the graphs' constant tensors (``get_attr``) written with ``torch.save`` and read with
 ``torch.load(weights_only=True)``: nothing but data is ever read from a cache folder.
 
 A graph is its nodes in order, each ``[op, name, target, args, kwargs, value]``: the
@@ -100,6 +101,14 @@ def encode_training(parts: PartitionedGraphs, joint: JointGraph) -> bytes:
             },
         }
     )
+
+
+def encode_graphs(graphs: dict[str, torch.fx.GraphModule], info: dict) -> bytes:
+    """Aten graphs by name and plain data about them (JSON: numbers, strings, lists,
+    dicts), as a record of their own: what a compiler keeps of the graphs it made from a
+    signature's graph (raises :class:`Unserializable`)."""
+    encoded = {name: _encode_graph(gm) for name, gm in graphs.items()}
+    return _save({"kind": "graphs", "info": info, "graphs": encoded})
 
 
 def _save(record: dict) -> bytes:
@@ -234,12 +243,9 @@ def _tensor_spec(t: torch.Tensor) -> list:
 def decode(data: bytes) -> Record:
     """The record written by :func:`encode_inference` or :func:`encode_training`, its
     graphs rebuilt with FakeTensor values of one new FakeTensorMode."""
-    size = int.from_bytes(data[:8], "little")
-    record = json.loads(data[8 : 8 + size])
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ValueError("it was written in another format")
-    rest = data[8 + size :]
-    constants = torch.load(io.BytesIO(rest), weights_only=True) if rest else {}
+    record, constants = _load(data)
+    if record.get("kind") not in ("inference", "training"):
+        raise ValueError(f"it is a record of {record.get('kind')!r}, not of a signature")
     for name, graph in record["graphs"].items():
         graph["constants"] = constants.get(name, {})
     mode = FakeTensorMode()
@@ -264,6 +270,31 @@ def decode(data: bytes) -> Record:
         grad_inputs=tuple(j["grad_inputs"]),
     )
     return Record("training", meta, graphs, parts, joint)
+
+
+def decode_graphs(data: bytes) -> tuple[dict[str, torch.fx.GraphModule], dict]:
+    """The graphs and data written by :func:`encode_graphs`, the graphs' values FakeTensors
+    of one new FakeTensorMode (raises ValueError for a record of another kind or format)."""
+    record, constants = _load(data)
+    if record.get("kind") != "graphs":
+        raise ValueError(f"it is a record of {record.get('kind')!r}, not of graphs")
+    mode = FakeTensorMode()
+    graphs = {}
+    for name, graph in record["graphs"].items():
+        graph["constants"] = constants.get(name, {})
+        graphs[name] = _decode_graph(graph, mode)
+    return graphs, record["info"]
+
+
+def _load(data: bytes) -> tuple[dict, dict]:
+    """A record's JSON and its graphs' constant tensors (by graph name)."""
+    size = int.from_bytes(data[:8], "little")
+    record = json.loads(data[8 : 8 + size])
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ValueError("it was written in another format")
+    rest = data[8 + size :]
+    constants = torch.load(io.BytesIO(rest), weights_only=True) if rest else {}
+    return record, constants
 
 
 def _decode_meta(m: dict) -> GraphMeta:

@@ -10,7 +10,8 @@ second process that compiles the same graph loads the entry and hands the source
 code generator, whose own cache holds the built kernels: nothing is lowered, scheduled or
 compiled again. Beside the entries, kiln-autograd's signature records
 (:mod:`kiln.signature_records`, ``<key>.record``) spare the second process tracing the aten
-graphs too.
+graphs too, and the rewrites' records (:mod:`kiln.rewrite_records`, ``<key>.rewrites``)
+rewriting them.
 
 Entries lie under ``<root>/graphs/`` (see :mod:`kiln.cache_folders` for the root and the
 code generators' folders beside it) in folders private to the user. Entries are written
@@ -60,8 +61,10 @@ FORMAT = 13  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt
 # an arena temporary as if it started the arena: wrong results in format 12's programs)
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 DEFAULT_MAX_MB = 4096
-# kiln-autograd's signature records (kiln.signature_records) lie beside the entries
+# kiln-autograd's signature records (kiln.signature_records) and the rewrites of aten
+# graphs (kiln.rewrite_records) lie beside the entries
 RECORD_SUFFIX = ".record"
+REWRITES_SUFFIX = ".rewrites"
 
 
 def max_bytes() -> int | None:
@@ -285,7 +288,11 @@ class GraphCache:
         """Remove the least recently used entries (by access time) until the entries take
         ``limit`` bytes or less, never ``keep``; returns how many were removed."""
         found = []
-        for path in [*self.root.glob("*/*.pt"), *self.root.glob(f"*/*{RECORD_SUFFIX}")]:
+        for path in [
+            *self.root.glob("*/*.pt"),
+            *self.root.glob(f"*/*{RECORD_SUFFIX}"),
+            *self.root.glob(f"*/*{REWRITES_SUFFIX}"),
+        ]:
             try:
                 info = path.stat()
             except OSError:  # removed meanwhile

@@ -100,8 +100,9 @@ def _megabytes(size: int) -> str:
 
 def _entries(name: str, folder: Path) -> int:
     if name == "graphs":
-        # compiled graphs and kiln-autograd's signature records (see kiln.signature_records)
-        return sum(1 for p in folder.rglob("*") if p.suffix in (".pt", ".record"))
+        # compiled graphs, kiln-autograd's signature records (kiln.signature_records) and
+        # the rewrites' records (kiln.rewrite_records)
+        return sum(1 for p in folder.rglob("*") if p.suffix in (".pt", ".record", ".rewrites"))
     if name == "triton":
         return sum(1 for p in folder.rglob("*") if p.suffix in (".py", ".json"))
     if name == "timings":

@@ -37,12 +37,14 @@ def compile_times() -> dict[str, float]:
     Stages: ``capture`` (bytecode capture, guards and the first run of a call that
     compiled), ``autograd`` (tracing the aten graphs and partitioning; on a warm start,
     rebuilding them from kiln-autograd's record), ``autograd_cache`` (reading and writing
-    those records on disk), kiln-loopir's ``lowering`` (decompositions, loop IR, constant
+    those records on disk), ``rewrite`` (the aten graphs' rewrites: padding, freezing,
+    ...), kiln-loopir's ``lowering`` (decompositions, loop IR, constant
     folding), ``fusion`` (kernels, fusion, order) and ``memory`` (memory plan, kernel
     arguments), ``loopir`` (the rest of kiln-loopir: the Python host program), ``render``
     and ``build`` (the code generator), ``host`` (a native host program built after the
     kernels: planning and timing launches),
-    ``cache_load`` (a graph found in the on-disk cache), ``runtime`` (mode plug-ins).
+    ``cache_load`` (a graph found in the on-disk cache, a rewrite record read),
+    ``runtime`` (mode plug-ins).
     """
     with _lock:
         return dict(_totals)

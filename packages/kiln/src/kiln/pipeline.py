@@ -20,7 +20,8 @@ pipeline for one aten graph, top to bottom:
    fused convolution where that costs no time (:mod:`kiln.convolution_epilogues`), and
    always the other convolution biases to the kernel after the convolution
    (:mod:`kiln.folding`). What "faster" is was timed on the device once per shape and
-   machine, and is kept in the cache (:mod:`kiln.device_timing`);
+   machine, and is kept in the cache (:mod:`kiln.device_timing`). A warm start reads
+   what the rewrites made instead (:mod:`kiln.rewrite_records`);
 4. load the graph from the on-disk cache, or lower, schedule and generate it
    (kiln-loopir's ``compile_fx`` with the code generator) and store it there; a graph
    kiln-autograd rebuilt from its record (a warm start, :mod:`kiln.signature_records`) is
@@ -70,6 +71,7 @@ from kiln.config import Config, cache_root
 from kiln.constants import lift_constants
 from kiln.frames import Frame, calling_a_module_in_training, waiting_for_other_threads
 from kiln.freezing import FrozenGraph, WithFrozenState
+from kiln.rewrite_records import RewriteRecords, Rewritten, rewrite_key
 from kiln.signature_records import SignatureRecords
 from kiln_capture.user_frames import warn_user
 from kiln_loopir import HostProgram, compile_lock
@@ -237,8 +239,8 @@ class AtenCompiler:
         codegen = self.pick_codegen(device)  # 2
         if codegen is None:
             return gm.forward
-        with device_timing.decisions_in(self.timings_root()):
-            gm, example_inputs, frozen = self.rewrite(gm, example_inputs, device)  # 3
+        made = self.rewritten(gm, example_inputs, device, codegen)  # 3
+        gm, example_inputs, frozen = made.graph, made.example_inputs, made.frozen
         try:
             program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 4
         except kiln_autograd.NeedsTrace:
@@ -282,6 +284,52 @@ class AtenCompiler:
         logs.logger("graph").info("%s %s aten graph:\n%s", self.frame.describe(), self.kind, code)
         self.frame.dump(self.frame.file_name(f"{self.kind}_aten.py"), code)
 
+    def rewritten(self, gm, example_inputs, device: torch.device, codegen) -> Rewritten:
+        """The graph rewritten (:meth:`rewrite`), or read from the record that a compile of
+        the same graph kept, where the graph cache holds what it leads to (a warm start:
+        :mod:`kiln.rewrite_records`)."""
+        root = usable_root(cache_root(self.options)) if self.options.cache else None
+        settings = self.options.code_settings()
+        key = None
+        if root is not None:
+            rewrites = {**settings, "freezing": self.options.freezing}
+            key = rewrite_key(gm, example_inputs, codegen, rewrites, self.kind, device)
+        records = RewriteRecords(root) if key is not None else None
+        if key is not None:
+            with self.frame.stage("cache_load"):
+                found = records.load(key, gm, example_inputs)
+                kept = found is not None and self.in_graph_cache(root, found, codegen, settings)
+            if kept:
+                self.show_rewritten(gm, found)
+                return found
+            if found is not None and kiln_autograd.is_restored(gm):  # lowering needs a trace
+                raise kiln_autograd.NeedsTrace(f"{self.kind} graph not in the graph cache")
+        with self.frame.stage("rewrite"), device_timing.decisions_in(self.timings_root()):
+            made = Rewritten(*self.rewrite(gm, example_inputs, device))
+        self.show_rewritten(gm, made)
+        if records is not None:
+            with self.frame.stage("cache_load"):
+                records.store(key, gm, example_inputs, made)
+        return made
+
+    def in_graph_cache(self, root: Path, made: Rewritten, codegen, settings) -> bool:
+        """Whether the graph cache holds the compiled form of a rewritten graph."""
+        key = _cache_key(made.graph, made.example_inputs, codegen, settings)
+        return key is not None and GraphCache(root).path(key).exists()
+
+    def show_rewritten(self, original: torch.fx.GraphModule, made: Rewritten) -> None:
+        """Log and dump what the rewrites changed (the frozen graphs, the rewritten one)."""
+        if self.frame.folder is None and not logs.enabled("graph"):
+            return  # printing the graphs costs more than rewriting them
+        if made.frozen is not None:
+            self.show_frozen(made.frozen)
+        if made.graph is not original:
+            code = made.graph.print_readable(print_output=False)
+            logs.logger("graph").info(
+                "%s %s graph, rewritten:\n%s", self.frame.describe(), self.kind, code
+            )
+            self.frame.dump(self.frame.file_name(f"{self.kind}_aten_rewritten.py"), code)
+
     def rewrite(self, gm: torch.fx.GraphModule, example_inputs, device: torch.device):
         """``(graph, example inputs, frozen graph or None)``: on CUDA, badly aligned
         products padded where faster, tanh GELUs given to the products before them and
@@ -294,7 +342,6 @@ class AtenCompiler:
         kernel after the convolution. A rewrite that
         fails is skipped (logged on ``kiln.fallbacks``). A graph these changed is dumped
         as ``<kind>_aten_rewritten.py``."""
-        original = gm
         if device.type == "cuda":
             gm = self.optional("padding products", padding.padded_products, gm) or gm
             gm = self.optional("GELU epilogues", epilogues.gelu_epilogues, gm) or gm
@@ -311,19 +358,12 @@ class AtenCompiler:
             if frozen is None and merged is not None:  # unfrozen, the merged weights cost
                 frozen = self.optional("freezing", freezing.freeze, gm, example_inputs)
         if frozen is not None:
-            self.show_frozen(frozen)
             gm, example_inputs = frozen.graph, frozen.example_inputs
         if device.type == "cuda" and self.kind == "forward":
             if self.options.max_autotune:  # cuDNN's fused forms cost seconds each to time
                 relus = convolution_epilogues.relu_epilogues
                 gm = self.optional("ReLU epilogues of convolutions", relus, gm) or gm
             gm = self.optional("moving biases", folding.biases_after_convolutions, gm) or gm
-        if gm is not original and (self.frame.folder is not None or logs.enabled("graph")):
-            code = gm.print_readable(print_output=False)
-            logs.logger("graph").info(
-                "%s %s graph, rewritten:\n%s", self.frame.describe(), self.kind, code
-            )
-            self.frame.dump(self.frame.file_name(f"{self.kind}_aten_rewritten.py"), code)
         return gm, example_inputs, frozen
 
     def timings_root(self) -> Path | None:
