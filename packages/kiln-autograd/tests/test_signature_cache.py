@@ -206,3 +206,28 @@ def test_targets_outside_the_op_registry_are_refused():
     assert _target_name(__import__("operator").getitem) == "operator.getitem"
     with pytest.raises(Unserializable):
         _target_name(lambda x: x)
+
+
+def test_a_compiler_s_graphs_round_trip_as_a_record_of_their_own():
+    seen: list[torch.fx.GraphModule] = []
+
+    def keep(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    model, gm = graph_module()
+    signatures = DictCache()
+    check_training(gm, model, signatures, keep)
+    forward = seen[0]
+    info = {"made": "by a test", "counts": [1, 2]}
+    graphs, back = kiln_autograd.decode_graphs(kiln_autograd.encode_graphs({"fw": forward}, info))
+    assert back == info
+    restored = graphs["fw"]
+    assert restored.code == forward.code and kiln_autograd.is_restored(restored)
+    placeholders = restored.graph.find_nodes(op="placeholder")
+    args = [torch.randn(p.meta["val"].shape) for p in placeholders]
+    with torch.no_grad():
+        torch.testing.assert_close(restored(*args), forward(*args))
+    (signature,) = signatures.data.values()
+    with pytest.raises(ValueError, match="not of graphs"):
+        kiln_autograd.decode_graphs(signature)
