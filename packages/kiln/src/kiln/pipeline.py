@@ -15,8 +15,10 @@ pipeline for one aten graph, top to bottom:
    (:mod:`kiln.patch_convolutions`); freeze an inference graph, splitting off what its
    parameters and buffers alone compute, computed once (:mod:`kiln.freezing`: batch
    norms folded, weights laid out; on CUDA, products of one input by several weights
-   merged into one where faster, :mod:`kiln.sibling_products`); on CUDA with
-   ``mode="max-autotune"``, give a ReLU after a convolution (and a residual) to cuDNN's
+   merged into one where faster, :mod:`kiln.sibling_products`); on CUDA, compute a
+   forward graph's depthwise convolutions as sums of shifted products, which fuse into
+   one generated kernel (:mod:`kiln.depthwise_convolutions`), and with
+   ``mode="max-autotune"`` give a ReLU after a convolution (and a residual) to cuDNN's
    fused convolution where that costs no time (:mod:`kiln.convolution_epilogues`), and
    always the other convolution biases to the kernel after the convolution
    (:mod:`kiln.folding`). What "faster" is was timed on the device once per shape and
@@ -52,6 +54,7 @@ import kiln_loopir
 from kiln import (
     attention,
     convolution_epilogues,
+    depthwise_convolutions,
     device_timing,
     epilogues,
     folding,
@@ -336,12 +339,13 @@ class AtenCompiler:
         attention over repeated keys and values given them before the repeat and
         convolutions whose kernel tiles the image computed as products where faster; an
         inference graph frozen (on CUDA, with its products of one input by several frozen
-        weights merged where faster: kept only where the graph is frozen); on CUDA with
+        weights merged where faster: kept only where the graph is frozen); on CUDA, a
+        forward graph's depthwise convolutions as sums of shifted products, and with
         ``max_autotune``, ReLUs after convolutions (and residuals) applied by cuDNN's fused
         convolution where that costs no time; the other convolution biases added by the
-        kernel after the convolution. A rewrite that
-        fails is skipped (logged on ``kiln.fallbacks``). A graph these changed is dumped
-        as ``<kind>_aten_rewritten.py``."""
+        kernel after the convolution. A rewrite that fails is skipped (logged on
+        ``kiln.fallbacks``). A graph these changed is dumped as
+        ``<kind>_aten_rewritten.py``."""
         if device.type == "cuda":
             gm = self.optional("padding products", padding.padded_products, gm) or gm
             gm = self.optional("GELU epilogues", epilogues.gelu_epilogues, gm) or gm
@@ -360,6 +364,8 @@ class AtenCompiler:
         if frozen is not None:
             gm, example_inputs = frozen.graph, frozen.example_inputs
         if device.type == "cuda" and self.kind == "forward":
+            sums = depthwise_convolutions.depthwise_as_sums
+            gm = self.optional("depthwise convolutions as sums", sums, gm) or gm
             if self.options.max_autotune:  # cuDNN's fused forms cost seconds each to time
                 relus = convolution_epilogues.relu_epilogues
                 gm = self.optional("ReLU epilogues of convolutions", relus, gm) or gm
