@@ -8,8 +8,9 @@ bias and what follows. cuDNN runs channels-last depthwise convolutions with kern
 compiles at the first call of each shape in each process (0.17-0.25 s per shape on an
 H200, bf16): MobileNetV3's first eager call in channels-last took 2.7 s (0.6 s
 channels-first), and Kiln's warm start paid it every time. As sums, MobileNetV3's
-inference (batch 8, bf16, H200) spent 3.6 s less in its first call and ran in 1365 µs a
-call (GPU busy 428 µs) against 1491 µs (439 µs) with cuDNN's.
+inference (batch 8, bf16, H200) starts warm in 2.5 s instead of 5.4 s, and keeps the GPU
+busy 428 µs a call against 439 µs with cuDNN's. Cold, it compiles in about the same time
+(the sums' kernels are compiled instead).
 
 :func:`depthwise_as_sums` rewrites such 2-D convolutions (not transposed, one weight per
 output channel, at most ``MAX_TAPS`` taps, sizes known) of a forward graph. The products
