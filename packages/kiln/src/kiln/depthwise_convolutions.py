@@ -25,7 +25,15 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from kiln.graph_edits import call, copy_graph, module_of, refresh_values, returned, value
+from kiln.graph_edits import (
+    call,
+    conv2d_values,
+    copy_graph,
+    module_of,
+    refresh_values,
+    returned,
+    value,
+)
 
 aten = torch.ops.aten
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -50,13 +58,12 @@ def depthwise_as_sums(
 
 def is_depthwise(node: torch.fx.Node, device_type: str) -> bool:
     """Whether ``node`` is a 2-D depthwise convolution this module rewrites."""
-    if node.op != "call_function" or node.target is not aten.convolution.default:
+    values = conv2d_values(node, device_type, DTYPES)
+    if values is None:
         return False
-    x, w, bias, _, _, _, transposed, output_padding, groups = node.args
-    x_val, w_val, out = value(x), value(w), value(node)
-    if x_val is None or w_val is None or out is None or out.device.type != device_type:
-        return False
-    if x_val.dim() != 4 or out.dtype not in DTYPES or transposed or any(output_padding):
+    x_val, w_val, out = values
+    bias, output_padding, groups = node.args[2], node.args[7], node.args[8]
+    if any(output_padding):
         return False
     if not all(type(n) is int for n in (*x_val.shape, *w_val.shape, *out.shape)):
         return False

@@ -34,7 +34,15 @@ import torch.fx
 
 from kiln import folding
 from kiln.device_timing import decided_once, device_time
-from kiln.graph_edits import call, copy_graph, module_of, refresh_values, returned, value
+from kiln.graph_edits import (
+    call,
+    conv2d_values,
+    copy_graph,
+    module_of,
+    refresh_values,
+    returned,
+    value,
+)
 
 aten = torch.ops.aten
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -65,13 +73,12 @@ def _rewritten(gm: torch.fx.GraphModule, convs: list[torch.fx.Node], keep_layout
 
 def _patch_conv(node: torch.fx.Node, device_type: str) -> bool:
     """Whether ``node`` is a 2-D convolution whose kernel tiles its input."""
-    if node.op != "call_function" or node.target is not aten.convolution.default:
+    values = conv2d_values(node, device_type, DTYPES)
+    if values is None:
         return False
-    x, w, bias, stride, padding, dilation, transposed, _, groups = node.args
-    x_val, w_val, out = value(x), value(w), value(node)
-    if x_val is None or w_val is None or out is None or out.device.type != device_type:
-        return False
-    if x_val.dim() != 4 or out.dtype not in DTYPES or transposed or groups != 1:
+    x_val, w_val, out = values
+    bias, stride, padding, dilation, _, _, groups = node.args[2:]
+    if groups != 1:
         return False
     if not all(type(n) is int for n in (*x_val.shape, *w_val.shape)):
         return False
