@@ -138,3 +138,25 @@ def test_the_same_kernel_of_two_layers_is_one_source():
     assert source_hash(srcs[0]) == source_hash(srcs[1])
     assert meta_of(srcs[0])["args"] == ["in_ptr0", "out_ptr0"]
     assert meta_of(srcs[0])["stored"] == ["out_ptr0"]
+
+
+def test_the_repeated_layers_kernels_are_merged_and_tiled_once_and_render_the_same():
+    from kiln_triton import render
+
+    def layers(x, w1, w2, w3):
+        for w in (w1, w2, w3):  # the same kernels in every layer: a norm, a transposed sum
+            x = F.layer_norm(x, x.shape[-1:]) * 2
+            x = (x.t() @ w).t() + x.sin()
+        return x
+
+    inputs = [torch.randn(16, 24), *(torch.randn(16, 16) for _ in range(3))]
+    kernels = compile_fn(layers, inputs, codegen="reference").schedule.kernels()
+    codegen = TritonCodegen(parallel_compile=False)
+    fresh = []
+    for kernel in kernels:  # each kernel merged and tiled from scratch
+        render.merged_space.cache_clear()
+        fresh.append(codegen.render(kernel))
+    render.merged_space.cache_clear()
+    kept = [codegen.render(kernel) for kernel in kernels]
+    assert kept == fresh
+    assert render.merged_space.cache_info().hits >= len(kernels) // 2  # the layers after the first

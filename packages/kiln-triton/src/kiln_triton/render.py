@@ -18,6 +18,7 @@ graph's buffers: pointers are ``in_ptr0``, ``out_ptr0``..., in the functions and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable
@@ -100,23 +101,23 @@ class KernelRenderer(ReductionRendering, ScanRendering):
 
     # -- the iteration space -------------------------------------------------------------------
     def _space(self) -> Space:
+        """The kernel's iteration space (:func:`merged_space`), its indices rewritten in
+        the merged variables."""
         k, rec = self.kernel, self.rec
-        xs, rs = index_vars(len(k.ranges)), reduction_vars(len(k.reduction_ranges))
-        exprs = [v.attrs["index"] for v in rec.values if v.op in ("load", "index")]
-        exprs += [s.index for s in rec.stores]
-        ranges, new_xs, xsubs = merge_dims(list(k.ranges), xs, exprs)
-        rranges, new_rs, rsubs = merge_dims(list(k.reduction_ranges), rs, exprs)
-        subs = {**xsubs, **rsubs}
-        if subs:
-            for v in rec.values:
-                if "index" in v.attrs:
-                    v.attrs["index"] = sympy.expand(v.attrs["index"].subs(subs, simultaneous=True))
-            for s in rec.stores:
-                s.index = sympy.expand(s.index.subs(subs, simultaneous=True))
-        accesses = [v.attrs["index"] for v in rec.values if v.op == "load"]
-        accesses += [s.index for s in rec.stores]
-        tiling = choose_tiling(ranges, rranges, new_xs, accesses)
-        return Space(tiling, subs, new_xs, new_rs)
+        indexed = [v for v in rec.values if "index" in v.attrs]
+        merged = merged_space(
+            tuple(k.ranges),
+            tuple(k.reduction_ranges),
+            tuple((v.op, v.attrs["index"]) for v in indexed),
+            tuple(s.index for s in rec.stores),
+        )
+        tiling, subs, xvars, rvars, indices, store_indices = merged
+        for v, index in zip(indexed, indices, strict=True):
+            v.attrs["index"] = index
+        for s, index in zip(rec.stores, store_indices, strict=True):
+            s.index = index
+        mine = Tiling(tiling.kind, list(tiling.ranges), list(tiling.reduction_ranges), tiling.split)
+        return Space(mine, dict(subs), list(xvars), list(rvars))
 
     def _index_groups(self, expr: sympy.Expr) -> set[str]:
         groups = set()
@@ -557,6 +558,29 @@ class KernelRenderer(ReductionRendering, ScanRendering):
             out += self.pointwise_function()
         out += ["", "", f"META = {self.meta(len(parts))!r}"]
         return "\n".join(out) + "\n"
+
+
+@functools.lru_cache(maxsize=4096)
+def merged_space(ranges: tuple, reduction_ranges: tuple, indexed: tuple, stores: tuple) -> tuple:
+    """A kernel's dimensions merged where every index walks them as one, and its tiling:
+    ``(tiling, substitution, x variables, r variables, indices, store indices)``, the
+    indices (of ``indexed``, ``(op, index)`` pairs, then of ``stores``) in the merged
+    variables. Kept per ranges and indices: the kernels of a model's repeated layers are
+    the same, and merging their sympy indices was half of rendering them."""
+    xs, rs = index_vars(len(ranges)), reduction_vars(len(reduction_ranges))
+    exprs = [index for op, index in indexed if op in ("load", "index")] + list(stores)
+    new_ranges, new_xs, xsubs = merge_dims(list(ranges), xs, exprs)
+    new_rranges, new_rs, rsubs = merge_dims(list(reduction_ranges), rs, exprs)
+    subs = {**xsubs, **rsubs}
+    indices = [index for _, index in indexed]
+    store_indices = list(stores)
+    if subs:
+        indices = [sympy.expand(i.subs(subs, simultaneous=True)) for i in indices]
+        store_indices = [sympy.expand(i.subs(subs, simultaneous=True)) for i in store_indices]
+    loads = [i for (op, _), i in zip(indexed, indices, strict=True) if op == "load"]
+    tiling = choose_tiling(new_ranges, new_rranges, new_xs, loads + store_indices)
+    items = tuple(subs.items())
+    return tiling, items, tuple(new_xs), tuple(new_rs), tuple(indices), tuple(store_indices)
 
 
 def render_kernel(kernel: Kernel) -> str:
