@@ -242,10 +242,11 @@ class AtenCompiler:
         codegen = self.pick_codegen(device)  # 2
         if codegen is None:
             return gm.forward
-        made = self.rewritten(gm, example_inputs, device, codegen)  # 3
+        root = usable_root(cache_root(self.options))  # None: refused, with a warning
+        made = self.rewritten(gm, example_inputs, device, codegen, root)  # 3
         gm, example_inputs, frozen = made.graph, made.example_inputs, made.frozen
         try:
-            program, constants, entry = self.compile_or_load(gm, example_inputs, codegen)  # 4
+            program, constants, entry = self.compile_or_load(gm, example_inputs, codegen, root)  # 4
         except kiln_autograd.NeedsTrace:
             raise
         except CodegenFailed as exc:
@@ -287,11 +288,11 @@ class AtenCompiler:
         logs.logger("graph").info("%s %s aten graph:\n%s", self.frame.describe(), self.kind, code)
         self.frame.dump(self.frame.file_name(f"{self.kind}_aten.py"), code)
 
-    def rewritten(self, gm, example_inputs, device: torch.device, codegen) -> Rewritten:
+    def rewritten(self, gm, example_inputs, device: torch.device, codegen, root) -> Rewritten:
         """The graph rewritten (:meth:`rewrite`), or read from the record that a compile of
-        the same graph kept, where the graph cache holds what it leads to (a warm start:
-        :mod:`kiln.rewrite_records`)."""
-        root = usable_root(cache_root(self.options)) if self.options.cache else None
+        the same graph kept under the cache ``root``, where the graph cache holds what it
+        leads to (a warm start: :mod:`kiln.rewrite_records`)."""
+        root = root if self.options.cache else None  # None: nothing kept on disk
         settings = self.options.code_settings()
         key = None
         if root is not None:
@@ -307,7 +308,8 @@ class AtenCompiler:
                 return found
             if found is not None and kiln_autograd.is_restored(gm):  # lowering needs a trace
                 raise kiln_autograd.NeedsTrace(f"{self.kind} graph not in the graph cache")
-        with self.frame.stage("rewrite"), device_timing.decisions_in(self.timings_root()):
+        # the timed decisions are kept on disk under the root, as the records are
+        with self.frame.stage("rewrite"), device_timing.decisions_in(root):
             made = Rewritten(*self.rewrite(gm, example_inputs, device))
         self.show_rewritten(gm, made)
         if records is not None:
@@ -372,11 +374,6 @@ class AtenCompiler:
             gm = self.optional("moving biases", folding.biases_after_convolutions, gm) or gm
         return gm, example_inputs, frozen
 
-    def timings_root(self) -> Path | None:
-        """Where the rewrites' timed decisions are kept on disk (None: in this process
-        only, as with ``options={"cache": False}``)."""
-        return usable_root(cache_root(self.options)) if self.options.cache else None
-
     def optional(self, what: str, rewrite: Callable, *args):
         """``rewrite(*args)``, or None where it raises (logged: the graph is compiled
         without it; with ``options={"fallback": False}`` it raises)."""
@@ -414,11 +411,10 @@ class AtenCompiler:
             return None
 
     def compile_or_load(
-        self, gm, example_inputs, codegen
+        self, gm, example_inputs, codegen, root: Path | None
     ) -> tuple[HostProgram, list[torch.Tensor], Entry]:
         settings = self.options.code_settings()
         observed = ObservedCodegen(codegen, self.frame, self.kind)
-        root = usable_root(cache_root(self.options))  # None: refused, with a warning
         cache = GraphCache(root) if self.options.cache and root is not None else None
         # the code generator's libraries and kernels under the same root (None: not cached)
         codegen_root = getattr(codegen, "cache_root", None)
