@@ -39,16 +39,14 @@ import torch
 import torch.fx
 
 from kiln.device_timing import decided_once, device_time
-from kiln.graph_edits import call, calls, copy_graph, module_of, value
+from kiln.graph_edits import call, calls, conv2d_values, copy_graph, module_of, value
 from kiln_loopir import CONVOLUTION_RELU
 from kiln_loopir.convolution_relu import cudnn_call
 
 aten = torch.ops.aten
-CONVOLUTION = aten.convolution.default
 RELU = aten.relu.default
 TO_COPY = aten._to_copy.default
 ADD = aten.add.Tensor
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 log = logging.getLogger("kiln.convolutions")
 
 
@@ -150,14 +148,11 @@ def _plain_add(node) -> bool:
 
 def _convolution(node, device_type: str) -> bool:
     """Whether ``node`` is a 2-D convolution cuDNN's fused form takes."""
-    if not calls(node, CONVOLUTION):
+    values = conv2d_values(node, device_type)
+    if values is None:
         return False
-    x, w, bias, _, _, _, transposed, _, _ = node.args
-    x_val, w_val, out = value(x), value(w), value(node)
-    if x_val is None or w_val is None or out is None or out.device.type != device_type:
-        return False
-    if x_val.dim() != 4 or transposed or out.dtype not in DTYPES:
-        return False
+    x_val, w_val, out = values
+    bias = node.args[2]
     if any(t.dtype != out.dtype for t in (x_val, w_val)):
         return False
     if bias is not None and (value(bias) is None or value(bias).dtype != out.dtype):

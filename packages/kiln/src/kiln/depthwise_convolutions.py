@@ -36,7 +36,6 @@ from kiln.graph_edits import (
 )
 
 aten = torch.ops.aten
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # a 5 x 5 kernel, MobileNet's largest. ConvNeXt's 7 x 7 ones (49 taps) took 20 % more
 # GPU time as sums than cuDNN's kernels on an H200, and compiled for seconds
 MAX_TAPS = 25
@@ -58,7 +57,7 @@ def depthwise_as_sums(
 
 def is_depthwise(node: torch.fx.Node, device_type: str) -> bool:
     """Whether ``node`` is a 2-D depthwise convolution this module rewrites."""
-    values = conv2d_values(node, device_type, DTYPES)
+    values = conv2d_values(node, device_type)
     if values is None:
         return False
     x_val, w_val, out = values
@@ -94,11 +93,10 @@ def _as_sum(graph: torch.fx.Graph, conv: torch.fx.Node, keep_layout: bool) -> to
         if any(padding):
             pad_h, pad_w = padding
             x = call(graph, aten.constant_pad_nd.default, x, [pad_w, pad_w, pad_h, pad_h], 0.0)
-        x = call(graph, aten._to_copy.default, x, dtype=torch.float32)
-        taps = call(graph, aten._to_copy.default, w, dtype=torch.float32)
-        taps = call(graph, aten.permute.default, taps, [2, 3, 1, 0])  # [kh, kw, 1, C]
+        x = _in_float32(graph, x)
+        taps = call(graph, aten.permute.default, _in_float32(graph, w), [2, 3, 1, 0])
         taps = call(graph, aten.unsqueeze.default, taps, 4)
-        taps = call(graph, aten.unsqueeze.default, taps, 5)  # a tap: [1, C, 1, 1]
+        taps = call(graph, aten.unsqueeze.default, taps, 5)  # [kh, kw, 1, C, 1, 1]
         total = None
         for i in range(kh):
             rows = _strided(graph, x, 2, i * dilation[0], out_h, stride[0])
@@ -110,7 +108,9 @@ def _as_sum(graph: torch.fx.Graph, conv: torch.fx.Node, keep_layout: bool) -> to
                 total = product if total is None else call(graph, aten.add.Tensor, total, product)
         if bias is not None:
             total = call(graph, aten.add.Tensor, total, _per_channel(graph, bias))
-        out = call(graph, aten._to_copy.default, total, dtype=value(conv).dtype)
+        out = total
+        if value(conv).dtype != torch.float32:  # rounded once
+            out = call(graph, aten._to_copy.default, total, dtype=value(conv).dtype)
         if keep_layout and value(out).stride() != value(conv).stride():
             layout = _memory_format(value(conv))
             out = call(graph, aten.clone.default, out, memory_format=layout)
@@ -128,11 +128,17 @@ def _strided(graph: torch.fx.Graph, x, dim: int, start: int, count: int, step: i
 def _per_channel(graph: torch.fx.Graph, values):
     """A value per channel (``[C]``) as a ``[1, C, 1, 1]`` float32 tensor that broadcasts
     over the batch and the image."""
-    if value(values).dtype != torch.float32:
-        values = call(graph, aten._to_copy.default, values, dtype=torch.float32)
+    values = _in_float32(graph, values)
     for dim in (0, 2, 3):
         values = call(graph, aten.unsqueeze.default, values, dim)
     return values
+
+
+def _in_float32(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
+    """``node``'s value in float32 (``node`` itself where it is already)."""
+    if value(node).dtype == torch.float32:
+        return node
+    return call(graph, aten._to_copy.default, node, dtype=torch.float32)
 
 
 def _memory_format(t: torch.Tensor) -> torch.memory_format | None:

@@ -20,11 +20,10 @@ import math
 import torch
 import torch.fx
 
-from kiln.graph_edits import call, calls, copy_graph, module_of, value
+from kiln.graph_edits import FLOAT_DTYPES, call, calls, copy_graph, module_of, value
 
 aten = torch.ops.aten
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def gelu_epilogues(
@@ -94,7 +93,7 @@ def _product(
     bias, a, b, out = (value(x) for x in (*v.args, v))
     if out is None or bias is None or a is None or b is None:
         return None
-    if out.device.type != device_type or out.dtype not in DTYPES or bias.dim() != 1:
+    if out.device.type != device_type or out.dtype not in FLOAT_DTYPES or bias.dim() != 1:
         return None
     return v, view
 

@@ -27,16 +27,20 @@ def call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
     return node
 
 
-def conv2d_values(node: torch.fx.Node, device_type: str, dtypes: Collection[torch.dtype]):
+# the floating dtypes the rewrites of products and convolutions take
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def conv2d_values(node: torch.fx.Node, device_type: str):
     """``(input, weight, output)``, the fake values of a 2-D convolution (not transposed)
-    on ``device_type`` in one of ``dtypes``; None for any other node."""
+    on ``device_type`` in one of :data:`FLOAT_DTYPES`; None for any other node."""
     if node.op != "call_function" or node.target is not torch.ops.aten.convolution.default:
         return None
     x_val, w_val, out = value(node.args[0]), value(node.args[1]), value(node)
     if x_val is None or w_val is None or out is None or out.device.type != device_type:
         return None
     transposed = node.args[6]
-    if x_val.dim() != 4 or out.dtype not in dtypes or transposed:
+    if x_val.dim() != 4 or out.dtype not in FLOAT_DTYPES or transposed:
         return None
     return x_val, w_val, out
 

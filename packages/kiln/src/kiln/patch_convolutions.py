@@ -45,7 +45,6 @@ from kiln.graph_edits import (
 )
 
 aten = torch.ops.aten
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 log = logging.getLogger("kiln.convolutions")
 
 
@@ -73,7 +72,7 @@ def _rewritten(gm: torch.fx.GraphModule, convs: list[torch.fx.Node], keep_layout
 
 def _patch_conv(node: torch.fx.Node, device_type: str) -> bool:
     """Whether ``node`` is a 2-D convolution whose kernel tiles its input."""
-    values = conv2d_values(node, device_type, DTYPES)
+    values = conv2d_values(node, device_type)
     if values is None:
         return False
     x_val, w_val, out = values

@@ -31,10 +31,18 @@ import torch.fx
 
 import kiln_autograd
 from kiln.device_timing import decided_once, device_time
-from kiln.graph_edits import call, calls, copy_graph, module_of, refresh_values, returned, value
+from kiln.graph_edits import (
+    FLOAT_DTYPES,
+    call,
+    calls,
+    copy_graph,
+    module_of,
+    refresh_values,
+    returned,
+    value,
+)
 
 aten = torch.ops.aten
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 log = logging.getLogger("kiln.products")
 
 
@@ -82,7 +90,12 @@ def _product_key(node: torch.fx.Node, state: set[torch.fx.Node], device_type: st
     if bias is not None and not (bias in state and value(bias).dim() == 1):
         return None
     out, weight = value(node), _weight(b, state)
-    if out is None or weight is None or out.device.type != device_type or out.dtype not in DTYPES:
+    if (
+        out is None
+        or weight is None
+        or out.device.type != device_type
+        or out.dtype not in FLOAT_DTYPES
+    ):
         return None
     if not all(type(n) is int for n in (*value(a).shape, *value(b).shape)):
         return None
