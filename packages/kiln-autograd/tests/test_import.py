@@ -27,6 +27,7 @@ def test_public_api_is_pinned():
         "op_set_table",
         "partition",
         "register_decomposition",
+        "restore",
         "rng_state_outputs",
         "saved_outputs",
         "static_inputs",

@@ -11,7 +11,9 @@ rematerialization partitioner, and runs the compiled halves inside an
   :func:`partition`; :func:`decomposition_table`, :func:`op_set_table` and
   :func:`verify_op_set` describe and check the op set the graphs hold.
 - ``aot(..., cache=...)`` keeps each signature's traced graphs as a record and rebuilds
-  them from it on a warm start (:func:`is_restored`, :class:`NeedsTrace`).
+  them from it on a warm start (:func:`is_restored`, :class:`NeedsTrace`);
+  :func:`restore` rebuilds a compiled graph from its record alone, by the token
+  :meth:`AOTCompiled.restore_token` gave (a caller that kept its own guards).
 """
 
 from kiln_autograd.__about__ import __version__
@@ -19,6 +21,7 @@ from kiln_autograd.api import (
     AOTCompiled,
     aot,
     partition,
+    restore,
     trace_inference_graph,
     trace_joint_graph,
 )
@@ -61,6 +64,7 @@ __all__ = [
     "op_set_table",
     "partition",
     "register_decomposition",
+    "restore",
     "rng_state_outputs",
     "saved_outputs",
     "static_inputs",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -152,6 +153,8 @@ class AOTCompiled:
         self.options = options
         self.static_inputs = static_inputs  # flat inputs that are module state
         self.runners: dict[tuple, InferenceRunner | TrainingRunner] = {}
+        self.record_keys: dict[tuple, str] = {}  # the record key of each signature's runner
+        self.direct: tuple[list[int], str] | None = None  # parameters, device (direct_gradients)
 
     def flat_args(self, user_inputs: Sequence[object]) -> list[object]:
         """The lifted state (read from the module now) followed by the user's inputs."""
@@ -177,22 +180,40 @@ class AOTCompiled:
         state = self.lifted.state
         return lambda *user_inputs: call(*state(), *user_inputs)
 
+    def restore_token(self) -> str | None:
+        """What :func:`restore` rebuilds :meth:`guarded` from in another process, through
+        the record cache: None where the graph keeps no record (dynamic sizes, no cache,
+        not one signature, module state read from the graph module)."""
+        if self.options.dynamic or self.lifted.num_state or len(self.record_keys) != 1:
+            return None
+        (key,) = self.record_keys.values()
+        return json.dumps({"key": key, "direct": self.direct})
+
     def compile_for(self, args: list[object]) -> InferenceRunner | TrainingRunner:
         """Compile the graph for the signature of ``args`` and remember the runner."""
         trace_args = self._trace_args(args) if self.options.dynamic else args
+        requires_grad, grad_enabled = _requires_grad(args), torch.is_grad_enabled()
+        key = signature_key(
+            self.lifted, trace_args, requires_grad, grad_enabled, self.options, self.static_inputs
+        )
         runner = compile_signature(
             self.lifted,
             trace_args,
-            requires_grad=_requires_grad(args),
-            grad_enabled=torch.is_grad_enabled(),
+            requires_grad=requires_grad,
+            grad_enabled=grad_enabled,
             options=self.options,
             static_inputs=self.static_inputs,
+            key=key,
         )
         if self.options.direct_gradients and isinstance(runner, TrainingRunner):
             positions = eligible_parameters(args, self.static_inputs, runner.meta.mutated_inputs)
             if positions:
-                runner.write_gradients_directly(positions, args[positions[0]].device)
+                device = args[positions[0]].device
+                runner.write_gradients_directly(positions, device)
+                self.direct = (list(positions), str(device))
         self.runners[self._key(args)] = runner
+        if key is not None:
+            self.record_keys[self._key(args)] = key
         return runner
 
     def _trace_args(self, args: list[object]) -> list[object]:
@@ -237,12 +258,14 @@ def compile_signature(
     grad_enabled: bool,
     options: Options,
     static_inputs: frozenset[int] = frozenset(),
+    key: str | None = None,
 ) -> InferenceRunner | TrainingRunner:
     """The pipeline for one input signature, top to bottom. ``static_inputs`` (module
     state) are noted on each graph for the compilers (``kiln_autograd.static_inputs``).
-    With ``options.cache``, a signature's record is restored instead where one is stored,
-    and stored after tracing (:mod:`kiln_autograd.signature_cache`)."""
-    key = signature_key(lifted, args, requires_grad, grad_enabled, options, static_inputs)
+    With ``options.cache``, a signature's record (under ``key``, its
+    :func:`~kiln_autograd.signature_cache.signature_key`) is restored instead where one is
+    stored, and stored after tracing (:mod:`kiln_autograd.signature_cache`)."""
+    key = key or signature_key(lifted, args, requires_grad, grad_enabled, options, static_inputs)
     restored = restore_runner(options, key)
     if restored is not None:
         return restored
@@ -280,6 +303,28 @@ def compile_signature(
     compile_bw = started or functools.partial(compile_bw, parts.bw, bw_inputs)
     compiled_fw = options.fw_compiler(parts.fw, example_values(parts.fw))
     return TrainingRunner(compiled_fw, parts, joint, compile_bw)
+
+
+def restore(
+    token: str,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    *,
+    cache: SignatureCache,
+) -> Callable | None:
+    """What ``aot(...).guarded()`` returned, rebuilt from the record cache in another
+    process: ``token`` is that compile's :meth:`AOTCompiled.restore_token`. None where the
+    record is not in ``cache`` or a compiler needs the traced graphs (:class:`NeedsTrace`):
+    the caller then compiles as before. Its caller guards the inputs, as for ``guarded()``."""
+    found = json.loads(token)
+    options = Options(fw_compiler, bw_compiler or fw_compiler, None, "min_cut", False, cache)
+    runner = restore_runner(options, found["key"])
+    if runner is None:
+        return None
+    if found["direct"] and isinstance(runner, TrainingRunner):
+        positions, device = found["direct"]
+        runner.write_gradients_directly(positions, torch.device(device))
+    return runner.entry_point()
 
 
 def trace_joint_graph(

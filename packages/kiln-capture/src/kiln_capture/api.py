@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kiln_capture import versions
+from kiln_capture import kept_captures, versions
 from kiln_capture.convert_frame import CaptureResult, convert_frame
 from kiln_capture.dispatch import make_call, read_signature
 from kiln_capture.dynamic_shapes import DynamicSizes
@@ -80,6 +80,7 @@ class CaptureStats:
     recompile_failures: list[list[str]] = field(default_factory=list)
     made_dynamic: list[list[str]] = field(default_factory=list)
     eager_reason: str | None = None
+    restored: int = 0  # entries restored from kept captures (kept_captures), not traced
 
 
 class CapturedFunction:
@@ -95,6 +96,7 @@ class CapturedFunction:
         recompile_limit=8,
         bound_self=None,
         observer=None,
+        kept=None,
     ):
         if not isinstance(fn, types.FunctionType):
             raise TypeError(
@@ -116,6 +118,9 @@ class CapturedFunction:
         self.recompile_limit = recompile_limit
         self.bound_self = bound_self
         self.observer = observer
+        # where captures are kept for later processes (kept_captures.CaptureStore), or None
+        self.kept = kept
+        self.kept_in_use: set[bytes] = set()  # kept entries this function has as entries
         self.entries: list[CacheEntry] = []
         self.dispatch: list = []  # capture results, newest first
         self.stats = CaptureStats()
@@ -156,9 +161,10 @@ class CapturedFunction:
             if len(self.entries) >= self.recompile_limit:
                 return self.over_limit(str(failures[0]), args, kwargs)
             self.note_recompile(failures)
+        result = self.restore_kept(args, kwargs)
         try:
             with collecting_new_objects_only():
-                result = convert_frame(
+                result = result or convert_frame(
                     self.fn,
                     args,
                     kwargs,
@@ -194,7 +200,11 @@ class CapturedFunction:
             return self.run_eagerly(
                 f"internal error: {type(exc).__name__}: {exc}", args, kwargs, warn=True
             )
-        self.stats.compiles += 1
+        if result.restored:
+            self.stats.restored += 1
+        else:
+            self.stats.compiles += 1
+            self.keep(result)
         if self.observer is not None:
             self.observer.on_capture(self, result)
         out = result.run_first(args, kwargs)
@@ -285,6 +295,39 @@ class CapturedFunction:
                 stacklevel=user_stacklevel(),
             )
         return self.fn(*args, **kwargs)
+
+    # --- captures kept across processes (kept_captures) -------------------------------
+
+    def kept_key(self) -> str | None:
+        settings = f"fullgraph {self.fullgraph} dynamic {self.dynamic}"
+        return kept_captures.frame_key(self.fn, settings)
+
+    def restore_kept(self, args, kwargs) -> CaptureResult | None:
+        """A kept capture of this function that accepts the call, as a capture result."""
+        key = self.kept_key() if self.kept is not None else None
+        if key is None:
+            return None
+        for entry in kept_captures.read_entries(self.kept, key):
+            if entry in self.kept_in_use:
+                continue
+            try:
+                restored = kept_captures.restore(self.fn, entry, args, kwargs, self.kept)
+            except Exception:  # noqa: BLE001 - a kept capture costs nothing when it fails
+                name = self.fn.__qualname__
+                log.debug("restoring a kept capture of %s failed", name, exc_info=True)
+                continue
+            if restored is not None:
+                self.kept_in_use.add(entry)
+                return kept_captures.as_result(self.fn, restored)
+        return None
+
+    def keep(self, result: CaptureResult) -> None:
+        """Keep a capture for later processes, where it can be kept."""
+        key = self.kept_key() if self.kept is not None else None
+        entry = kept_captures.encode_entry(self.fn, result) if key is not None else None
+        if entry is not None:
+            kept_captures.add_entry(self.kept, key, entry)
+            self.kept_in_use.add(entry)
 
     # --- dynamic shapes ---------------------------------------------------------
 
@@ -421,6 +464,7 @@ def capture(
     dynamic: bool | None = None,
     recompile_limit: int = 8,
     observer=None,
+    kept=None,
 ):
     """Capture ``fn_or_module`` into FX graphs compiled by ``backend``.
 
@@ -432,6 +476,10 @@ def capture(
     ``observer``, if given, hears of each compile: ``observer.on_capture(captured, result)``
     after a frame was captured and ``observer.on_eager(captured, reason)`` when one runs
     eagerly instead (``kiln.compile`` names its frames and counts its stages this way).
+
+    ``kept``, if given, keeps captures for later processes and restores them
+    (:class:`~kiln_capture.kept_captures.CaptureStore`): a warm start checks a kept guard
+    instead of tracing the bytecode again.
     """
     if not versions.is_supported_version():
         raise RuntimeError(
@@ -445,6 +493,7 @@ def capture(
             dynamic=dynamic,
             recompile_limit=recompile_limit,
             observer=observer,
+            kept=kept,
         )
         return CapturedModule(fn_or_module, inner._captured, wrapped=inner)
     if isinstance(fn_or_module, torch.nn.Module):
@@ -457,6 +506,7 @@ def capture(
             recompile_limit=recompile_limit,
             observer=observer,
             bound_self=fn_or_module,
+            kept=kept,
         )
         compile_hooked_submodules(
             fn_or_module,
@@ -477,6 +527,7 @@ def capture(
             dynamic=dynamic,
             recompile_limit=recompile_limit,
             observer=observer,
+            kept=kept,
         )
         return functools.partial(inner, *fn_or_module.args, **fn_or_module.keywords)
     if isinstance(fn_or_module, types.MethodType):
@@ -488,6 +539,7 @@ def capture(
             recompile_limit=recompile_limit,
             observer=observer,
             bound_self=fn_or_module.__self__,
+            kept=kept,
         )
     return CapturedFunction(
         fn_or_module,
@@ -496,4 +548,5 @@ def capture(
         dynamic=dynamic,
         recompile_limit=recompile_limit,
         observer=observer,
+        kept=kept,
     )

@@ -38,6 +38,7 @@ from kiln_capture.comprehensions import (
 from kiln_capture.dynamic_shapes import DynamicSizes, without_unread_offsets
 from kiln_capture.exc import CaptureFailed, GraphBreak, RestartAnalysis, Unsupported
 from kiln_capture.guards import GuardFunction, build_guard_function
+from kiln_capture.kept_captures import keepable_parts
 from kiln_capture.loop_breaks import emit_native_step, guard_native_steps
 from kiln_capture.native_calls import (
     ConstantValue,
@@ -140,6 +141,9 @@ class CaptureResult:
     after_graph: tuple | None = None
     # the graph's inputs in the call that was captured, until :meth:`run_first` uses them
     first_inputs: list | None = field(default=None, repr=False)
+    # what keeping the capture for later processes needs beside it (kept_captures), or None
+    keep: dict | None = field(default=None, repr=False)
+    restored: bool = False  # restored from a kept capture, not traced
     _function: types.FunctionType | None = field(default=None, repr=False)
 
     @property
@@ -461,6 +465,7 @@ def finish_return(fn, output, root, returned, backend) -> CaptureResult:
         direct=direct_call(output, compiled, indices, returned),
         after_graph=graph_then_epilogue(fn, output, compiled, cg),
         first_inputs=graph_inputs(output, compiled),
+        keep=keepable_parts(output, gm),
     )
 
 

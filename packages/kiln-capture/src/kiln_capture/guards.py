@@ -60,6 +60,26 @@ def autocast_state():
     return tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
+def fixed_scope(f_globals: dict, closure: tuple | None) -> dict:
+    """The names every guard's scope has: the function's globals and closure, and the
+    helpers guard lines call (the same objects in every capture)."""
+    return dict(
+        ___G=f_globals,
+        ___closure=closure,
+        ___dispatch_keys=torch._C._dispatch_keys,
+        ___grad_enabled=torch.is_grad_enabled,
+        ___default_dtype=torch.get_default_dtype,
+        ___any_autocast=torch._C._is_any_autocast_enabled,
+        ___autocast=autocast_state,
+        ___object_getattribute=object.__getattribute__,
+        ___ndarray_tensor=ndarray_tensor,
+        ___iterator_sequence=iterator_sequence,
+        ___iterator_position=iterator_position,
+        ___math=math,  # torch's size guards call math.ceil, math.floor, ...
+        ___torch=torch,
+    )
+
+
 @dataclass
 class Guard:
     code: str
@@ -97,21 +117,7 @@ class GuardSet:
     examples: dict = field(default_factory=dict)  # expression -> state tensor, until built
 
     def __post_init__(self):
-        self.scope.update(
-            ___G=self.f_globals,
-            ___closure=self.closure,
-            ___dispatch_keys=torch._C._dispatch_keys,
-            ___grad_enabled=torch.is_grad_enabled,
-            ___default_dtype=torch.get_default_dtype,
-            ___any_autocast=torch._C._is_any_autocast_enabled,
-            ___autocast=autocast_state,
-            ___object_getattribute=object.__getattribute__,
-            ___ndarray_tensor=ndarray_tensor,
-            ___iterator_sequence=iterator_sequence,
-            ___iterator_position=iterator_position,
-            ___math=math,  # torch's size guards call math.ceil, math.floor, ...
-            ___torch=torch,
-        )
+        self.scope.update(fixed_scope(self.f_globals, self.closure))
         grad = torch.is_grad_enabled()
         self.add(f"___grad_enabled() is {grad}", f"grad mode is {'on' if grad else 'off'}")
         dtype = self.constant_name("dtype", torch.get_default_dtype())

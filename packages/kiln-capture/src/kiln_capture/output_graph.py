@@ -46,6 +46,7 @@ class OutputGraph:
         self.dynamic = dynamic  # which sizes and ints are symbolic
         # the inputs given symbols: expr -> symbolic dims of a tensor ({} for an int)
         self.symbolic_inputs: dict[str, dict] = {}
+        self.traced_files: set[str] = set()  # of every function the trace ran (kept_captures)
         self.wrapped: dict = {}  # source -> variable, so a value read twice is one variable
         # id(object) -> its variable, so an object read through two sources is one variable
         self.objects_by_id: dict = {}

@@ -56,6 +56,7 @@ class Translator:
     ):
         self.program = program
         self.output = output
+        output.traced_files.add(program.code.co_filename)
         self.f_globals = f_globals
         self.locals = local_vars  # name -> Variable
         self.cells = cells  # name -> CellVariable (cell and free variables)

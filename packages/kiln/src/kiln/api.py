@@ -13,6 +13,7 @@ import kiln_capture
 import kiln_loopir
 from kiln import frames, runtime
 from kiln.backends import Session
+from kiln.capture_store import capture_store
 from kiln.config import Config, make_config
 from kiln.module import CompiledFunction, CompiledModule, DisabledRegion
 
@@ -125,6 +126,7 @@ def _capture(model, config: Config):
         dynamic=config.dynamic,
         recompile_limit=config.options.recompile_limit,
         observer=session,
+        kept=capture_store(config),
     )
     return session, captured
 

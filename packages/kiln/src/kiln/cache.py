@@ -61,10 +61,11 @@ FORMAT = 13  # 4: the native host program; 5: its runtime API 4 (arena, cuBLASLt
 # an arena temporary as if it started the arena: wrong results in format 12's programs)
 _DISTRIBUTIONS = ("kiln", "kiln-capture", "kiln-autograd", "kiln-loopir")
 DEFAULT_MAX_MB = 4096
-# kiln-autograd's signature records (kiln.signature_records) and the rewrites of aten
-# graphs (kiln.rewrite_records) lie beside the entries
+# kiln-autograd's signature records (kiln.signature_records), the rewrites of aten graphs
+# (kiln.rewrite_records) and kiln-capture's kept captures lie beside the entries
 RECORD_SUFFIX = ".record"
 REWRITES_SUFFIX = ".rewrites"
+CAPTURE_SUFFIX = ".capture"  # kiln-capture's kept captures (kiln.capture_store)
 
 
 def max_bytes() -> int | None:
@@ -292,6 +293,7 @@ class GraphCache:
             *self.root.glob("*/*.pt"),
             *self.root.glob(f"*/*{RECORD_SUFFIX}"),
             *self.root.glob(f"*/*{REWRITES_SUFFIX}"),
+            *self.root.glob(f"*/*{CAPTURE_SUFFIX}"),
         ]:
             try:
                 info = path.stat()

@@ -100,9 +100,10 @@ def _megabytes(size: int) -> str:
 
 def _entries(name: str, folder: Path) -> int:
     if name == "graphs":
-        # compiled graphs, kiln-autograd's signature records (kiln.signature_records) and
-        # the rewrites' records (kiln.rewrite_records)
-        return sum(1 for p in folder.rglob("*") if p.suffix in (".pt", ".record", ".rewrites"))
+        # compiled graphs, kiln-autograd's signature records (kiln.signature_records), the
+        # rewrites' records (kiln.rewrite_records) and kept captures (kiln.capture_store)
+        suffixes = (".pt", ".record", ".rewrites", ".capture")
+        return sum(1 for p in folder.rglob("*") if p.suffix in suffixes)
     if name == "triton":
         return sum(1 for p in folder.rglob("*") if p.suffix in (".py", ".json"))
     if name == "timings":

@@ -545,11 +545,14 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
     ``backend="kiln"``), so what it returns is kiln-autograd's guarded entry point: the
     forward's host program itself where autograd has nothing to add."""
 
-    def trace(gm: torch.fx.GraphModule, example_inputs: list[object]):
+    def trace(gm: torch.fx.GraphModule, example_inputs: list[object], captured):
+        """kiln-autograd's compile of ``gm`` (the ``captured`` graph, or a rewrite of it);
+        the token that restores it in a later process goes on the captured graph's meta
+        (:mod:`kiln.capture_store`)."""
         ahead = Ahead() if generate and _backward_ahead(config.options) else None
         try:
             with compile_lock.compiling(), frame.stage("autograd"):
-                return kiln_autograd.aot(
+                compiled = kiln_autograd.aot(
                     gm,
                     example_inputs,
                     fw_compiler=AtenCompiler(config, frame, "forward", generate),
@@ -558,7 +561,10 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                     cache=signature_records(config, frame),
                     direct_gradients=config.options.direct_gradients,
                     backward_ahead=ahead,
-                ).guarded()
+                )
+                if generate:
+                    captured.meta["restore_token"] = compiled.restore_token()
+                return compiled.guarded()
         finally:
             if ahead is not None:  # the backward's compile, started ahead, ends here
                 with waiting_for_other_threads():
@@ -570,7 +576,7 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                 code = rewritten.print_readable(print_output=False)
                 frame.dump(frame.file_name("captured_rewritten.py"), code)
             try:
-                return trace(rewritten, example_inputs)
+                return trace(rewritten, example_inputs, gm)
             except NoCodegen:
                 raise
             except Exception as exc:  # e.g. a view that channels-last strides do not allow
@@ -579,7 +585,7 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
                     frame.describe(), rewritten.meta.get(REWRITES), exc_info=exc,
                 )  # fmt: skip
         try:
-            return trace(gm, example_inputs)
+            return trace(gm, example_inputs, gm)
         except NoCodegen:
             raise
         except Exception as exc:  # this graph runs as captured; the frame stays compiled

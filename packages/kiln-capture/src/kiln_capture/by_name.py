@@ -1,0 +1,177 @@
+"""Values as bytes that another process reads back as the same objects: what a kept capture
+holds (guard constants, sources, code constants).
+
+Objects with an identity are written by name and read back by looking the name up, never
+copied: a class or a function by its module and qualified name (pickle's own check that
+the name finds the object; a function made inside another by the module attribute that
+holds it; the interpreter's own types by their names in ``types``), a
+module by its name in ``sys.modules``, a module's globals dict or the builtins dict by the
+module's name. Plain data (numbers, strings, containers of
+them, dtypes, devices, sizes, enum members) and capture's own records (sources, guard lines,
+tensor specs) are written by value. Anything else raises :class:`Unkeepable`, and the
+capture is not kept (an instance compared by identity, a code object made at run time).
+
+A code object (the epilogue of a captured frame) is written with ``marshal``; the constants
+marshal cannot write (a class to rebuild an output with, a module's globals dict) are
+written by name beside it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import io
+import marshal
+import pickle
+import sys
+import types
+
+import torch
+
+from kiln_capture import guards, sources, tensor_match
+
+# written by their fields: capture's records and torch's plain values
+BY_VALUE = (
+    sources.Source,
+    guards.Guard,
+    tensor_match.TensorSpec,
+    torch.dtype,
+    torch.device,
+    torch.Size,
+    slice,
+    enum.Enum,
+)
+# written by name (pickle looks the name up and checks it finds the same object)
+BY_NAME = (
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+)
+PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+
+
+# the interpreter's types that ``builtins`` does not name (``builtin_function_or_method``)
+TYPES_MODULE_NAMES = {v: k for k, v in vars(types).items() if isinstance(v, type)}
+
+
+class Unkeepable(Exception):
+    """A value that cannot be written so that another process finds the same object."""
+
+
+class _Writer(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, type) and obj in TYPES_MODULE_NAMES:
+            return ("types", TYPES_MODULE_NAMES[obj])
+        if isinstance(obj, types.FunctionType) and "<locals>" in obj.__qualname__:
+            return _module_attribute(obj)
+        if isinstance(obj, types.ModuleType):
+            if sys.modules.get(obj.__name__) is not obj:
+                raise Unkeepable(f"module {obj.__name__!r} is not sys.modules[{obj.__name__!r}]")
+            return ("module", obj.__name__)
+        if type(obj) is dict:
+            if obj is builtins.__dict__:
+                return ("globals", "builtins")
+            name = obj.get("__name__")
+            module = sys.modules.get(name) if isinstance(name, str) else None
+            if module is not None and getattr(module, "__dict__", None) is obj:
+                return ("globals", name)
+        return None
+
+    def reducer_override(self, obj):
+        if isinstance(obj, PLAIN + BY_NAME + BY_VALUE) and not isinstance(obj, types.CodeType):
+            return NotImplemented
+        raise Unkeepable(f"a {type(obj).__qualname__} ({_short(obj)}) has no name to keep it by")
+
+
+def _module_attribute(fn: types.FunctionType) -> tuple:
+    """A function made inside another and bound to a module's name (``F.max_pool2d``, made by
+    ``boolean_dispatch``), by that name."""
+    module = sys.modules.get(fn.__module__)
+    if module is None or getattr(module, fn.__name__, None) is not fn:
+        raise Unkeepable(f"function {fn.__qualname__} is not {fn.__module__}.{fn.__name__}")
+    return ("attribute", f"{fn.__module__}:{fn.__name__}")
+
+
+class _Reader(pickle.Unpickler):
+    def persistent_load(self, pid):
+        kind, name = pid
+        if kind == "types":
+            return getattr(types, name)
+        if kind == "attribute":
+            module, attribute = name.split(":")
+            return getattr(sys.modules.get(module) or __import__(module, fromlist=["_"]), attribute)
+        if kind == "module":
+            return sys.modules.get(name) or __import__(name, fromlist=["_"])
+        if name == "builtins":
+            return builtins.__dict__
+        module = sys.modules.get(name) or __import__(name, fromlist=["_"])
+        return module.__dict__
+
+
+def dumps(value: object) -> bytes:
+    """``value`` as bytes (:class:`Unkeepable` where something in it has no name)."""
+    buffer = io.BytesIO()
+    try:
+        _Writer(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Unkeepable:
+        raise
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise Unkeepable(str(exc)) from None
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> object:
+    """What :func:`dumps` wrote, the named objects looked up in this process."""
+    return _Reader(io.BytesIO(data)).load()
+
+
+_MARK = "___kiln_by_name"
+
+
+def dump_code(code: types.CodeType) -> bytes:
+    """``code`` as bytes: ``marshal``, with the constants it cannot write by name."""
+    kept: list[object] = []
+    plain = _marked(code, kept)
+    return dumps((marshal.dumps(plain), kept))
+
+
+def load_code(data: bytes) -> types.CodeType:
+    written, kept = loads(data)
+    return _unmarked(marshal.loads(written), kept)
+
+
+def _marked(code: types.CodeType, kept: list) -> types.CodeType:
+    consts = []
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            consts.append(_marked(const, kept))
+            continue
+        try:
+            marshal.dumps(const)
+        except ValueError:
+            consts.append((_MARK, len(kept)))
+            kept.append(const)
+            continue
+        consts.append(const)
+    return code.replace(co_consts=tuple(consts))
+
+
+def _unmarked(code: types.CodeType, kept: list) -> types.CodeType:
+    consts = []
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            const = _unmarked(const, kept)
+        elif type(const) is tuple and len(const) == 2 and const[0] == _MARK:
+            const = kept[const[1]]
+        consts.append(const)
+    return code.replace(co_consts=tuple(consts))
+
+
+def _short(obj: object) -> str:
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 - a repr that raises names nothing
+        text = "?"
+    return text if len(text) <= 60 else text[:57] + "..."
