@@ -2,14 +2,19 @@
 holds (guard constants, sources, code constants).
 
 Objects with an identity are written by name and read back by looking the name up, never
-copied: a class or a function by its module and qualified name (pickle's own check that
-the name finds the object; a function made inside another by the module attribute that
-holds it; the interpreter's own types by their names in ``types``), a
-module by its name in ``sys.modules``, a module's globals dict or the builtins dict by the
-module's name. Plain data (numbers, strings, containers of
-them, dtypes, devices, sizes, enum members) and capture's own records (sources, guard lines,
-tensor specs) are written by value. Anything else raises :class:`Unkeepable`, and the
-capture is not kept (an instance compared by identity, a code object made at run time).
+copied:
+
+- a class or a function by its module and qualified name (pickle's own check that the name
+  finds the object); a function its name does not find, by where it lies in its module
+  (another global, what a global wraps, an item of a registry);
+- the interpreter's own types by their names in ``types``;
+- a module by its name in ``sys.modules``; a module's globals dict or the builtins dict by
+  the module's name.
+
+Plain data (numbers, strings, containers of them, dtypes, devices, sizes, enum members) and
+capture's own records (sources, guard lines, tensor specs) are written by value. Anything
+else raises :class:`Unkeepable`, and the capture is not kept (an instance compared by
+identity, a code object made at run time).
 
 A code object (the epilogue of a captured frame) is written with ``marshal``; the constants
 marshal cannot write (a class to rebuild an output with, a module's globals dict) are
@@ -64,8 +69,8 @@ class _Writer(pickle.Pickler):
     def persistent_id(self, obj):
         if isinstance(obj, type) and obj in TYPES_MODULE_NAMES:
             return ("types", TYPES_MODULE_NAMES[obj])
-        if isinstance(obj, types.FunctionType) and "<locals>" in obj.__qualname__:
-            return _module_attribute(obj)
+        if isinstance(obj, types.FunctionType) and not _by_name(obj):
+            return ("path", _path_in_module(obj))
         if isinstance(obj, types.ModuleType):
             if sys.modules.get(obj.__name__) is not obj:
                 raise Unkeepable(f"module {obj.__name__!r} is not sys.modules[{obj.__name__!r}]")
@@ -85,13 +90,46 @@ class _Writer(pickle.Pickler):
         raise Unkeepable(f"a {type(obj).__qualname__} ({_short(obj)}) has no name to keep it by")
 
 
-def _module_attribute(fn: types.FunctionType) -> tuple:
-    """A function made inside another and bound to a module's name (``F.max_pool2d``, made by
-    ``boolean_dispatch``), by that name."""
-    module = sys.modules.get(fn.__module__)
-    if module is None or getattr(module, fn.__name__, None) is not fn:
-        raise Unkeepable(f"function {fn.__qualname__} is not {fn.__module__}.{fn.__name__}")
-    return ("attribute", f"{fn.__module__}:{fn.__name__}")
+def _by_name(obj: object) -> bool:
+    """Whether pickle finds ``obj`` by its module and qualified name."""
+    found = sys.modules.get(getattr(obj, "__module__", None) or "")
+    for part in getattr(obj, "__qualname__", "<locals>").split("."):
+        found = getattr(found, part, None)
+    return found is obj
+
+
+def _path_in_module(obj: object) -> tuple:
+    """Where a function that its name does not find lies in its module: a global of
+    another name (``boolean_dispatch``'s ``F.max_pool2d``), the function a global wraps
+    (``__wrapped__``), or an item of a global dict or an attribute of a global class (a
+    registry of implementations). Steps are ``("attr", name)`` or ``("item", key)``."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None:
+        raise Unkeepable(f"{obj!r} has no module to find it in")
+    for name, value in list(vars(module).items()):
+        for steps, found in _within(value):
+            if found is obj:
+                return (module.__name__, (("attr", name), *steps))
+    raise Unkeepable(f"{obj!r} is not found in its module {module.__name__}")
+
+
+def _within(value: object):
+    """``value`` and what lies one step below it: ``(steps, object)`` pairs."""
+    yield (), value
+    wrapped = getattr(value, "__wrapped__", None) if callable(value) else None
+    if wrapped is not None:
+        yield (("attr", "__wrapped__"),), wrapped
+    if type(value) is dict:
+        for key, item in list(value.items()):
+            if type(key) is str:
+                yield (("item", key),), item
+    elif isinstance(value, type):
+        for key, item in list(vars(value).items()):
+            yield (("attr", key),), item
+            if type(item) is dict:
+                for inner, found in list(item.items()):
+                    if type(inner) is str:
+                        yield (("attr", key), ("item", inner)), found
 
 
 class _Reader(pickle.Unpickler):
@@ -99,9 +137,12 @@ class _Reader(pickle.Unpickler):
         kind, name = pid
         if kind == "types":
             return getattr(types, name)
-        if kind == "attribute":
-            module, attribute = name.split(":")
-            return getattr(sys.modules.get(module) or __import__(module, fromlist=["_"]), attribute)
+        if kind == "path":
+            module, steps = name
+            found = sys.modules.get(module) or __import__(module, fromlist=["_"])
+            for step, key in steps:
+                found = getattr(found, key) if step == "attr" else found[key]
+            return found
         if kind == "module":
             return sys.modules.get(name) or __import__(name, fromlist=["_"])
         if name == "builtins":
