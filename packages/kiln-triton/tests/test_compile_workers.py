@@ -2,7 +2,6 @@
 worker is the binary this process loads, without compiling it again. No GPU needed: the
 workers compile for sm_90 (ptxas ships with Triton); launching is test_gpu.py's."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from kiln_triton.compile_pool import CompileWorkerError, CompileWorkers, compile
 from kiln_triton.configs import candidates
 from kiln_triton.launcher import TritonKernel
 from kiln_triton.render import source_hash
+from kiln_triton.variants import jit_function, load_kernel_module
 
 SM90 = ("cuda", 90, 32)
 
@@ -46,10 +46,10 @@ def compiled_kernel(fn, inputs, folder, monkeypatch, edit=lambda s: s) -> Triton
     digest = source_hash(source)
     path = folder / f"k{digest}.py"
     path.write_text(source)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read by @triton.jit as the module loads
-    spec = importlib.util.spec_from_file_location(f"kiln_triton_kernel_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read by triton.jit as each variant is made
+    module = load_kernel_module(path, f"kiln_triton_kernel_{digest}", source)
+    for name in [n for n, v in vars(module).items() if getattr(v, "__kiln_jit_later__", 0)]:
+        jit_function(module, name)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     return TritonKernel(module, digest, kernel.name)
 

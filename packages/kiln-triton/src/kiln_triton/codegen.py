@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from kiln_triton.compile_pool import compile_workers, compiles_for_gpu, start_co
 from kiln_triton.configs import candidates
 from kiln_triton.launcher import DIRECT_LAUNCH, TritonKernel
 from kiln_triton.render import kernel_label, render_kernel, source_hash
+from kiln_triton.variants import load_kernel_module
 
 log = logging.getLogger("kiln.triton")
 _MODULES: dict[str, object] = {}  # source hash -> imported kernel module
@@ -47,9 +47,7 @@ def load_module(source: str):
         tmp = path.with_suffix(f".py.{os.getpid()}")
         tmp.write_text(source)
         tmp.replace(path)
-    spec = importlib.util.spec_from_file_location(f"kiln_triton_kernel_{digest}", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module = load_kernel_module(path, f"kiln_triton_kernel_{digest}", source)
     _MODULES[digest] = module
     return module, digest
 

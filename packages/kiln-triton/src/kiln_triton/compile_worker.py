@@ -46,13 +46,12 @@ def _register_package() -> None:
 
 def _load_module(path: str, name: str, modules: dict):
     """The kernel module at ``path``, imported once under the parent's module name."""
-    import importlib.util
+    from pathlib import Path
+
+    from kiln_triton.variants import load_kernel_module
 
     if path not in modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        modules[path] = module
+        modules[path] = load_kernel_module(Path(path), name)
     return modules[path]
 
 
@@ -63,7 +62,9 @@ def compile_job(job: dict, modules: dict) -> dict:
     started = time.perf_counter()
     try:
         os.environ["TRITON_CACHE_DIR"] = job["cache_dir"]  # the parent's Triton cache
-        fn = getattr(_load_module(job["path"], job["module"], modules), job["function"])
+        from kiln_triton.variants import jit_function
+
+        fn = jit_function(_load_module(job["path"], job["module"], modules), job["function"])
         kernel = precompiled.load(fn, job)  # the parent's call: the same cache key
         _build_launcher(kernel)
         reply = {"hash": kernel.hash, "error": None}

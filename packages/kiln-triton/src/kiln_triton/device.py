@@ -22,6 +22,13 @@ else:
     from triton.language.extra import libdevice  # noqa: F401
 
 
+def jit_later(fn):
+    """Marks a kernel module's variant, made a ``triton.jit`` function at its first use
+    (:func:`kiln_triton.variants.jit_function`) rather than at import."""
+    fn.__kiln_jit_later__ = True
+    return fn
+
+
 # -- integer division that floors (the primitives truncate on GPU) ---------------------------
 @triton.jit
 def floordiv_int(a, b):

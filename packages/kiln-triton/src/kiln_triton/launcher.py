@@ -25,6 +25,7 @@ from kiln_loopir import size_math
 from kiln_triton import autotune, precompiled
 from kiln_triton.configs import Config, candidates, next_pow2
 from kiln_triton.device import INTERPRET
+from kiln_triton.variants import jit_function
 
 INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block past the end
 # repeated calls launch through the compiled kernel's own launcher, skipping Triton's
@@ -257,7 +258,7 @@ class TritonKernel:
         kwargs = {**blocks, "INDEX64": index64}
         if not INTERPRET:
             kwargs.update(num_warps=config.num_warps, num_stages=config.num_stages)
-        fn = getattr(self.module, config.variant)
+        fn = jit_function(self.module, config.variant)
         launch = Launch(fn, grid, tuple(numels.values()), kwargs, config)
         if nsplit:
             launch.split = self._split(launch, blocks, numels, nsplit, index64)
@@ -292,7 +293,7 @@ class TritonKernel:
         kwargs = _finish_constants(blocks, nsplit, index64)
         if not INTERPRET:
             kwargs["num_warps"] = FINISH_WARPS
-        finish = getattr(self.module, f"{self.meta['name']}_split_finish")
+        finish = jit_function(self.module, f"{self.meta['name']}_split_finish")
         size = self.meta["split_parts"] * nsplit * numels["xnumel"]
         # with a loop after the reduction, each chunk's program finishes its own chunk
         grid = launch.grid if self.meta.get("split_epilogue") else (xblocks,)
@@ -345,14 +346,14 @@ class TritonKernel:
 
     def _job(self, function: str, args: list, constants: dict, options: dict, target) -> dict:
         return precompiled.compile_job(
-            getattr(self.module, function), self.module.__file__, args,
+            jit_function(self.module, function), self.module.__file__, args,
             {**constants, "INDEX64": False}, options, target,
         )  # fmt: skip
 
     def adopt(self, config: Config, numels: dict[str, int], jobs: list[dict]):
         """Load the binaries a worker compiled for ``jobs`` (Triton's cache has them) and
         launch them at these sizes from now on: the kernel (a split reduction's pair)."""
-        kernels = [precompiled.load(getattr(self.module, j["function"]), j) for j in jobs]
+        kernels = [precompiled.load(jit_function(self.module, j["function"]), j) for j in jobs]
         kernel = kernels[0] if len(kernels) == 1 else tuple(kernels)
         precompiled.keep(self.source_hash, config, tuple(numels.values()), kernel)
         return kernel

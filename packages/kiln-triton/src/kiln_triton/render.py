@@ -1,4 +1,5 @@
-"""A kernel as Triton source: one ``@triton.jit`` function per variant and its launch
+"""A kernel as Triton source: one ``@triton.jit`` function per variant (marked
+``@kt.jit_later``: made one at its first use, :mod:`kiln_triton.variants`) and its launch
 metadata (``META``), read by :mod:`kiln_triton.launcher`.
 
 Pointwise kernels have one variant over 1-D or 2-D blocks (see :mod:`kiln_triton.tiling`).
@@ -284,7 +285,7 @@ class KernelRenderer(ReductionRendering, ScanRendering):
         params = [self.pointer[a] for a in self.kernel.args]
         params += [str(s) for s in self.kernel.size_args] + numels
         params += [f"{b}: tl.constexpr" for b in blocks] + ["INDEX64: tl.constexpr"]
-        return f"@triton.jit\ndef {name}({', '.join(params)}):"
+        return f"@kt.jit_later\ndef {name}({', '.join(params)}):"
 
     def _pid_lines(self) -> list[str]:
         return [
