@@ -267,3 +267,30 @@ def test_code_with_constants_marshal_cannot_write_round_trips():
     loaded = by_name.load_code(by_name.dump_code(with_dict))
     assert loaded.co_consts[-1] is torch.nn.functional.__dict__
     assert loaded.co_code == with_dict.co_code
+
+
+SHARED = []
+
+
+def test_a_container_the_code_shares_is_never_copied():
+    code = compile("def f():\n    return G\n", "<test>", "exec")
+    plain = [c for c in code.co_consts if hasattr(c, "co_code")][0]
+    for shared in (SHARED, {"a": 1}, (1, SHARED)):
+        with pytest.raises(by_name.Unkeepable):
+            by_name.dump_code(plain.replace(co_consts=(*plain.co_consts, shared)))
+
+
+def returns_a_global_list(x):
+    SHARED.append(1)
+    return torch.cos(x), SHARED
+
+
+def test_a_frame_that_hands_out_a_global_list_keeps_handing_out_that_list():
+    backend = KeepingBackend()
+    store = Store(backend)
+    x = torch.randn(3)
+    capture(returns_a_global_list, backend, kept=store)(x)
+    again = capture(returns_a_global_list, backend, kept=store)
+    out, found = again(x)
+    assert found is SHARED
+    torch.testing.assert_close(out, torch.cos(x))

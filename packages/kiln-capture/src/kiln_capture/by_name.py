@@ -17,8 +17,9 @@ else raises :class:`Unkeepable`, and the capture is not kept (an instance compar
 identity, a code object made at run time).
 
 A code object (the epilogue of a captured frame) is written with ``marshal``; the constants
-marshal cannot write (a class to rebuild an output with, a module's globals dict) are
-written by name beside it.
+marshal cannot write (a class to rebuild an output with, a module's globals dict), and the
+mutable containers it would copy, are written by name beside it: a list or dict the code
+shares with the program has none, and the code is not kept.
 """
 
 from __future__ import annotations
@@ -65,7 +66,16 @@ class Unkeepable(Exception):
     """A value that cannot be written so that another process finds the same object."""
 
 
+# mutable containers: a code constant of this type is an object the code shares with the
+# program (a list it appends to): never written by value, where a copy would not be it
+MUTABLE = (list, dict, set, bytearray)
+
+
 class _Writer(pickle.Pickler):
+    def __init__(self, file, shared_only: bool = False):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.shared_only = shared_only  # mutable containers only by name (code constants)
+
     def persistent_id(self, obj):
         if isinstance(obj, type) and obj in TYPES_MODULE_NAMES:
             return ("types", TYPES_MODULE_NAMES[obj])
@@ -82,6 +92,8 @@ class _Writer(pickle.Pickler):
             module = sys.modules.get(name) if isinstance(name, str) else None
             if module is not None and getattr(module, "__dict__", None) is obj:
                 return ("globals", name)
+        if self.shared_only and isinstance(obj, MUTABLE):
+            raise Unkeepable(f"a {type(obj).__name__} the code shares has no name to keep it by")
         return None
 
     def reducer_override(self, obj):
@@ -151,11 +163,13 @@ class _Reader(pickle.Unpickler):
         return module.__dict__
 
 
-def dumps(value: object) -> bytes:
-    """``value`` as bytes (:class:`Unkeepable` where something in it has no name)."""
+def dumps(value: object, shared_only: bool = False) -> bytes:
+    """``value`` as bytes (:class:`Unkeepable` where something in it has no name; with
+    ``shared_only``, also where it holds a list, dict, set or bytearray other than a
+    module's globals)."""
     buffer = io.BytesIO()
     try:
-        _Writer(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _Writer(buffer, shared_only).dump(value)
     except Unkeepable:
         raise
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -175,11 +189,12 @@ def dump_code(code: types.CodeType) -> bytes:
     """``code`` as bytes: ``marshal``, with the constants it cannot write by name."""
     kept: list[object] = []
     plain = _marked(code, kept)
-    return dumps((marshal.dumps(plain), kept))
+    return dumps(marshal.dumps(plain)) + dumps(tuple(kept), shared_only=True)
 
 
 def load_code(data: bytes) -> types.CodeType:
-    written, kept = loads(data)
+    reader = io.BytesIO(data)
+    written, kept = _Reader(reader).load(), _Reader(reader).load()
     return _unmarked(marshal.loads(written), kept)
 
 
@@ -191,12 +206,23 @@ def _marked(code: types.CodeType, kept: list) -> types.CodeType:
             continue
         try:
             marshal.dumps(const)
+            shared = _holds_mutable(const)  # marshal would copy it
         except ValueError:
+            shared = True
+        if shared:
             consts.append((_MARK, len(kept)))
             kept.append(const)
             continue
         consts.append(const)
     return code.replace(co_consts=tuple(consts))
+
+
+def _holds_mutable(value: object) -> bool:
+    if isinstance(value, MUTABLE):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return any(_holds_mutable(item) for item in value)
+    return False
 
 
 def _unmarked(code: types.CodeType, kept: list) -> types.CodeType:

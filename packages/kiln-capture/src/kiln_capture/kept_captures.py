@@ -53,6 +53,7 @@ from kiln_capture.guards import (
 log = logging.getLogger("kiln.capture")
 
 FORMAT = 1
+MAX_ENTRIES = 8  # kept per frame key, newest first (a frame's recompile limit, by default)
 # names a built guard adds to its capture's scope: the defaults, the tensor matcher
 BUILT_NAMES = re.compile(r"___d\d+|___tensors_match")
 
@@ -173,9 +174,10 @@ def encode_entry(fn, result) -> bytes | None:
 
 
 def add_entry(store: CaptureStore, key: str, entry: bytes) -> None:
-    """Keep ``entry`` under ``key``, newest first (an equal entry kept once)."""
+    """Keep ``entry`` under ``key``, newest first (an equal entry kept once, the oldest
+    dropped past :data:`MAX_ENTRIES`)."""
     entries = [e for e in read_entries(store, key) if e != entry]
-    store.store(key, by_name.dumps([entry, *entries]))
+    store.store(key, by_name.dumps([entry, *entries][:MAX_ENTRIES]))
 
 
 def read_entries(store: CaptureStore, key: str) -> list[bytes]:
