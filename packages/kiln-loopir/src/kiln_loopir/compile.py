@@ -62,23 +62,43 @@ class HostProgram:
 
     ``call`` is the native host program where the code generator built one (``native``:
     kernels and host program in one library, see ``Codegen.render_host``), else the
-    Python one, which stays loaded as ``python_call``.
+    Python one (``python_call``). ``load_python()`` gives the Python program's ``(call,
+    check)``: with a native program it runs where something first asks for them (a call
+    the native program hands back, or a caller that checks its inputs), since compiling a
+    large graph's program costs a tenth of a second that a warm start would spend for
+    nothing.
     """
 
     def __init__(
         self,
-        call: Callable[..., tuple],
-        check: Callable[..., None],
+        load_python: Callable[[], tuple[Callable[..., tuple], Callable[..., None]]],
         source: str,
         native: Callable[..., tuple] | None = None,
     ):
-        self.python_call = call
+        self._load_python = load_python
+        self._python = None if native is not None else load_python()
         self.native = native
-        self.call = native if native is not None else call
-        self.check = check
         self.host_source = source
-        code = call.__code__
-        self.input_names = code.co_varnames[: code.co_argcount]
+
+    @property
+    def python_call(self) -> Callable[..., tuple]:
+        if self._python is None:
+            self._python = self._load_python()
+        return self._python[0]
+
+    @property
+    def check(self) -> Callable[..., None]:
+        self.python_call  # noqa: B018 - loads the program
+        return self._python[1]
+
+    @property
+    def call(self) -> Callable[..., tuple]:
+        return self.native if self.native is not None else self.python_call
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        code = self.python_call.__code__
+        return code.co_varnames[: code.co_argcount]
 
     def __call__(self, *inputs: object) -> tuple:
         if len(inputs) != len(self.input_names):
@@ -92,13 +112,13 @@ class HostProgram:
     def with_last_inputs(self, values: Sequence[object]) -> Callable[..., tuple]:
         """``call`` with its last inputs bound to ``values`` (the graph's constants): the
         caller passes the others, and nothing per call is added."""
-        call = self.call
         if not values:
-            return call
+            return self.call
         if self.native is not None:
             bound = self.native.bind_last(tuple(values))
             bound.host_source = self.host_source
             return bound
+        call = self.python_call
         bound = types.FunctionType(call.__code__, call.__globals__, call.__name__, tuple(values))
         bound.host_source = self.host_source  # what the CUDA-graph runtime inspects
         return bound
@@ -112,7 +132,8 @@ def load_host_program(
     native: Callable[..., tuple] | None = None,
 ) -> HostProgram:
     """The functions of a host program's source, bound to its kernels (name -> callable),
-    its constants (name -> value) and the runtime helpers."""
+    its constants (name -> value) and the runtime helpers. With a ``native`` program, the
+    Python one is compiled where it is first needed (:class:`HostProgram`)."""
     namespace: dict[str, object] = {
         "torch": torch,
         "aten": torch.ops.aten,
@@ -128,32 +149,40 @@ def load_host_program(
     }
     namespace.update(kernels)
     namespace.update(constants)
-    exec(compile(host_source, filename, "exec"), namespace)
-    call = namespace["call"]
-    call.host_source = host_source  # what the CUDA-graph runtime inspects
+
+    def load_python() -> tuple[Callable[..., tuple], Callable[..., None]]:
+        exec(compile(host_source, filename, "exec"), namespace)
+        call = namespace["call"]
+        call.host_source = host_source  # what the CUDA-graph runtime inspects
+        return call, namespace["check"]  # type: ignore[return-value]
+
+    program = HostProgram(load_python, host_source, native)
     if native is not None:
-        native.set_fallback(python_fallback(call, getattr(native, "learn_sizes", None)))
+        learn = getattr(native, "learn_sizes", None)
+        native.set_fallback(python_fallback(lambda: program.python_call, learn))
     if native is not None and constants:
-        native = native.bind_last(tuple(constants.values()))
+        program.native = native = native.bind_last(tuple(constants.values()))
     if native is not None:
         native.host_source = host_source
-    return HostProgram(call, namespace["check"], host_source, native)  # type: ignore[arg-type]
+    return program
 
 
-def python_fallback(call: Callable[..., tuple], learn: Callable | None) -> Callable[..., tuple]:
-    """What runs a call the native program hands back: the Python program ``call`` (given
-    the inputs it takes); then ``learn(inputs)`` where the native program learns sizes
-    from the Python one's launches (``inputs``: all of them, constants last)."""
-    n = call.__code__.co_argcount
-    if learn is None:
-        return lambda *inputs: call(*inputs[:n])
+def python_fallback(
+    python_call: Callable[[], Callable[..., tuple]], learn: Callable | None
+) -> Callable[..., tuple]:
+    """What runs a call the native program hands back: the Python program
+    (``python_call()`` gives it, compiled at the first such call; given the inputs it
+    takes); then ``learn(inputs)`` where the native program learns sizes from the Python
+    one's launches (``inputs``: all of them, constants last)."""
 
-    def run_and_learn(*inputs: object) -> tuple:
-        outputs = call(*inputs[:n])
-        learn(inputs)
+    def run(*inputs: object) -> tuple:
+        call = python_call()
+        outputs = call(*inputs[: call.__code__.co_argcount])
+        if learn is not None:
+            learn(inputs)
         return outputs
 
-    return run_and_learn
+    return run
 
 
 class CompiledGraph:
