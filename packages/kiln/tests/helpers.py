@@ -1,6 +1,26 @@
 """Models and checks the tests share."""
 
+import json
+import os
+import subprocess
+import sys
+
 import torch
+
+
+def run_in_new_process(script: str, tmp_path) -> dict:
+    """``script`` run by a fresh interpreter (this one's path, kiln-cpp's cache under
+    ``tmp_path``): the JSON object its last line prints, and what it wrote to stderr."""
+    env = {
+        **os.environ,
+        "KILN_CPP_CACHE_DIR": str(tmp_path / "cpp-cache"),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
 class Block(torch.nn.Module):

@@ -1,20 +1,17 @@
 """The on-disk cache: a second process recompiles nothing; a corrupt entry is rewritten."""
 
-import json
 import logging
 import os
-import subprocess
-import sys
 
 import torch
-from helpers import Block
+from helpers import Block, run_in_new_process
 
 import kiln
 
 TRAIN_STEP = """
 import json, sys, torch, kiln, kiln_cpp
 sys.path.insert(0, {helpers!r})
-from helpers import Block
+from helpers import Block, run_in_new_process
 torch.manual_seed(0)
 model = Block()
 compiled = kiln.compile(model, options={{"cache_dir": {cache!r}}})
@@ -33,16 +30,7 @@ def run_train_step(tmp_path) -> dict:
     script = TRAIN_STEP.format(
         helpers=os.path.dirname(__file__), cache=str(tmp_path / "kiln-cache")
     )
-    env = {
-        **os.environ,
-        "KILN_CPP_CACHE_DIR": str(tmp_path / "cpp-cache"),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+    return run_in_new_process(script, tmp_path)
 
 
 def test_a_second_process_recompiles_nothing(tmp_path):

@@ -2,10 +2,9 @@
 graphs instead of tracing its bytecode (kiln.capture_store), and traces where its settings
 differ."""
 
-import json
 import os
-import subprocess
-import sys
+
+from helpers import run_in_new_process
 
 STEPS = """
 import json, sys, torch, kiln
@@ -30,16 +29,7 @@ print(json.dumps({{"stages": sorted(kiln.compile_times()), "compiles": stats.com
 def run_steps(tmp_path, **options) -> dict:
     options = {"cache_dir": str(tmp_path / "kiln-cache"), **options}
     script = STEPS.format(helpers=os.path.dirname(__file__), options=options)
-    env = {
-        **os.environ,
-        "KILN_CPP_CACHE_DIR": str(tmp_path / "cpp-cache"),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_in_new_process(script, tmp_path)
 
 
 def test_a_second_process_restores_its_captures_and_traces_nothing(tmp_path):
