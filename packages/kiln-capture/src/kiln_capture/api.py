@@ -322,12 +322,17 @@ class CapturedFunction:
         return None
 
     def keep(self, result: CaptureResult) -> None:
-        """Keep a capture for later processes, where it can be kept."""
-        key = self.kept_key() if self.kept is not None else None
-        entry = kept_captures.encode_entry(self.fn, result) if key is not None else None
-        if entry is not None:
-            kept_captures.add_entry(self.kept, key, entry)
-            self.kept_in_use.add(entry)
+        """Keep a capture for later processes, where it can be kept (a failure to keep it
+        costs the next process a trace, never this call)."""
+        try:
+            key = self.kept_key() if self.kept is not None else None
+            entry = kept_captures.encode_entry(self.fn, result) if key is not None else None
+            if entry is not None:
+                kept_captures.add_entry(self.kept, key, entry)
+                self.kept_in_use.add(entry)
+        except Exception:  # noqa: BLE001
+            name = self.fn.__qualname__
+            log.debug("keeping the capture of %s failed", name, exc_info=True)
 
     # --- dynamic shapes ---------------------------------------------------------
 
