@@ -41,7 +41,10 @@ def test_a_second_process_restores_its_captures_and_traces_nothing(tmp_path):
     assert "lowering" not in second["stages"] and "cache_load" in second["stages"]
 
 
-def test_other_settings_trace_again(tmp_path):
+def test_other_settings_and_a_debug_folder_trace_again(tmp_path):
     run_steps(tmp_path)
     other = run_steps(tmp_path, fusion=False)
     assert (other["compiles"], other["restored"]) == (2, 0)
+    debugging = run_steps(tmp_path, debug_dir=str(tmp_path / "debug"))  # every dump written
+    assert (debugging["compiles"], debugging["restored"]) == (2, 0)
+    assert list((tmp_path / "debug").rglob("captured_graph.py"))

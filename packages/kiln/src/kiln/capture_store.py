@@ -82,8 +82,11 @@ class CaptureStore:
 
 def capture_store(config: Config) -> CaptureStore | None:
     """The store of ``config``'s kept captures, where the on-disk cache is on and the
-    backend is Kiln's own (a user's backend compiles what it is given, every time)."""
-    if not config.options.cache or config.backend not in ("auto", "kiln"):
+    backend is Kiln's own (a user's backend compiles what it is given, every time). With a
+    debug folder every frame is traced, so that its dumps (the captured graph, the guards)
+    are all there."""
+    options = config.options
+    if not options.cache or options.debug_dir is not None or config.backend not in ("auto", "kiln"):
         return None
     root = usable_root(cache_root(config.options))  # None: refused, with a warning
     return CaptureStore(root, config) if root is not None else None
