@@ -17,6 +17,7 @@ import types
 from bytecode import Bytecode, Instr
 
 from kiln_capture import versions
+from kiln_capture.codegen import function_over
 
 
 def global_names(fn: types.FunctionType) -> list[str]:
@@ -41,9 +42,7 @@ def with_redirected_globals(fn: types.FunctionType, redirect) -> types.FunctionT
             items.append(item)
     rewritten = Bytecode(items)
     rewritten._copy_attr_from(original)
-    code = rewritten.to_code()
-    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
+    new = function_over(fn, rewritten.to_code(), fn.__name__)
     functools.update_wrapper(new, fn)
     return new
 

@@ -302,3 +302,13 @@ def _binary_add():
 
 
 _ADD = _binary_add()
+
+
+def function_over(fn: types.FunctionType, code: types.CodeType, name: str | None = None):
+    """``code`` as a function with ``fn``'s globals, defaults and closure (named ``name``,
+    else as the code names itself): the transformed frame, its epilogue, a kept epilogue."""
+    made = types.FunctionType(
+        code, fn.__globals__, name or code.co_name, fn.__defaults__, fn.__closure__
+    )
+    made.__kwdefaults__ = fn.__kwdefaults__
+    return made

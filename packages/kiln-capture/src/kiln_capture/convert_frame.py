@@ -29,7 +29,7 @@ import torch
 import torch.fx
 
 from kiln_capture import distributed, versions
-from kiln_capture.codegen import Codegen
+from kiln_capture.codegen import Codegen, function_over
 from kiln_capture.comprehensions import (
     comprehension_at,
     comprehension_function,
@@ -696,10 +696,7 @@ def graph_then_epilogue(fn, output: OutputGraph, compiled, cg: Codegen):
     code = cg.epilogue_code() if compiled is not None else None
     if code is None:
         return None
-    epilogue = types.FunctionType(
-        code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__
-    )
-    epilogue.__kwdefaults__ = fn.__kwdefaults__
+    epilogue = function_over(fn, code)
     epilogue.__kiln_keep_alive__ = cg.keep_alive
     return compiled, input_expressions(output), epilogue
 
@@ -761,9 +758,7 @@ def warn_marked_dims_fixed(exc: Exception) -> None:
 
 
 def make_function(fn, cg: Codegen) -> types.FunctionType:
-    code = cg.to_code()
-    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
+    new = function_over(fn, cg.to_code(), fn.__name__)
     new.__kiln_keep_alive__ = cg.keep_alive
     return new
 

@@ -349,8 +349,7 @@ class GuardFunction:
         return self.failed_lines(args, kwargs)
 
     def failed_lines(self, args, kwargs, first_only: bool = False) -> list[GuardFailure]:
-        binder = eval(f"lambda {self.parameters}: locals()", dict(self.scope))  # noqa: S307
-        frame_locals = binder(*args, **kwargs)
+        frame_locals = bound_arguments(self.parameters, self.scope, args, kwargs)
         found = []
         for guard in self.lines:
             try:
@@ -387,6 +386,13 @@ class GuardFunction:
 
 # a size, stride or storage offset read in a guard of torch's ShapeEnv
 SIZE_READ = re.compile(r"[\w.\[\]'\"]+?\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))")
+
+
+def bound_arguments(parameters: str, scope: dict, args, kwargs) -> dict:
+    """The call's arguments bound to ``parameters`` (a :func:`parameter_list`, its defaults
+    in ``scope``), by name, as the guard's lines read them."""
+    binder = eval(f"lambda {parameters}: locals()", dict(scope))  # noqa: S307
+    return binder(*args, **kwargs)
 
 
 def parameter_list(fn, scope: dict) -> str:

@@ -42,9 +42,11 @@ import torch
 
 from kiln_capture import by_name
 from kiln_capture.__about__ import __version__
+from kiln_capture.codegen import function_over
 from kiln_capture.guards import (
     GuardFunction,
     GuardSet,
+    bound_arguments,
     build_guard_function,
     fixed_scope,
     parameter_list,
@@ -240,27 +242,19 @@ def checked_guard(fn, kept: dict, args, kwargs) -> tuple[GuardFunction | None, l
     guards.sources = dict(kept["sources"])
     scope = dict(guards.scope)
     try:
-        binder = eval(f"lambda {parameter_list(fn, scope)}: locals()", scope)  # noqa: S307
-        frame_locals = binder(*args, **kwargs)
+        frame_locals = bound_arguments(parameter_list(fn, scope), scope, args, kwargs)
         tensors = [line.tensor.expr for line in guards.lines if line.tensor is not None]
-        guards.examples = {e: eval(e, scope, dict(frame_locals)) for e in tensors}  # noqa: S307
+        guards.examples = {e: eval(e, scope, frame_locals) for e in tensors}  # noqa: S307
         if not all(isinstance(t, torch.Tensor) for t in guards.examples.values()):
             return None, []
         guard = build_guard_function(fn, guards)
         if not guard.check(*args, **kwargs):
             return None, []
-        inputs = [eval(e, scope, dict(frame_locals)) for e in kept["inputs"]]  # noqa: S307
+        inputs = [eval(e, scope, frame_locals) for e in kept["inputs"]]  # noqa: S307
     except Exception as exc:  # noqa: BLE001 - a read that fails: the call does not match
         log.debug("a kept guard of %s does not apply (%r)", fn.__qualname__, exc)
         return None, []
     return guard, inputs
-
-
-def function_over(fn, code: types.CodeType) -> types.FunctionType:
-    """``code`` as a function with ``fn``'s globals, defaults and closure."""
-    made = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    made.__kwdefaults__ = fn.__kwdefaults__
-    return made
 
 
 def as_result(fn, restored: Restored):
