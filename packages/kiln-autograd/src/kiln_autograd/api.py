@@ -262,10 +262,10 @@ def compile_signature(
 ) -> InferenceRunner | TrainingRunner:
     """The pipeline for one input signature, top to bottom. ``static_inputs`` (module
     state) are noted on each graph for the compilers (``kiln_autograd.static_inputs``).
-    With ``options.cache``, a signature's record (under ``key``, its
-    :func:`~kiln_autograd.signature_cache.signature_key`) is restored instead where one is
-    stored, and stored after tracing (:mod:`kiln_autograd.signature_cache`)."""
-    key = key or signature_key(lifted, args, requires_grad, grad_enabled, options, static_inputs)
+    A signature's record under ``key`` (its
+    :func:`~kiln_autograd.signature_cache.signature_key`; None: not cached) is restored
+    instead where one is stored, and stored after tracing
+    (:mod:`kiln_autograd.signature_cache`)."""
     restored = restore_runner(options, key)
     if restored is not None:
         return restored
