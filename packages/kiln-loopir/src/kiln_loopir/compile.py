@@ -80,16 +80,18 @@ class HostProgram:
         self.native = native
         self.host_source = source
 
-    @property
-    def python_call(self) -> Callable[..., tuple]:
+    def _python_program(self) -> tuple[Callable[..., tuple], Callable[..., None]]:
         if self._python is None:
             self._python = self._load_python()
-        return self._python[0]
+        return self._python
+
+    @property
+    def python_call(self) -> Callable[..., tuple]:
+        return self._python_program()[0]
 
     @property
     def check(self) -> Callable[..., None]:
-        self.python_call  # noqa: B018 - loads the program
-        return self._python[1]
+        return self._python_program()[1]
 
     @property
     def call(self) -> Callable[..., tuple]:
