@@ -278,13 +278,14 @@ def test_a_new_size_of_the_same_specialization_launches_the_compiled_kernel():
     """A kernel whose sizes are arguments, called at a new size whose integer arguments
     Triton would specialize alike (not 1, no multiple of 16, 32 bits), launches the kernel
     compiled for an earlier size directly; a size specialized otherwise compiles its own.
-    Results equal eager's at every size."""
+    Results equal eager's at every size. (The Python host program's launcher: the native
+    one plans these sizes itself, see the next test.)"""
 
     def fn(a):
         return torch.softmax(a * 2, -1) + 1
 
     compiled = compile_fn(fn, [torch.randn(5, 19, device="cuda")], codegen=TritonCodegen(),
-                          dynamic=True)  # fmt: skip
+                          dynamic=True, host_program="python")  # fmt: skip
     compare_outputs(compiled(x := torch.randn(5, 19, device="cuda")), [fn(x)])
     launchers = [k.fn for k in compiled.kernels]
     firsts = [next(iter(f._launches.values())) for f in launchers]
@@ -315,20 +316,22 @@ def _rows_inputs(rows: int):
     ]
 
 
-def test_native_host_program_learns_each_new_size():
+def test_native_host_program_learns_the_families_of_new_sizes():
     from kiln_loopir.testing import compile_symbolic
 
     compiled = compile_symbolic(
         _rows_block, _rows_inputs(40), codegen=TritonCodegen(), host_program="native"
     )
     assert compiled.graph.size_hints, "compiled with symbolic sizes"
-    assert "kiln_find_size" in compiled.native_host.source
+    assert "kiln_find_family" in compiled.native_host.source
     table = compiled.native_host.program.learn_sizes
-    for rows in (40, 77, 40, 77, 131, 131):
+    # 41 and 42 are in 40's families: rows and rows x 96 neither 1 nor multiples of 16,
+    # and in the same power-of-two buckets
+    for rows in (40, 77, 40, 77, 131, 131, 41, 42):
         fresh = _rows_inputs(rows)
         got, want = compiled(*fresh), _rows_block(*fresh)
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
             assert g.stride() == w.stride()
-    # the first call at each size ran the Python program; the second launched from C++
-    assert (table.handed_back, table.learned) == (3, 3)
+    # the first call at each new family ran the Python program; the others, C++ alone
+    assert table.handed_back == 3 and table.learned > 0

@@ -1,16 +1,25 @@
-"""What a sized host program's table learns from the Python program's plans (the table's
-bytes, without a GPU: the launches and their compiled kernels stand in; the GPU entry
-point runs the program itself, ``test_gpu.py::test_native_host_program_learns_each_new_size``)."""
+"""What a sized host program's families learn from the Python program's plans, and how its
+C++ plans a launch from them (without a GPU: the launches and their compiled kernels stand
+in, and the C++ tables are built with a launch that records what it is given; the GPU
+entry point runs the program itself,
+``test_gpu.py::test_native_host_program_learns_the_families_of_new_sizes``)."""
 
-import struct
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kiln_triton.sized_launches import SIZES, SizeTable
+import kiln_cpp
+from kiln_triton.launcher import INT32_LIMIT
+from kiln_triton.sized_launches import DECLARATIONS, FAMILIES, FamilyTable, family_key
 
 PTX = ".visible .entry k(.param .u64 p0, .param .u64 p1, .param .u32 p2, .param .u64 p3)"
+ARGS = ["in_ptr0", "out_ptr0", "s0", "xnumel", "XBLOCK", "INDEX64"]
+SIGNATURE = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32", "xnumel": "constexpr"}
 
 
 def _compiled(function: int, signature: dict):
@@ -23,106 +32,201 @@ def _compiled(function: int, signature: dict):
     )
 
 
-def _launch(function: int, grid, numel: int, signature: dict):
+def _launch(function: int, s0: int, signature: dict = SIGNATURE, xblock: int = 128):
+    """The plan of a pointwise kernel over ``s0`` x 2 points (``xnumel = 2 * s0``)."""
     return SimpleNamespace(
         split=None,
         runner=object(),
         compiled=_compiled(function, signature),
-        fn=SimpleNamespace(arg_names=["in_ptr0", "out_ptr0", "s0", "xnumel", "XBLOCK"]),
-        numels=(numel,),
-        kwargs={"XBLOCK": 128},
-        grid=grid,
+        fn=SimpleNamespace(arg_names=ARGS),
+        numels=(2 * s0,),
+        kwargs={"XBLOCK": xblock, "INDEX64": False},
+        grid=(-(-2 * s0 // xblock),),
+        config=SimpleNamespace(blocks=(("XBLOCK", xblock),)),
     )
 
 
+def _kernel(launches: dict):
+    meta = {"kind": "pointwise", "numels": {"xnumel": "2*s0"}}
+    return SimpleNamespace(name="kernel0", meta=meta, _launches=launches)
+
+
 class Library:
-    """Stands in for the program's library: keeps what ``kiln_host_learn_size`` got."""
+    """Stands in for the program's library: keeps what ``kiln_host_learn_family`` got."""
 
     def __init__(self):
         self.entries = []
 
-        def learn(entry):  # given ctypes.byref(entry)
-            self.entries.append(entry._obj)
+        def learn(kernel, family):  # given ctypes.byref(family)
+            self.entries.append((kernel, family._obj))
 
-        self.kiln_host_learn_size = learn
-
-
-def _table(kernel):
-    record = {
-        "symbols": [["s0", 0, "size", 0]],
-        "kernels": [["kernel0", 2, ["s0"]]],
-        "slots": 6,
-    }
-    return SizeTable(record, {"kernel0": kernel}, Library())
+        self.kiln_host_learn_family = learn
 
 
-def test_a_size_is_learned_from_the_kernels_plan():
-    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32", "xnumel": "constexpr"}
-    kernel = SimpleNamespace(name="kernel0", _launches={(40,): _launch(7, (3,), 1, signature)})
+RECORD = {"symbols": [["s0", 0, "size", 0]], "kernels": [["kernel0", 2, ["s0"]]], "key": 3}
+
+
+def _table(kernel, library=None):
+    return FamilyTable({**RECORD, "slots": 6}, {"kernel0": kernel}, library or Library())
+
+
+def test_a_family_is_learned_from_the_kernels_plan():
+    kernel = _kernel({(40,): _launch(7, 40)})
     table = _table(kernel)
     table((torch.randn(40, 8),))
     assert (table.handed_back, table.learned) == (1, 1)
-    (entry,) = table.library.entries
-    assert list(entry.key) == [40]
-    launch = entry.launches[0]
-    assert launch.function == 7 and list(launch.grid) == [3, 1, 1]
-    assert (launch.block, launch.shared) == (128, 128)
-    # s0 at 32 bits (xnumel was made a constant), then the PTX's scratch pointer
-    assert launch.n_slots == 2 and list(launch.slots[:2]) == [40, 0]
-    assert table._held[0] == [kernel._launches[(40,)].compiled]
+    ((index, family),) = table.library.entries
+    # s0 = 40: 32-bit, not 1 nor a multiple of 16; xnumel = 80: 32-bit, a multiple of 16,
+    # in the bucket of 128 (7 bits)
+    assert index == 0 and list(family.key) == [0b100, 0b110, 7]
+    assert family.function == 7 and (family.block, family.shared) == (128, 128)
+    # the grid divides xnumel (value 1) by XBLOCK
+    assert list(family.grid_value) == [1, -1] and list(family.grid_block) == [128, 1]
+    # s0 (value 0) at 32 bits (xnumel was made a constant), then the PTX's scratch pointer
+    assert family.n_slots == 2 and list(family.slot_value[:2]) == [0, -1]
+    assert table.known[0] == {tuple(family.key): kernel._launches[(40,)].compiled}
 
 
-def test_floats_and_wide_sizes_take_their_bytes():
-    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i64", "xnumel": "fp32"}
-    kernel = SimpleNamespace(name="kernel0", _launches={(5,): _launch(3, (1,), 2, signature)})
+def test_a_size_of_a_known_family_is_not_learned_again():
+    kernel = _kernel({(40,): _launch(7, 40), (56,): _launch(7, 56), (80,): _launch(8, 80)})
     table = _table(kernel)
-    table((torch.randn(5, 2),))
-    launch = table.library.entries[0].launches[0]
-    assert launch.slots[0] == 5
-    assert struct.pack("<q", launch.slots[1])[:4] == struct.pack("<f", 2.0)
+    for rows in (40, 56, 80):
+        table((torch.randn(rows, 2),))
+    assert table.handed_back == 3
+    # 56 is in 40's family (xnumel 112 and 80); 80 is a multiple of 16, its 160 in another
+    # bucket
+    assert table.learned == 2
+    assert [e[1].function for e in table.library.entries] == [7, 8]
+
+
+def test_family_keys_follow_tritons_specialization_and_the_buckets():
+    assert family_key((1, 16, 17), (16, 17), 7) == (0b101, 0b110, 0b100, 4, 5, 0, 0)
+    assert family_key((2**31,), (2**31,), 2) == (0b010, 31)
+    assert family_key((0,), (0,), 2) == (0b110, 0)
 
 
 def test_a_size_without_a_plan_is_tried_again_and_a_split_is_refused_for_good():
-    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32", "xnumel": "i32"}
-    kernel = SimpleNamespace(name="kernel0", _launches={})
+    kernel = _kernel({})
     table = _table(kernel)
     table((torch.randn(9, 2),))
     assert table.learned == 0 and not table.refused  # not planned: asked again next time
-    split = _launch(1, (1,), 9, signature)
+    split = _launch(1, 9)
     split.split = object()
     kernel._launches[(9,)] = split
     table((torch.randn(9, 2),))
-    assert table.learned == 0 and (9,) in table.refused
+    assert table.learned == 0 and list(table.refused.values()) == ["a split reduction"]
     table((torch.randn(9, 2),))
     assert table.handed_back == 3 and table.learned == 0
 
 
-@pytest.mark.parametrize("kind", ["i1", "*i8 after"])
-def test_a_parameter_it_cannot_pass_keeps_the_size_with_python(kind):
-    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32"}
-    signature["xnumel"] = "i1" if kind == "i1" else "*i8"
-    kernel = SimpleNamespace(name="kernel0", _launches={(4,): _launch(2, (1,), 4, signature)})
-    table = _table(kernel)
+@pytest.mark.parametrize("kind", ["i1", "fp32", "*i8 after"])
+def test_a_parameter_it_cannot_pass_keeps_the_family_with_python(kind):
+    signature = {**SIGNATURE, "xnumel": kind.removesuffix(" after")}
+    table = _table(_kernel({(4,): _launch(2, 4, signature)}))
     table((torch.randn(4, 2),))
-    assert table.learned == 0 and (4,) in table.refused
-
-
-def test_the_held_kernels_follow_the_programs_ring_of_sizes():
-    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32", "xnumel": "i32"}
-    launches = {(n,): _launch(n + 1, (1,), n, signature) for n in range(1, SIZES + 3)}
-    table = _table(SimpleNamespace(name="kernel0", _launches=launches))
-    for n in range(1, SIZES + 3):
-        table((torch.empty(n, 1),))
-    assert table.learned == SIZES + 2
-    # the program's slot 0 and 1 hold the last two sizes now, and so does the table
-    assert table._held[0] == [launches[(SIZES + 1,)].compiled]
-    assert table._held[1] == [launches[(SIZES + 2,)].compiled]
+    assert table.learned == 0 and len(table.refused) == 1
 
 
 def test_a_kernel_that_needs_scratch_memory_stays_with_python():
-    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32", "xnumel": "i32"}
-    launch = _launch(2, (1,), 4, signature)
+    launch = _launch(2, 4)
     launch.compiled.metadata.global_scratch_size = 64
-    table = _table(SimpleNamespace(name="kernel0", _launches={(4,): launch}))
+    table = _table(_kernel({(4,): launch}))
     table((torch.randn(4, 2),))
-    assert table.learned == 0 and "global_scratch_size=64" in table.refused[(4,)]
+    assert table.learned == 0 and "global_scratch_size=64" in next(iter(table.refused.values()))
+
+
+def test_the_known_families_follow_the_programs_ring():
+    # sizes 2**k + 1 for k = 5, 6, ...: each block count in a bucket of its own
+    sizes = [2**k + 1 for k in range(5, 5 + FAMILIES + 2)]
+    launches = {(n,): _launch(i + 1, n) for i, n in enumerate(sizes)}
+    table = _table(_kernel(launches))
+    for n in sizes:
+        table((torch.empty(1, 1).expand(n, 1),))
+    assert table.learned == FAMILIES + 2
+    held = list(table.known[0].values())
+    assert len(held) == FAMILIES and held[-1] is launches[(sizes[-1],)].compiled
+    assert launches[(sizes[0],)].compiled not in held  # the oldest went first
+
+
+# -- the C++ tables, built with a launch that records its grid and parameters ---------------
+
+PROGRAM = """\
+#include <cstdint>
+#include "kiln_host.h"
+static KilnApi api;
+static KilnApi* const kiln_api = &api;
+{declarations}
+static uint32_t launched_grid;
+static int64_t launched[2];
+static int launch(void*, void*, uint32_t grid_x, uint32_t, uint32_t, uint32_t, uint32_t,
+                  void** params) {{
+  launched_grid = grid_x;
+  for (int i = 0; i < 2; ++i) launched[i] = *static_cast<int32_t*>(params[2 + i]);
+  return 0;
+}}
+// kernel 0 at size s0 (values s0, 2 * s0): -1 where no family is known, else the grid,
+// with the parameters after the two pointers in out
+extern "C" int64_t plan(int64_t s0, int64_t* out) {{
+  api.cuda_launch = launch;
+  const int64_t v[] = {{s0, 2 * s0}};
+  const KilnFamily* f = kiln_find_family(0, v, 1, 1);
+  if (f == nullptr) return -1;
+  void* pointers[] = {{nullptr, nullptr}};
+  kiln_launch_family(nullptr, f, pointers, 2, v);
+  for (int i = 0; i < 2; ++i) out[i] = launched[i];
+  return launched_grid;
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    folder = tmp_path_factory.mktemp("families")
+    declarations = DECLARATIONS.format(
+        kernels=1, key=3, pointers=2, slots=6, families=FAMILIES, int32_limit=INT32_LIMIT,
+        size_functions="",
+    )  # fmt: skip
+    (folder / "program.cpp").write_text(PROGRAM.format(declarations=declarations))
+    host = Path(kiln_cpp.__file__).parent / "host"
+    library = folder / "program.so"
+    subprocess.run(
+        [compiler, "-std=c++17", "-shared", "-fPIC", f"-I{host}", "program.cpp", "-o", library],
+        cwd=folder, check=True,
+    )  # fmt: skip
+    return ctypes.CDLL(str(library))
+
+
+def _plan(program, s0: int) -> tuple[int, list[int]]:
+    out = (ctypes.c_int64 * 2)()
+    program.plan.restype = ctypes.c_int64
+    grid = program.plan(ctypes.c_int64(s0), out)
+    return grid, list(out)
+
+
+def test_the_program_plans_every_size_of_a_learned_family(program):
+    kernel = _kernel({(40,): _launch(7, 40)})
+    table = _table(kernel, program)
+    assert _plan(program, 40)[0] == -1  # nothing learned yet
+    table((torch.randn(40, 2),))
+    assert table.learned == 1
+    # s0 then the null scratch pointer
+    assert _plan(program, 40) == (1, [40, 0])
+    assert _plan(program, 56) == (1, [56, 0])  # xnumel 112: the same family as 80
+    assert _plan(program, 33)[0] == -1  # xnumel 66 is not a multiple of 16
+    assert _plan(program, 64)[0] == -1  # s0 is
+    assert _plan(program, 72)[0] == -1  # xnumel 144 is in the bucket of 256
+    kernel._launches[(104,)] = _launch(9, 104)
+    table((torch.randn(104, 2),))
+    assert _plan(program, 120) == (2, [120, 0])  # 240 points: two blocks of 128
+
+
+def test_a_size_whose_block_counts_need_64_bit_indices_is_handed_back(program):
+    kernel = _kernel({(2**29 + 8,): _launch(5, 2**29 + 8)})
+    table = _table(kernel, program)
+    table((torch.empty(1, 1).expand(2**29 + 8, 2),))
+    assert table.learned == 1 and _plan(program, 2**29 + 24)[0] == (1 << 23) + 1
+    # the same family (2**31 - 16 points are in the bucket of 2**31), too many points
+    assert _plan(program, 2**30 - 8)[0] == -1

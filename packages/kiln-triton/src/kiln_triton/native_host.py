@@ -8,8 +8,8 @@ and written into the source: the grid, the block, the shared memory and each par
 (pointers, sizes, the null scratch pointers newer Triton appends). The kernel handles are
 handed to the program when it loads. A call whose input tensors are not 16-byte aligned
 (as the kernels were compiled to assume) is handed to the Python host program. A graph
-whose sizes are symbols keeps its launches per size instead
-(:mod:`kiln_triton.sized_launches`).
+whose sizes are symbols plans each call's launches from the families of sizes it learned
+instead (:mod:`kiln_triton.sized_launches`).
 
 It is kiln-cpp's host program and runtime (kiln-triton depends on kiln-cpp for them).
 
@@ -37,7 +37,7 @@ from kiln_triton.attention_kernels import KERNELS, compile_attention
 from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
-from kiln_triton.sized_launches import SizedLauncher, SizeTable, alignment_checks, is_sized
+from kiln_triton.sized_launches import FamilyTable, SizedLauncher, alignment_checks, is_sized
 
 C_TYPES = {"i32": "int32_t", "i64": "int64_t", "u32": "uint32_t", "u64": "uint64_t"}
 C_TYPES |= {"fp32": "float", "fp64": "double"}
@@ -63,8 +63,8 @@ class PlannedLaunch:
 
 def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKernel]):
     """The loaded native host program of ``schedule`` (raises ``HostNotRendered``): its
-    launches planned now where its sizes are numbers, else learned per size (see
-    :mod:`kiln_triton.sized_launches`)."""
+    launches planned now where its sizes are numbers, else per call from the families of
+    sizes it learned (see :mod:`kiln_triton.sized_launches`)."""
     from kiln_cpp.host import load_runtime, render_host
 
     _require_compiled_kernels()
@@ -78,9 +78,10 @@ def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKe
 
 
 def _with_size_table(host, kernels: dict[str, TritonKernel]):
-    """``host`` whose program learns each new size after the Python program ran it."""
+    """``host`` whose program learns the launches of a new size's families after the
+    Python program ran it."""
     record = host.launches[0]["sized"]
-    host.program.learn_sizes = SizeTable(record, kernels, host.program.library)
+    host.program.learn_sizes = FamilyTable(record, kernels, host.program.library)
     return host
 
 

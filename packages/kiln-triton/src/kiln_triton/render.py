@@ -511,17 +511,24 @@ class KernelRenderer(ReductionRendering, ScanRendering):
         return before + [f"for roffset in {span}:"] + ["    " + x for x in inner]
 
     # -- the module ----------------------------------------------------------------------------
+    def block_counts(self) -> dict[str, sympy.Expr]:
+        """The sizes the launch divides into blocks (``ynumel`` of a tiled kernel,
+        ``xnumel``, ``rnumel`` of a reduction), in the order the kernel takes them."""
+        t = self.space.tiling
+        numels: dict[str, sympy.Expr] = {}
+        if t.kind == "tiled":
+            numels["ynumel"] = sympy.expand(math.prod(t.ranges[: t.split]))
+            numels["xnumel"] = sympy.expand(math.prod(t.ranges[t.split :]))
+        else:
+            numels["xnumel"] = sympy.expand(math.prod(t.ranges))
+        if t.kind == "reduction":
+            numels["rnumel"] = sympy.expand(math.prod(t.reduction_ranges))
+        return numels
+
     def meta(self, split_count: int = 0) -> dict:
         """The launcher's metadata; ``split_count``: the split variant's workspace parts."""
         t = self.space.tiling
-        numels: dict[str, str] = {}
-        if t.kind == "tiled":
-            numels["ynumel"] = py_expr(sympy.expand(math.prod(t.ranges[: t.split])))
-            numels["xnumel"] = py_expr(sympy.expand(math.prod(t.ranges[t.split :])))
-        else:
-            numels["xnumel"] = py_expr(sympy.expand(math.prod(t.ranges)))
-        if t.kind == "reduction":
-            numels["rnumel"] = py_expr(sympy.expand(math.prod(t.reduction_ranges)))
+        numels = {name: py_expr(n) for name, n in self.block_counts().items()}
         loads = [v.attrs["index"] for v in self.rec.values if v.op == "load"]
         stored = [s.buffer for s in self.rec.stores]
         return {
@@ -586,6 +593,12 @@ def merged_space(ranges: tuple, reduction_ranges: tuple, indexed: tuple, stores:
 
 def render_kernel(kernel: Kernel) -> str:
     return KernelRenderer(kernel).source()
+
+
+def block_counts(kernel: Kernel) -> dict[str, sympy.Expr]:
+    """``kernel``'s block counts as its source computes them (``META['numels']``), as
+    expressions of its size arguments."""
+    return KernelRenderer(kernel).block_counts()
 
 
 def source_hash(source: str) -> str:
