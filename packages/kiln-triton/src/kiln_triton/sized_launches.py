@@ -11,7 +11,10 @@ compiled kernel's handle, block and shared memory, which block counts make its g
 which blocks, and which values its parameters after the pointers take (sizes and block
 counts, left out where Triton made one a constant; then the null scratch pointers newer
 Triton appends). A call computes every kernel's sizes and block counts, finds each
-kernel's family, and launches with the grid and parameters of that call.
+kernel's family, and launches with the grid and parameters of that call. Where a kernel's
+own family is not known, a family whose compiled kernel runs it serves: one of the same
+buckets that assumed no more of each value than holds (a kernel compiled for sizes that
+are not multiples of 16 runs one that is).
 
 A call where some kernel's family is not known yet (or whose indices would need 64 bits)
 is handed to the Python host program before anything runs; it plans and launches the
@@ -91,8 +94,19 @@ int64_t kiln_bucket(int64_t n) {{
   return n <= 1 ? 0 : 64 - __builtin_clzll(static_cast<uint64_t>(n - 1));
 }}
 
-// the family of kernel k at its values v (sizes, then block counts); null where none was
-// learned, or where the block counts need 64-bit indices
+// whether family f's kernel runs values of key: what it was compiled to assume of each
+// value (1, a multiple of 16, 32 bits) holds of them, and its buckets are theirs
+bool kiln_runs(const KilnFamily& f, const int64_t* key, int n) {{
+  for (int i = 0; i < n; ++i)
+    if (f.key[i] & ~key[i]) return false;
+  for (int i = n; i < KILN_KEY; ++i)
+    if (f.key[i] != key[i]) return false;
+  return true;
+}}
+
+// the family of kernel k at its values v (sizes, then block counts): its own where it was
+// learned, else one whose kernel runs them; null where none, or where the block counts
+// need 64-bit indices
 const KilnFamily* kiln_find_family(int k, const int64_t* v, int n_sizes, int n_numels) {{
   int64_t key[KILN_KEY] = {{0}};
   int64_t points = 1;
@@ -104,9 +118,12 @@ const KilnFamily* kiln_find_family(int k, const int64_t* v, int n_sizes, int n_n
   }}
   if (points > KILN_INT32_LIMIT) return nullptr;
   const KilnFamilies& t = kiln_families[k];
-  for (int i = 0; i < t.known; ++i)
+  const KilnFamily* runs = nullptr;
+  for (int i = 0; i < t.known; ++i) {{
     if (std::memcmp(t.family[i].key, key, sizeof(key)) == 0) return &t.family[i];
-  return nullptr;
+    if (runs == nullptr && kiln_runs(t.family[i], key, n)) runs = &t.family[i];
+  }}
+  return runs;
 }}
 
 // launch f at values v; null f: nothing to compute at this size
