@@ -274,33 +274,37 @@ def test_kernels_compiled_in_worker_processes_launch_and_match_eager(host_progra
         assert expected is not None and launch.compiled is expected, k.name
 
 
-def test_a_new_size_of_the_same_specialization_launches_the_compiled_kernel():
-    """A kernel whose sizes are arguments, called at a new size whose integer arguments
-    Triton would specialize alike (not 1, no multiple of 16, 32 bits), launches the kernel
-    compiled for an earlier size directly; a size specialized otherwise compiles its own.
-    Results equal eager's at every size. (The Python host program's launcher: the native
-    one plans these sizes itself, see the next test.)"""
+def test_a_new_size_launches_a_compiled_kernel_that_runs_it():
+    """A kernel whose sizes are arguments, called at a new size, launches directly the
+    kernel compiled for an earlier size that Triton specialized alike, or that assumed no
+    more of each integer (1, a multiple of 16, 32 bits) than holds of the new one; a size
+    of which an assumption does not hold compiles its own. Results equal eager's at every
+    size. (The Python host program's launcher: the native one plans these sizes itself,
+    see the next test.)"""
 
     def fn(a):
         return torch.softmax(a * 2, -1) + 1
 
-    compiled = compile_fn(fn, [torch.randn(5, 19, device="cuda")], codegen=TritonCodegen(),
+    compiled = compile_fn(fn, [torch.randn(5, 32, device="cuda")], codegen=TritonCodegen(),
                           dynamic=True, host_program="python")  # fmt: skip
-    compare_outputs(compiled(x := torch.randn(5, 19, device="cuda")), [fn(x)])
+    compare_outputs(compiled(x := torch.randn(5, 32, device="cuda")), [fn(x)])
     launchers = [k.fn for k in compiled.kernels]
     firsts = [next(iter(f._launches.values())) for f in launchers]
     assert all(f.compiled is not None for f in firsts), "not compiled for direct launches"
     # rows in (4, 8], widths in (16, 32]: one power-of-two bucket each, so one configuration
-    for rows, width in [(6, 21), (7, 27), (5, 32)]:
+    news = []
+    for rows, width in [(6, 21), (7, 27), (6, 32)]:
         x = torch.randn(rows, width, device="cuda")
         known = [set(f._launches) for f in launchers]
         compare_outputs(compiled(x), [fn(x)])
-        for f, first, sizes in zip(launchers, firsts, known, strict=True):
-            (new,) = [f._launches[s] for s in f._launches if s not in sizes]
-            if width % 16:
-                assert new.compiled is first.compiled, f"{rows}x{width} compiled again"
-            else:
-                assert new.compiled is not first.compiled, f"{rows}x{width} took another's"
+        new = [[f._launches[s] for s in f._launches if s not in k]
+               for f, k in zip(launchers, known, strict=True)]  # fmt: skip
+        news.append([launch for (launch,) in new])
+    for first, odd, odd_again, even in zip(firsts, *news, strict=True):
+        # 32 was compiled as a multiple of 16: 21 compiles its own, which 27 takes too
+        assert odd.compiled is not first.compiled, "21 took a kernel that assumes 16 | 21"
+        assert odd_again.compiled is odd.compiled, "27 compiled again"
+        assert even.compiled is first.compiled, "32 compiled again"
 
 
 def _rows_block(x, w, b):

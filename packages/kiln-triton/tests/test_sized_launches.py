@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kiln_cpp
-from kiln_triton.launcher import INT32_LIMIT
+from kiln_triton.launcher import INT32_LIMIT, runs_at
 from kiln_triton.sized_launches import DECLARATIONS, FAMILIES, FamilyTable, family_key
 
 PTX = ".visible .entry k(.param .u64 p0, .param .u64 p1, .param .u32 p2, .param .u64 p3)"
@@ -231,3 +231,16 @@ def test_a_size_whose_block_counts_need_64_bit_indices_is_handed_back(program):
     assert table.learned == 1 and _plan(program, 2**29 + 24)[0] == (1 << 23) + 1
     # the same family (2**31 - 16 points are in the bucket of 2**31), too many points
     assert _plan(program, 2**30 - 8)[0] == -1
+
+
+def test_a_compiled_kernel_runs_sizes_of_which_its_assumptions_hold():
+    config = object()
+    odd, even, one = (False, False, True), (False, True, True), (True, False, True)
+    assert runs_at((config, False, odd), (config, False, even))  # 16 | n not assumed
+    assert not runs_at((config, False, even), (config, False, odd))
+    assert runs_at((config, False, odd), (config, False, one))  # n == 1 not assumed
+    assert not runs_at((config, False, one), (config, False, odd))
+    assert runs_at((config, False, (False, False, False)), (config, False, odd))  # 64-bit
+    assert not runs_at((config, False, odd), (config, False, (False, False, False)))
+    assert not runs_at((config, False, odd), (object(), False, odd))  # another configuration
+    assert not runs_at((config, True, odd), (config, False, odd))  # another index width

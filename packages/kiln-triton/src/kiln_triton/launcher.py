@@ -98,6 +98,20 @@ def _specialized(n: int) -> tuple[bool, bool, bool]:
     return (n == 1, n % 16 == 0, -(2**31) <= n < 2**31)
 
 
+def runs_at(compiled_for: tuple, wanted: tuple) -> bool:
+    """Whether a kernel compiled for specialization ``compiled_for`` runs a launch of
+    specialization ``wanted``: the same configuration and index width, and each integer
+    assumed 1, a multiple of 16 or 32-bit only where it is (a kernel compiled for sizes
+    that are not multiples of 16 runs one that is)."""
+    if compiled_for[:2] != wanted[:2] or len(compiled_for) != len(wanted):
+        return False
+    return all(
+        not assumed or holds
+        for c, w in zip(compiled_for[2:], wanted[2:], strict=True)
+        for assumed, holds in zip(c, w, strict=True)
+    )
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -208,8 +222,14 @@ class TritonKernel:
 
     def _reuse_compiled(self, launch: Launch) -> None:
         """Launch directly with the kernel compiled for an earlier size of the same
-        specialization, where there is one."""
+        specialization, else with one of the same configuration that assumed no more of
+        each integer than holds of this size's (see :func:`runs_at`), where there is one."""
         kernel = self._compiled.get(launch.specialization)
+        if kernel is None:
+            kernel = next(
+                (k for spec, k in self._compiled.items() if runs_at(spec, launch.specialization)),
+                None,
+            )
         if kernel is not None:
             self._launch_compiled(launch, kernel)
 
