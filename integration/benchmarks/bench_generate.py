@@ -16,8 +16,9 @@ each 2 layers of hidden 64, vocab 512, with their key/value cache.
   (of its batch sizes but 1, within its sequence lengths): the time per call of those,
   each at a size met for the first time.
 
-``torch.compile`` runs with its defaults (``dynamic=None``), Kiln too, with an empty cache of
-its own (``KILN_CACHE_DIR`` set to a new folder), so its counts are compiles, not loads.
+``torch.compile`` runs with its defaults (``dynamic=None``), Kiln too, each with an empty cache
+of its own (``KILN_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` set to new folders), so their
+counts are compiles, not loads.
 Run: ``python integration/bench.py generate`` (on the GPU machine, through
 ``integration/gpu.py`` with ``KILN_GPU_BENCH=generate``).
 """
@@ -199,6 +200,7 @@ def where() -> str:
 
 def main() -> str:
     os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-generate-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-bench-generate-")
     count_lowerings()
     rows = []
     for name, build in (("GPT-2 2 layers", gpt2), ("Llama 2 layers", llama)):

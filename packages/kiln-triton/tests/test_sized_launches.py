@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import kiln_cpp
-from kiln_triton.launcher import INT32_LIMIT, runs_at
+from kiln_triton.configs import Config
+from kiln_triton.launcher import INT32_LIMIT, TritonKernel, runs_at
 from kiln_triton.sized_launches import DECLARATIONS, FAMILIES, FamilyTable, family_key
 
 PTX = ".visible .entry k(.param .u64 p0, .param .u64 p1, .param .u32 p2, .param .u64 p3)"
@@ -244,3 +245,32 @@ def test_a_compiled_kernel_runs_sizes_of_which_its_assumptions_hold():
     assert not runs_at((config, False, odd), (config, False, (False, False, False)))
     assert not runs_at((config, False, odd), (object(), False, odd))  # another configuration
     assert not runs_at((config, True, odd), (config, False, odd))  # another index width
+
+
+def _reduction(x: int, r: int, variant: str = "k_persistent") -> Config:
+    return Config(variant, (("XBLOCK", x), ("RBLOCK", r)))
+
+
+def test_a_small_kernel_at_a_new_size_takes_a_compiled_kernel_of_larger_blocks():
+    module = SimpleNamespace(
+        META={
+            "args": ["in_ptr0", "out_ptr0"],
+            "sizes": ["s0"],
+            "stored": ["out_ptr0"],
+            "numels": {"xnumel": "s0", "rnumel": "s0"},
+            "kind": "reduction",
+        }  # fmt: skip
+    )
+    kernel = TritonKernel(module, "hash", "k")
+    odd = (False, False, True)
+    kernel._compiled[(_reduction(8, 64), False, odd, odd, odd)] = object()
+    # rows of 40 in blocks of 64: the compiled 8 x 64 covers 4 x 64 and 8 x 32
+    assert kernel.compiled_cover(_reduction(4, 64), False, (40, 40, 40)) == _reduction(8, 64)
+    assert kernel.compiled_cover(_reduction(8, 32), False, (20, 20, 20)) == _reduction(8, 64)
+    # none where the blocks are smaller, the variant another, or an assumption fails
+    assert kernel.compiled_cover(_reduction(8, 128), False, (90, 90, 90)) == _reduction(8, 128)
+    looped = _reduction(4, 64, "k_looped")
+    assert kernel.compiled_cover(looped, False, (40, 40, 40)) == looped
+    assert kernel.compiled_cover(_reduction(4, 64), True, (40, 40, 40)) == _reduction(4, 64)
+    kernel._compiled = {(_reduction(8, 64), False, *[(False, True, True)] * 3): object()}
+    assert kernel.compiled_cover(_reduction(4, 64), False, (40, 40, 40)) == _reduction(4, 64)

@@ -112,6 +112,17 @@ def runs_at(compiled_for: tuple, wanted: tuple) -> bool:
     )
 
 
+def covers(config: Config, wanted: Config) -> bool:
+    """Whether ``config`` launches the variant of ``wanted`` with blocks at least as large
+    along every dimension (a persistent reduction's block still holds the whole row)."""
+    have = dict(config.blocks)
+    return (
+        config.variant == wanted.variant
+        and have.keys() == dict(wanted.blocks).keys()
+        and all(have[name] >= block for name, block in wanted.blocks)
+    )
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -264,7 +275,21 @@ class TritonKernel:
         config = configs[0]
         if len(configs) > 1 and not INTERPRET and autotune.worth_timing(self.meta["kind"], points):
             config = self._tune(configs, tensors, sizes, numels, index64)
+        elif self._nsizes and DIRECT_LAUNCH and not INTERPRET:
+            config = self.compiled_cover(config, index64, (*sizes, *numels.values()))
         return self._launch_at(config, numels, index64, sizes)
+
+    def compiled_cover(self, config: Config, index64: bool, values: tuple) -> Config:
+        """For a kernel too small to time, at a new size (``values``: its sizes, then its
+        block counts): ``config`` where a kernel compiled for it runs the size, else a
+        configuration of compiled blocks at least as large that runs it (the launch
+        costs what the blocks do not: a size between two met before takes a compiled
+        kernel instead of a compile), else ``config``."""
+        wanted = (config, index64, *map(_specialized, values))
+        found = [spec[0] for spec in self._compiled if runs_at(spec, (spec[0], *wanted[1:]))]
+        if config in found:
+            return config
+        return next((c for c in found if covers(c, config)), config)
 
     def _launch(self, config: Config, numels: dict[str, int], index64: bool) -> Launch:
         blocks = dict(config.blocks)
