@@ -3,8 +3,12 @@ guards and restores the compiled graph instead of tracing, and only where the ke
 the files the trace read and the backend's token all still hold."""
 
 import importlib.util
+import os
+import subprocess
 import sys
 import textwrap
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,3 +298,35 @@ def test_a_frame_that_hands_out_a_global_list_keeps_handing_out_that_list():
     out, found = again(x)
     assert found is SHARED
     torch.testing.assert_close(out, torch.cos(x))
+
+
+def _keyed(x):
+    names = frozenset({"alpha", "beta", "gamma", "delta"})
+    return x * 2 if "beta" in names else (lambda y: y + 1)(x)
+
+
+def test_the_key_of_a_frame_is_its_code_not_the_objects_shared_in_it():
+    from kiln_capture.kept_captures import frame_key
+
+    key = frame_key(_keyed, "settings")
+    held = [list(_keyed.__code__.co_consts) for _ in range(3)]  # more references to them
+    assert frame_key(_keyed, "settings") == key and held
+    assert frame_key(_keyed, "other settings") != key
+    changed = types.FunctionType(
+        _keyed.__code__.replace(co_consts=(*_keyed.__code__.co_consts, 7)), {}
+    )
+    assert frame_key(changed, "settings") != key
+
+
+def test_the_key_of_a_frame_is_the_same_in_every_process():
+    folder = str(Path(__file__).parent)
+    script = (
+        f"import sys; sys.path.insert(0, {folder!r}); import test_kept_captures as t; "
+        "from kiln_capture.kept_captures import frame_key; print(frame_key(t._keyed, 's'))"
+    )
+    keys = {
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+        for seed in ("1", "2")
+    }  # fmt: skip
+    assert len(keys) == 1 and next(iter(keys))

@@ -298,13 +298,15 @@ class CapturedFunction:
 
     # --- captures kept across processes (kept_captures) -------------------------------
 
+    @functools.cached_property
     def kept_key(self) -> str | None:
+        """The key of this function's kept captures (its code and settings), read once."""
         settings = f"fullgraph {self.fullgraph} dynamic {self.dynamic}"
         return kept_captures.frame_key(self.fn, settings)
 
     def restore_kept(self, args, kwargs) -> CaptureResult | None:
         """A kept capture of this function that accepts the call, as a capture result."""
-        key = self.kept_key() if self.kept is not None else None
+        key = self.kept_key if self.kept is not None else None
         if key is None:
             return None
         for entry in kept_captures.read_entries(self.kept, key):
@@ -325,7 +327,7 @@ class CapturedFunction:
         """Keep a capture for later processes, where it can be kept (a failure to keep it
         costs the next process a trace, never this call)."""
         try:
-            key = self.kept_key() if self.kept is not None else None
+            key = self.kept_key if self.kept is not None else None
             entry = kept_captures.encode_entry(self.fn, result) if key is not None else None
             if entry is not None:
                 kept_captures.add_entry(self.kept, key, entry)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import marshal
 import os
 import re
 import sys
@@ -72,14 +71,10 @@ class CaptureStore(Protocol):
 
 
 def frame_key(fn: types.FunctionType, settings: str) -> str | None:
-    """The key of ``fn``'s kept captures: its code object (the bytes ``marshal`` writes,
-    which hold its instructions, names, constants and place), the versions and the
-    caller's ``settings``; None for code that cannot be written (made at run time)."""
+    """The key of ``fn``'s kept captures: its code object (instructions, names, constants,
+    nested code, place), the versions and the caller's ``settings``; None for code whose
+    constants cannot be written (made at run time)."""
     code = fn.__code__
-    try:
-        body = marshal.dumps(code)
-    except ValueError:
-        return None
     h = hashlib.sha256()
     for part in (
         f"kept capture {FORMAT} kiln-capture {__version__} torch {torch.__version__}",
@@ -88,8 +83,44 @@ def frame_key(fn: types.FunctionType, settings: str) -> str | None:
         f"{code.co_filename}:{code.co_firstlineno} {code.co_qualname}",
     ):
         h.update(part.encode() + b"\0")
-    h.update(body)
+    try:
+        _code_digest(code, h)
+    except ValueError:
+        return None
     return h.hexdigest()
+
+
+def _code_digest(code: types.CodeType, h) -> None:
+    """Feed ``code`` to ``h``: what it does and where, its nested code the same way.
+    (``marshal``'s bytes would not do: they mark an object shared where its reference
+    count says so, which changes while the program runs.)"""
+    for attr in ("co_code", "co_linetable", "co_exceptiontable"):
+        h.update(getattr(code, attr, b"") + b"\0")
+    for attr in ("co_names", "co_varnames", "co_freevars", "co_cellvars"):
+        h.update(repr(getattr(code, attr)).encode() + b"\0")
+    numbers = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+    h.update(f"{numbers} {code.co_name} {code.co_firstlineno}".encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            h.update(b"code\0")
+            _code_digest(const, h)
+        else:
+            h.update(_constant_text(const).encode() + b"\0")
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
+
+
+def _constant_text(value: object) -> str:
+    """A code constant as text that is the same in every process (a frozenset's items
+    sorted: their order follows the string hash seed)."""
+    if isinstance(value, tuple):
+        return f"({','.join(map(_constant_text, value))})"
+    if isinstance(value, frozenset):
+        return f"frozenset({','.join(sorted(map(_constant_text, value)))})"
+    if type(value) in _PLAIN:
+        return f"{type(value).__name__}:{value!r}"
+    raise ValueError(f"a constant of type {type(value).__name__}")
 
 
 def files_read(output) -> dict[str, str] | None:
