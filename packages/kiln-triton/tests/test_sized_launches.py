@@ -274,3 +274,44 @@ def test_a_small_kernel_at_a_new_size_takes_a_compiled_kernel_of_larger_blocks()
     assert kernel.compiled_cover(_reduction(4, 64), True, (40, 40, 40)) == _reduction(4, 64)
     kernel._compiled = {(_reduction(8, 64), False, *[(False, True, True)] * 3): object()}
     assert kernel.compiled_cover(_reduction(4, 64), False, (40, 40, 40)) == _reduction(4, 64)
+
+
+def _rows(x, w, b):
+    h = torch.addmm(b, x, w)
+    return torch.softmax(h * 2, -1) + x.sum(1, keepdim=True), x.t().contiguous()
+
+
+def test_a_sized_program_finds_every_kernels_family_before_it_runs_and_compiles(
+    monkeypatch, tmp_path
+):
+    """The C++ of a graph of symbolic sizes (rendered here without a GPU, its kernels in
+    the interpreter; the GPU entry point builds and runs it): every kernel's values and
+    family before the first allocation, a launch per kernel from its family."""
+    import kiln_triton.native_host as native_host
+    from kiln_cpp.codegen import HOST_HEADER
+    from kiln_loopir.host import HostNotRendered
+    from kiln_loopir.testing import compile_symbolic
+    from kiln_triton.codegen import TritonCodegen
+
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    sources = []
+
+    def loaded(host):
+        sources.append(HOST_HEADER + host.source)
+        raise HostNotRendered("rendered only: no GPU to load it on")
+
+    monkeypatch.setattr(native_host, "_require_compiled_kernels", lambda: None)
+    monkeypatch.setattr(native_host, "_loaded", loaded)
+    inputs = [torch.randn(40, 96), torch.randn(96, 96) / 10, torch.randn(96)]
+    compile_symbolic(_rows, inputs, codegen=TritonCodegen(), host_program="auto")
+    (source,) = sources
+    body = source.split('extern "C" int kiln_host_call')[1]
+    kernels = body.count("kiln_find_family(")
+    assert kernels >= 1 and body.count("kiln_launch_family(") == kernels
+    assert body.index("kiln_find_family(") < body.index("empty_strided")
+    (tmp_path / "host.cpp").write_text(source)
+    done = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "host.cpp"], cwd=tmp_path,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
