@@ -273,9 +273,10 @@ class TritonKernel:
         index64 = biggest > INT32_LIMIT
         configs = candidates(self.meta, numels)
         config = configs[0]
-        if len(configs) > 1 and not INTERPRET and autotune.worth_timing(self.meta["kind"], points):
+        timed = not INTERPRET and autotune.worth_timing(self.meta["kind"], points)
+        if timed and len(configs) > 1:
             config = self._tune(configs, tensors, sizes, numels, index64)
-        elif self._nsizes and DIRECT_LAUNCH and not INTERPRET:
+        elif not timed and self._nsizes and DIRECT_LAUNCH and not INTERPRET:
             config = self.compiled_cover(config, index64, (*sizes, *numels.values()))
         return self._launch_at(config, numels, index64, sizes)
 
