@@ -23,6 +23,7 @@ def test_public_api_is_pinned():
         "decode_graphs",
         "decomposition_table",
         "encode_graphs",
+        "graph_code",
         "is_restored",
         "op_set_table",
         "partition",

@@ -231,3 +231,23 @@ def test_a_compiler_s_graphs_round_trip_as_a_record_of_their_own():
     (signature,) = signatures.data.values()
     with pytest.raises(ValueError, match="not of graphs"):
         kiln_autograd.decode_graphs(signature)
+
+
+def test_a_restored_graph_gives_its_code_without_generating_it_until_it_changes():
+    seen: list[torch.fx.GraphModule] = []
+
+    def keep(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    model, gm = graph_module()
+    check_training(gm, model, DictCache(), keep)
+    forward = seen[0]
+    graphs, _ = kiln_autograd.decode_graphs(kiln_autograd.encode_graphs({"fw": forward}, {}))
+    restored = graphs["fw"]
+    assert kiln_autograd.graph_code(restored) == forward.code
+    assert restored._needs_recompile(), "graph_code generated the restored graph's code"
+    output = restored.graph.find_nodes(op="output")[0]
+    with restored.graph.inserting_before(output):
+        restored.graph.call_function(torch.ops.aten.relu.default, (output.args[0][0],))
+    assert kiln_autograd.graph_code(restored) != forward.code  # changed: generated again

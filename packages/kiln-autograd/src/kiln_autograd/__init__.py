@@ -33,7 +33,13 @@ from kiln_autograd.decompositions import (
 )
 from kiln_autograd.errors import NeedsTrace, UnsupportedError
 from kiln_autograd.partition import PartitionedGraphs
-from kiln_autograd.records import Unserializable, decode_graphs, encode_graphs, is_restored
+from kiln_autograd.records import (
+    Unserializable,
+    decode_graphs,
+    encode_graphs,
+    graph_code,
+    is_restored,
+)
 from kiln_autograd.signature_cache import SignatureCache
 from kiln_autograd.static_inputs import (
     STATIC_INPUTS,
@@ -57,6 +63,7 @@ __all__ = [
     "__version__",
     "aot",
     "decomposition_table",
+    "graph_code",
     "is_restored",
     "encode_graphs",
     "decode_graphs",

@@ -14,6 +14,7 @@ slices tagged, the value (``meta["val"]``) as a tensor spec (shape, stride, stor
 dtype, device, requires_grad). Rebuilt, each value is a FakeTensor of one fresh
 FakeTensorMode, and the graph's code is the traced graph's, character for character (a
 compiler's own cache, keyed by ``gm.code``, finds what it stored for the traced graph).
+The record keeps that code too: :func:`graph_code` reads it without generating it.
 
 :func:`encode` raises :class:`Unserializable` for anything it does not know (a target
 that is not an operator overload or in :mod:`operator`, an argument of another type):
@@ -32,14 +33,18 @@ from collections.abc import Sequence
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from kiln_autograd.analyze import GraphMeta, OutputInfo, OutputKind
 from kiln_autograd.partition import PartitionedGraphs
 from kiln_autograd.trace import JointGraph
 
-FORMAT = 2  # 2: inference graphs note the state they only read (unwritten_state)
+FORMAT = 3  # 2: inference graphs note the state they only read (unwritten_state); 3: code
 # gm.meta[RESTORED] is True on a graph rebuilt from a record (see is_restored)
 RESTORED = "kiln_autograd_restored"
+# gm.meta[KEPT_CODE] on a graph rebuilt from a record: (its graph's id and node count when
+# rebuilt, the code the record kept) (see graph_code)
+KEPT_CODE = "kiln_autograd_kept_code"
 
 
 class Unserializable(ValueError):
@@ -53,6 +58,16 @@ def is_restored(gm: torch.fx.GraphModule) -> bool:
     :class:`~kiln_autograd.NeedsTrace`."""
     meta = getattr(gm, "meta", None)
     return isinstance(meta, dict) and bool(meta.get(RESTORED))
+
+
+def graph_code(gm: torch.fx.GraphModule) -> str:
+    """``gm.code``. A graph rebuilt from a record generates its code only where something
+    asks for it: while its graph is the one rebuilt, with as many nodes, this is the
+    traced graph's code that the record kept (the same text, as a cache key reads it)."""
+    kept = gm.meta.get(KEPT_CODE)
+    if kept is not None and kept[0] == id(gm.graph) and kept[1] == len(gm.graph.nodes):
+        return kept[2]
+    return gm.code
 
 
 @dataclasses.dataclass
@@ -165,8 +180,8 @@ def _encode_graph(gm: torch.fx.GraphModule) -> dict:
                 _encode_val(node.meta.get("val")),
             ]
         )
-    meta = {k: _encode_value(v) for k, v in gm.meta.items() if k != RESTORED}
-    return {"nodes": nodes, "constants": constants, "meta": meta}
+    meta = {k: _encode_value(v) for k, v in gm.meta.items() if k not in (RESTORED, KEPT_CODE)}
+    return {"nodes": nodes, "constants": constants, "meta": meta, "code": graph_code(gm)}
 
 
 def _target_name(target: object) -> str:
@@ -325,9 +340,11 @@ def _decode_graph(data: dict, mode: FakeTensorMode) -> torch.fx.GraphModule:
         if val is not None:
             node.meta["val"] = _decode_val(val, mode)
         env[name] = node
-    gm = torch.fx.GraphModule(dict(data["constants"]), graph)
+    # its Python code is generated where something asks for it (graph_code does not)
+    gm = _LazyGraphModule(dict(data["constants"]), graph)
     gm.meta.update({k: _decode_value(v, env) for k, v in data["meta"].items()})
     gm.meta[RESTORED] = True
+    gm.meta[KEPT_CODE] = (id(graph), len(graph.nodes), data["code"])
     return gm
 
 

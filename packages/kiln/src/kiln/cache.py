@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
+import kiln_autograd
 from kiln.cache_folders import make_private
 from kiln_loopir import HostProgram, load_host_program
 
@@ -203,7 +204,7 @@ def graph_key(
     """The cache key of compiling ``gm`` for inputs like ``example_inputs``."""
     parts = [
         f"format {FORMAT}",
-        gm.code,
+        kiln_autograd.graph_code(gm),  # gm.code, without generating a restored graph's
         _constant_digest(gm),
         *(_describe_value(x) for x in example_inputs),
         _symbol_facts(example_inputs),
