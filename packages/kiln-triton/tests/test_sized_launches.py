@@ -18,6 +18,20 @@ from kiln_triton.configs import Config
 from kiln_triton.launcher import INT32_LIMIT, TritonKernel, runs_at
 from kiln_triton.sized_launches import DECLARATIONS, FAMILIES, FamilyTable, family_key
 
+
+@pytest.fixture(autouse=True)
+def specialized_sizes(monkeypatch):
+    """These tests read keys of sizes specialized as Triton does by default, whatever
+    ``KILN_TRITON_SPECIALIZE_SIZES`` says (the last one turns it off)."""
+    import kiln_triton.launcher as launcher
+    import kiln_triton.sized_launches as sized_launches
+    import kiln_triton.variants as variants
+
+    monkeypatch.setattr(variants, "SPECIALIZE_SIZES", True)
+    monkeypatch.setattr(launcher, "SPECIALIZE_SIZES", True)
+    monkeypatch.setattr(sized_launches, "SPECIALIZED", 0b111)
+
+
 PTX = ".visible .entry k(.param .u64 p0, .param .u64 p1, .param .u32 p2, .param .u64 p3)"
 ARGS = ["in_ptr0", "out_ptr0", "s0", "xnumel", "XBLOCK", "INDEX64"]
 SIGNATURE = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "s0": "i32", "xnumel": "constexpr"}
@@ -188,7 +202,7 @@ def program(tmp_path_factory):
     folder = tmp_path_factory.mktemp("families")
     declarations = DECLARATIONS.format(
         kernels=1, key=3, pointers=2, slots=6, families=FAMILIES, int32_limit=INT32_LIMIT,
-        size_functions="",
+        specialized=0b111, size_functions="",
     )  # fmt: skip
     (folder / "program.cpp").write_text(PROGRAM.format(declarations=declarations))
     host = Path(kiln_cpp.__file__).parent / "host"
@@ -315,3 +329,26 @@ def test_a_sized_program_finds_every_kernels_family_before_it_runs_and_compiles(
     done = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "host.cpp"], cwd=tmp_path,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_sizes_left_unspecialized_compile_one_kernel_for_every_size(monkeypatch):
+    """KILN_TRITON_SPECIALIZE_SIZES=0: Triton compiles the sizes and block counts for any
+    value, and the keys of compiled kernels and families say only whether each fits 32
+    bits."""
+    import kiln_triton.launcher as launcher
+    import kiln_triton.sized_launches as sized_launches
+    import kiln_triton.variants as variants
+
+    def kernel(in_ptr0, out_ptr0, s0, xnumel, rsplit, XBLOCK):
+        pass
+
+    module = SimpleNamespace(META={"sizes": ["s0"], "numels": {"xnumel": "s0"}})
+    assert variants.unspecialized(module, kernel) == []  # the default: specialized
+    monkeypatch.setattr(variants, "SPECIALIZE_SIZES", False)
+    monkeypatch.setattr(launcher, "SPECIALIZE_SIZES", False)
+    monkeypatch.setattr(sized_launches, "SPECIALIZED", 0b100)
+    assert variants.unspecialized(module, kernel) == ["s0", "xnumel"]
+    static = SimpleNamespace(META={"sizes": [], "numels": {"xnumel": "64"}})
+    assert variants.unspecialized(static, kernel) == []  # numbers: compiled for them
+    assert launcher._specialized(1) == launcher._specialized(32) == (False, False, True)
+    assert family_key((1, 32), (32,), 4) == (0b100, 0b100, 5, 0)

@@ -25,7 +25,7 @@ from kiln_loopir import size_math
 from kiln_triton import autotune, precompiled
 from kiln_triton.configs import Config, candidates, next_pow2
 from kiln_triton.device import INTERPRET
-from kiln_triton.variants import jit_function
+from kiln_triton.variants import SPECIALIZE_SIZES, jit_function
 
 INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block past the end
 # repeated calls launch through the compiled kernel's own launcher, skipping Triton's
@@ -94,8 +94,12 @@ def _span(t: torch.Tensor) -> int:
 
 def _specialized(n: int) -> tuple[bool, bool, bool]:
     """What Triton's compile of a kernel assumes of an integer argument: whether it is 1
-    (then a constant), a multiple of 16, and within 32 bits."""
-    return (n == 1, n % 16 == 0, -(2**31) <= n < 2**31)
+    (then a constant), a multiple of 16, and within 32 bits (only that last one where
+    sizes are not specialized: :data:`~kiln_triton.variants.SPECIALIZE_SIZES`)."""
+    fits = -(2**31) <= n < 2**31
+    if not SPECIALIZE_SIZES:
+        return (False, False, fits)
+    return (n == 1, n % 16 == 0, fits)
 
 
 def runs_at(compiled_for: tuple, wanted: tuple) -> bool:

@@ -39,12 +39,16 @@ from kiln_loopir.kernel import Kernel, Schedule
 from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.launcher import INT32_LIMIT, TritonKernel
 from kiln_triton.render import block_counts
+from kiln_triton.variants import SPECIALIZE_SIZES
 
 log = logging.getLogger("kiln.triton")
 
 FAMILIES = 32  # families a program keeps per kernel
 SPARE_SLOTS = 4  # room for the scratch pointers (and any constant) after sizes and numels
 INT_KINDS = ("i32", "u32", "i64", "u64")  # parameters a family passes: sizes, block counts
+# the bits of a family key's specialization that Triton compiles in: 1, a multiple of 16,
+# 32 bits; only the last where sizes are not specialized
+SPECIALIZED = 0b111 if SPECIALIZE_SIZES else 0b100
 
 DECLARATIONS = """\
 #include <algorithm>
@@ -62,6 +66,7 @@ constexpr int KILN_POINTERS = {pointers};  // the most tensors one kernel takes
 constexpr int KILN_SLOTS = {slots};
 constexpr int KILN_FAMILIES = {families};
 constexpr int64_t KILN_INT32_LIMIT = {int32_limit};  // beyond it, indices take 64 bits
+constexpr int64_t KILN_SPECIALIZED = {specialized};  // what Triton compiles in (see below)
 
 // one kernel's launch at every size of one family
 struct KilnFamily {{
@@ -85,8 +90,10 @@ struct KilnFamilies {{
 KilnFamilies kiln_families[KILN_KERNELS];
 
 // what Triton's compile assumes of an integer: whether it is 1, a multiple of 16, 32-bit
+// (of those, what KILN_SPECIALIZED keeps: all three, or 32 bits alone)
 int64_t kiln_specialized(int64_t n) {{
-  return (n == 1) | ((n % 16 == 0) << 1) | ((n >= INT32_MIN && n <= INT32_MAX) << 2);
+  return ((n == 1) | ((n % 16 == 0) << 1) | ((n >= INT32_MIN && n <= INT32_MAX) << 2)) &
+         KILN_SPECIALIZED;
 }}
 
 // the power-of-two bucket of a block count: the bits of n - 1
@@ -182,7 +189,10 @@ def family_key(values: tuple[int, ...], numels: tuple[int, ...], length: int) ->
     """The family of a kernel at ``values`` (its sizes, then its block counts ``numels``),
     as ``kiln_find_family`` computes it: each value's specialization, each block count's
     power-of-two bucket, zeros up to ``length``."""
-    specialized = [(n == 1) | ((n % 16 == 0) << 1) | ((-(2**31) <= n < 2**31) << 2) for n in values]
+    specialized = [
+        ((n == 1) | ((n % 16 == 0) << 1) | ((-(2**31) <= n < 2**31) << 2)) & SPECIALIZED
+        for n in values
+    ]
     buckets = [0 if n <= 1 else (n - 1).bit_length() for n in numels]
     return tuple(specialized + buckets + [0] * (length - len(specialized) - len(buckets)))
 
@@ -231,7 +241,7 @@ class SizedLauncher:
         return DECLARATIONS.format(
             kernels=max(len(self.kernels), 1), key=self.key, pointers=max(pointers, 1),
             slots=self.slots, families=FAMILIES, int32_limit=INT32_LIMIT,
-            size_functions=SIZE_FUNCTIONS.strip(),
+            specialized=SPECIALIZED, size_functions=SIZE_FUNCTIONS.strip(),
         ).splitlines()  # fmt: skip
 
     def prologue(self, inputs: list[str]) -> list[str]:

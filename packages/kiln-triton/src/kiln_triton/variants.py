@@ -26,15 +26,30 @@ from pathlib import Path
 import triton
 
 CODE_SUFFIX = ".code"
+# whether Triton compiles a kernel whose sizes are arguments for what it sees of them
+# (each size and block count 1 or not, a multiple of 16 or not): one compiled kernel per
+# such specialization, faster where it knows more. KILN_TRITON_SPECIALIZE_SIZES=0: one per
+# configuration that runs every size (only whether each fits 32 bits is compiled in)
+SPECIALIZE_SIZES = os.environ.get("KILN_TRITON_SPECIALIZE_SIZES", "1") != "0"
 
 
 def jit_function(module: types.ModuleType, name: str):
     """``module.<name>`` as a ``triton.jit`` function, made at the first call and kept."""
     fn = getattr(module, name)
     if getattr(fn, "__kiln_jit_later__", False):
-        fn = triton.jit(fn)
+        fn = triton.jit(fn, do_not_specialize=unspecialized(module, fn))
         setattr(module, name, fn)
     return fn
+
+
+def unspecialized(module: types.ModuleType, fn) -> list[str]:
+    """The parameters of ``fn`` that Triton compiles for any value: its sizes and block
+    counts where :data:`SPECIALIZE_SIZES` is off, else none."""
+    meta = getattr(module, "META", {})
+    if SPECIALIZE_SIZES or not meta.get("sizes"):
+        return []
+    sizes = {*meta["sizes"], *meta["numels"]}
+    return [p for p in fn.__code__.co_varnames[: fn.__code__.co_argcount] if p in sizes]
 
 
 def load_kernel_module(path: Path, name: str, source: str | None = None) -> types.ModuleType:
