@@ -18,7 +18,9 @@ each 2 layers of hidden 64, vocab 512, with their key/value cache.
 
 ``torch.compile`` runs with its defaults (``dynamic=None``), Kiln too, each with an empty cache
 of its own (``KILN_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` set to new folders), so their
-counts are compiles, not loads.
+counts are compiles, not loads. Kiln's rows note, on the GPU, the kernels compiled at a
+launch in each pass (a kernel whose sizes are arguments meeting a configuration or
+specialization new to it: ``kiln_triton.launcher.compiled_at_launch``).
 Run: ``python integration/bench.py generate`` (on the GPU machine, through
 ``integration/gpu.py`` with ``KILN_GPU_BENCH=generate``).
 """
@@ -78,6 +80,13 @@ def count_lowerings() -> None:
     kiln.pipeline.kiln_loopir.compile_fx = counting
 
 
+def compiled_at_launch() -> int:
+    """Kiln's kernels compiled (or read from Triton's caches) at a launch so far: a kernel
+    whose sizes are arguments, at a configuration or specialization new to it."""
+    launcher = sys.modules.get("kiln_triton.launcher")
+    return launcher.compiled_at_launch() if launcher is not None else 0
+
+
 def compiles(variant: str) -> int:
     """Graphs compiled so far by ``variant`` (Kiln: lowerings; torch.compile: unique graphs)."""
     if variant == "kiln":
@@ -107,17 +116,25 @@ def twice(build: Callable[[], torch.nn.Module], variant: str, work: Callable) ->
     torch.manual_seed(0)
     model = build().to(DEVICE)
     compiled_forward(model, variant)
-    results, seconds, compiled = [], [], []
+    results, seconds, compiled, at_launch = [], [], [], []
     with torch.no_grad():
         for _ in range(2):
-            before = compiles(variant)
+            before, launched = compiles(variant), compiled_at_launch()
             started = time.perf_counter()
             results.append(work(model))
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - started)
             compiled.append(compiles(variant) - before)
-    return results, seconds, compiled
+            at_launch.append(compiled_at_launch() - launched)
+    return results, seconds, compiled, at_launch
+
+
+def launch_note(variant: str, at_launch: list[int]) -> str:
+    """Kiln's kernels compiled at a launch in each pass, where there were any."""
+    if variant != "kiln" or not any(at_launch):
+        return ""
+    return f"; kernels compiled at launch {at_launch[0]}, {at_launch[1]}"
 
 
 def row(name: str, case: str, variant: str, seconds, compiled, per: int, note: str) -> list:
@@ -136,10 +153,11 @@ def generate_rows(name: str, build: Callable[[], torch.nn.Module]) -> list[list[
 
     rows, expected = [], None
     for variant in ("eager", "torch.compile", "kiln"):
-        tokens, seconds, compiled = twice(build, variant, generate)
+        tokens, seconds, compiled, at_launch = twice(build, variant, generate)
         expected = tokens[0] if expected is None else expected
         same = all(torch.equal(t, expected) for t in tokens)
         note = "tokens equal eager's" if same else "TOKENS DIFFER FROM EAGER'S"
+        note += launch_note(variant, at_launch)
         case = f"generate {NEW_TOKENS} tokens"
         rows.append(row(name, case, variant, seconds, compiled, NEW_TOKENS, note))
     return rows
@@ -180,7 +198,7 @@ def serving_case(name: str, build, case: str, passes: list[list[torch.Tensor]]) 
 
     rows, expected = [], None
     for variant in ("eager", "torch.compile", "kiln"):
-        outputs, seconds, compiled = twice(build, variant, serve)
+        outputs, seconds, compiled, at_launch = twice(build, variant, serve)
         expected = outputs if expected is None else expected  # eager's, pass by pass
         ok = all(
             torch.allclose(a, b, rtol=1e-3, atol=1e-3)
@@ -188,6 +206,7 @@ def serving_case(name: str, build, case: str, passes: list[list[torch.Tensor]]) 
             for a, b in zip(out, want, strict=True)
         )
         note = "outputs equal eager's" if ok else "OUTPUTS DIFFER FROM EAGER'S"
+        note += launch_note(variant, at_launch)
         rows.append(row(name, case, variant, seconds, compiled, SERVING_CALLS, note))
     return rows
 

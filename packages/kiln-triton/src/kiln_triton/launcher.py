@@ -32,7 +32,15 @@ INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block p
 # per-call argument specialization (KILN_TRITON_DIRECT_LAUNCH=0 goes through Triton's)
 DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") == "1"
 MAX_SIZES = 256  # sizes whose launch a kernel keeps
+_COMPILED_AT_LAUNCH = [0]  # see compiled_at_launch
 FINISH_WARPS = 4  # a split reduction's finish
+
+
+def compiled_at_launch() -> int:
+    """Launches so far (this process) that found no compiled kernel of their own and went
+    through Triton's launcher, which compiled one or read it from its caches: a kernel
+    whose sizes are arguments meets one at a new configuration or specialization."""
+    return _COMPILED_AT_LAUNCH[0]
 
 
 @dataclass
@@ -219,6 +227,7 @@ class TritonKernel:
         """Keep the compiled kernel's launcher for the next calls (aligned pointers only)."""
         if not self._aligned(args):
             return
+        _COMPILED_AT_LAUNCH[0] += 1
         kernel = launch.fn.run(
             *args, *launch.numels, grid=launch.grid, warmup=True, **launch.kwargs
         )
