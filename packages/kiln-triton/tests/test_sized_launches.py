@@ -350,5 +350,7 @@ def test_sizes_left_unspecialized_compile_one_kernel_for_every_size(monkeypatch)
     assert variants.unspecialized(module, kernel) == ["s0", "xnumel"]
     static = SimpleNamespace(META={"sizes": [], "numels": {"xnumel": "64"}})
     assert variants.unspecialized(static, kernel) == []  # numbers: compiled for them
-    assert launcher._specialized(1) == launcher._specialized(32) == (False, False, True)
+    assert (
+        launcher.size_specialization(1) == launcher.size_specialization(32) == (False, False, True)
+    )
     assert family_key((1, 32), (32,), 4) == (0b100, 0b100, 5, 0)

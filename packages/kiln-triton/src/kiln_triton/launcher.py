@@ -79,7 +79,7 @@ class Launch:
     compiled: object = None  # the compiled kernel the runner launches
     tail: tuple = ()
     split: SplitLaunch | None = None
-    # what Triton compiled the kernel for, where its sizes are arguments (see _specialized)
+    # what Triton compiled the kernel for, where its sizes are arguments (see size_specialization)
     specialization: tuple = ()
 
     def call(self, args: tuple) -> None:
@@ -100,7 +100,7 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
 
 
-def _specialized(n: int) -> tuple[bool, bool, bool]:
+def size_specialization(n: int) -> tuple[bool, bool, bool]:
     """What Triton's compile of a kernel assumes of an integer argument: whether it is 1
     (then a constant), a multiple of 16, and within 32 bits (only that last one where
     sizes are not specialized: :data:`~kiln_triton.variants.SPECIALIZE_SIZES`)."""
@@ -299,7 +299,7 @@ class TritonKernel:
         configuration of compiled blocks at least as large that runs it (the launch
         costs what the blocks do not: a size between two met before takes a compiled
         kernel instead of a compile), else ``config``."""
-        wanted = (config, index64, *map(_specialized, values))
+        wanted = (config, index64, *map(size_specialization, values))
         found = [spec[0] for spec in self._compiled if runs_at(spec, (spec[0], *wanted[1:]))]
         if config in found:
             return config
@@ -336,7 +336,11 @@ class TritonKernel:
         from the first call where a kernel of its specialization was compiled before."""
         launch = self._launch(config, numels, index64)
         if self._nsizes and launch.split is None:
-            launch.specialization = (config, index64, *map(_specialized, (*sizes, *launch.numels)))
+            launch.specialization = (
+                config,
+                index64,
+                *map(size_specialization, (*sizes, *launch.numels)),
+            )
             if launch.compiled is not None:  # compiled ahead for these sizes
                 self._compiled.setdefault(launch.specialization, launch.compiled)
             elif DIRECT_LAUNCH and not INTERPRET:

@@ -37,7 +37,7 @@ from kiln_cpp.printer import cexpr
 from kiln_loopir.host import HostNotRendered, size_sources
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_triton.compiled_launch import ptx_params, unlaunchable
-from kiln_triton.launcher import INT32_LIMIT, TritonKernel
+from kiln_triton.launcher import INT32_LIMIT, TritonKernel, size_specialization
 from kiln_triton.render import block_counts
 from kiln_triton.variants import SPECIALIZE_SIZES
 
@@ -46,8 +46,8 @@ log = logging.getLogger("kiln.triton")
 FAMILIES = 32  # families a program keeps per kernel
 SPARE_SLOTS = 4  # room for the scratch pointers (and any constant) after sizes and numels
 INT_KINDS = ("i32", "u32", "i64", "u64")  # parameters a family passes: sizes, block counts
-# the bits of a family key's specialization that Triton compiles in: 1, a multiple of 16,
-# 32 bits; only the last where sizes are not specialized
+# the bits of a specialization (launcher.size_specialization) that Triton compiles in: 1, a
+# multiple of 16, 32 bits; only the last where sizes are not specialized
 SPECIALIZED = 0b111 if SPECIALIZE_SIZES else 0b100
 
 DECLARATIONS = """\
@@ -189,10 +189,7 @@ def family_key(values: tuple[int, ...], numels: tuple[int, ...], length: int) ->
     """The family of a kernel at ``values`` (its sizes, then its block counts ``numels``),
     as ``kiln_find_family`` computes it: each value's specialization, each block count's
     power-of-two bucket, zeros up to ``length``."""
-    specialized = [
-        ((n == 1) | ((n % 16 == 0) << 1) | ((-(2**31) <= n < 2**31) << 2)) & SPECIALIZED
-        for n in values
-    ]
+    specialized = [sum(bit << i for i, bit in enumerate(size_specialization(n))) for n in values]
     buckets = [0 if n <= 1 else (n - 1).bit_length() for n in numels]
     return tuple(specialized + buckets + [0] * (length - len(specialized) - len(buckets)))
 
