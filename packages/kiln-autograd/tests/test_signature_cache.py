@@ -208,7 +208,9 @@ def test_targets_outside_the_op_registry_are_refused():
         _target_name(lambda x: x)
 
 
-def test_a_compiler_s_graphs_round_trip_as_a_record_of_their_own():
+def traced_forward(signatures: DictCache) -> torch.fx.GraphModule:
+    """The forward graph a compiler gets from a traced training signature (its record
+    stored in ``signatures``)."""
     seen: list[torch.fx.GraphModule] = []
 
     def keep(gm, example_inputs):
@@ -216,9 +218,13 @@ def test_a_compiler_s_graphs_round_trip_as_a_record_of_their_own():
         return gm.forward
 
     model, gm = graph_module()
-    signatures = DictCache()
     check_training(gm, model, signatures, keep)
-    forward = seen[0]
+    return seen[0]
+
+
+def test_a_compiler_s_graphs_round_trip_as_a_record_of_their_own():
+    signatures = DictCache()
+    forward = traced_forward(signatures)
     info = {"made": "by a test", "counts": [1, 2]}
     graphs, back = kiln_autograd.decode_graphs(kiln_autograd.encode_graphs({"fw": forward}, info))
     assert back == info
@@ -234,15 +240,7 @@ def test_a_compiler_s_graphs_round_trip_as_a_record_of_their_own():
 
 
 def test_a_restored_graph_gives_its_code_without_generating_it_until_it_changes():
-    seen: list[torch.fx.GraphModule] = []
-
-    def keep(gm, example_inputs):
-        seen.append(gm)
-        return gm.forward
-
-    model, gm = graph_module()
-    check_training(gm, model, DictCache(), keep)
-    forward = seen[0]
+    forward = traced_forward(DictCache())
     graphs, _ = kiln_autograd.decode_graphs(kiln_autograd.encode_graphs({"fw": forward}, {}))
     restored = graphs["fw"]
     assert kiln_autograd.graph_code(restored) == forward.code
