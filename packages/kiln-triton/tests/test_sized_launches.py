@@ -7,10 +7,12 @@ entry point runs the program itself,
 import ctypes
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import sympy
 import torch
 
 import kiln_cpp
@@ -265,8 +267,8 @@ def _reduction(x: int, r: int, variant: str = "k_persistent") -> Config:
     return Config(variant, (("XBLOCK", x), ("RBLOCK", r)))
 
 
-def test_a_small_kernel_at_a_new_size_takes_a_compiled_kernel_of_larger_blocks():
-    module = SimpleNamespace(
+def _sized_reduction_module() -> SimpleNamespace:
+    return SimpleNamespace(
         META={
             "args": ["in_ptr0", "out_ptr0"],
             "sizes": ["s0"],
@@ -275,7 +277,10 @@ def test_a_small_kernel_at_a_new_size_takes_a_compiled_kernel_of_larger_blocks()
             "kind": "reduction",
         }  # fmt: skip
     )
-    kernel = TritonKernel(module, "hash", "k")
+
+
+def test_a_small_kernel_at_a_new_size_takes_a_compiled_kernel_of_larger_blocks():
+    kernel = TritonKernel(_sized_reduction_module(), uuid.uuid4().hex, "k")
     odd = (False, False, True)
     kernel._compiled[(_reduction(8, 64), False, odd, odd, odd)] = object()
     # rows of 40 in blocks of 64: the compiled 8 x 64 covers 4 x 64 and 8 x 32
@@ -288,6 +293,19 @@ def test_a_small_kernel_at_a_new_size_takes_a_compiled_kernel_of_larger_blocks()
     assert kernel.compiled_cover(_reduction(4, 64), True, (40, 40, 40)) == _reduction(4, 64)
     kernel._compiled = {(_reduction(8, 64), False, *[(False, True, True)] * 3): object()}
     assert kernel.compiled_cover(_reduction(4, 64), False, (40, 40, 40)) == _reduction(4, 64)
+
+
+def test_kernels_of_one_source_share_what_either_compiled():
+    """A graph loaded again (or a second model of the same code) makes new kernel objects
+    of the same sources: a new size launches what the first ones compiled."""
+    source = uuid.uuid4().hex
+    first = TritonKernel(_sized_reduction_module(), source, "k")
+    odd = (False, False, True)
+    first._compiled[(_reduction(8, 64), False, odd, odd, odd)] = object()
+    again = TritonKernel(_sized_reduction_module(), source, "k")
+    assert again.compiled_cover(_reduction(4, 64), False, (40, 40, 40)) == _reduction(8, 64)
+    other = TritonKernel(_sized_reduction_module(), uuid.uuid4().hex, "k")
+    assert other.compiled_cover(_reduction(4, 64), False, (40, 40, 40)) == _reduction(4, 64)
 
 
 def _rows(x, w, b):
@@ -332,18 +350,24 @@ def test_a_sized_program_finds_every_kernels_family_before_it_runs_and_compiles(
 
 
 def test_sizes_left_unspecialized_compile_one_kernel_for_every_size(monkeypatch):
-    """KILN_TRITON_SPECIALIZE_SIZES=0: Triton compiles the sizes and block counts for any
-    value, and the keys of compiled kernels and families say only whether each fits 32
-    bits."""
+    """The default: Triton compiles the sizes and block counts for any value, but those
+    block counts whose specialization is the same at every size, and the keys of compiled
+    kernels and families say only whether each fits 32 bits."""
     import kiln_triton.launcher as launcher
     import kiln_triton.sized_launches as sized_launches
     import kiln_triton.variants as variants
 
-    def kernel(in_ptr0, out_ptr0, s0, xnumel, rsplit, XBLOCK):
+    def kernel(in_ptr0, out_ptr0, s0, xnumel, rnumel, rsplit, XBLOCK):
         pass
 
-    module = SimpleNamespace(META={"sizes": ["s0"], "numels": {"xnumel": "s0"}})
-    assert variants.unspecialized(module, kernel) == []  # the default: specialized
+    module = SimpleNamespace(
+        META={
+            "sizes": ["s0"],
+            "numels": {"xnumel": "s0", "rnumel": "64*s0"},
+            "fixed_specialization": ["rnumel"],
+        }
+    )
+    assert variants.unspecialized(module, kernel) == []  # KILN_TRITON_SPECIALIZE_SIZES=1
     monkeypatch.setattr(variants, "SPECIALIZE_SIZES", False)
     monkeypatch.setattr(launcher, "SPECIALIZE_SIZES", False)
     monkeypatch.setattr(sized_launches, "SPECIALIZED", 0b100)
@@ -354,3 +378,15 @@ def test_sizes_left_unspecialized_compile_one_kernel_for_every_size(monkeypatch)
         launcher.size_specialization(1) == launcher.size_specialization(32) == (False, False, True)
     )
     assert family_key((1, 32), (32,), 4) == (0b100, 0b100, 5, 0)
+
+
+@pytest.mark.parametrize(
+    ("count", "fixed"),
+    [("64", True), ("7", True), ("64*s0*s1 + 16*s1", True), ("s0", False),
+     ("32*s0 + 8", False), ("s0/2", False), ("64*ceiling(s0/16)", False)],
+)  # fmt: skip
+def test_a_block_count_keeps_its_specialization_where_it_is_the_same_at_every_size(count, fixed):
+    from kiln_triton.render import fixed_specialization
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    assert fixed_specialization(sympy.sympify(count, locals={"s0": s0, "s1": s1})) is fixed

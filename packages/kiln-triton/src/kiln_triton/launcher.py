@@ -33,6 +33,11 @@ INT32_LIMIT = 2**31 - 1 - 2**16  # indices in 32 bits, with room for one block p
 DIRECT_LAUNCH = os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") == "1"
 MAX_SIZES = 256  # sizes whose launch a kernel keeps
 _COMPILED_AT_LAUNCH = [0]  # see compiled_at_launch
+# per kernel source, its compiled kernels by (configuration, 64-bit indices, integer
+# specialization): every TritonKernel of one source shares them, as it shares its module
+# (a graph loaded again, or a second model of the same code, launches what the first
+# compiled instead of compiling it again)
+_COMPILED_BY_SOURCE: dict[str, dict[tuple, object]] = {}
 FINISH_WARPS = 4  # a split reduction's finish
 
 
@@ -102,8 +107,10 @@ def _span(t: torch.Tensor) -> int:
 
 def size_specialization(n: int) -> tuple[bool, bool, bool]:
     """What Triton's compile of a kernel assumes of an integer argument: whether it is 1
-    (then a constant), a multiple of 16, and within 32 bits (only that last one where
-    sizes are not specialized: :data:`~kiln_triton.variants.SPECIALIZE_SIZES`)."""
+    (then a constant), a multiple of 16, and within 32 bits. Only that last one where
+    sizes are not specialized (:data:`~kiln_triton.variants.SPECIALIZE_SIZES`, the
+    default): a block count Triton still specializes then is the same at every size, so
+    what its compile assumed holds at every size too."""
     fits = -(2**31) <= n < 2**31
     if not SPECIALIZE_SIZES:
         return (False, False, fits)
@@ -188,8 +195,7 @@ class TritonKernel:
         self._numels = eval(f"lambda {params}: ({exprs},)", scope)  # noqa: S307 - generated
         self._numel_names = names
         self._launches: dict[tuple, Launch | None] = {}
-        # compiled kernels by (configuration, 64-bit indices, integer specialization)
-        self._compiled: dict[tuple, object] = {}
+        self._compiled = _COMPILED_BY_SOURCE.setdefault(source_hash, {})
         self._tuning_dir = autotune.cache_dir()  # the compile's, kept for the first launches
         self.configs_timed = 0
 

@@ -528,7 +528,8 @@ class KernelRenderer(ReductionRendering, ScanRendering):
     def meta(self, split_count: int = 0) -> dict:
         """The launcher's metadata; ``split_count``: the split variant's workspace parts."""
         t = self.space.tiling
-        numels = {name: py_expr(n) for name, n in self.block_counts().items()}
+        counts = self.block_counts()
+        numels = {name: py_expr(n) for name, n in counts.items()}
         loads = [v.attrs["index"] for v in self.rec.values if v.op == "load"]
         stored = [s.buffer for s in self.rec.stores]
         return {
@@ -547,6 +548,8 @@ class KernelRenderer(ReductionRendering, ScanRendering):
             "sizes": [str(s) for s in self.kernel.size_args],
             "stored": [self.pointer[a] for a in self.kernel.args if a in stored],
             "numels": numels,
+            # block counts Triton may specialize: the same at every size (see variants)
+            "fixed_specialization": [n for n, e in counts.items() if fixed_specialization(e)],
             "column_major": t.kind == "reduction"
             and column_major(self.space.rvars, self.space.xvars, loads),
         }
@@ -589,6 +592,21 @@ def merged_space(ranges: tuple, reduction_ranges: tuple, indexed: tuple, stores:
     tiling = choose_tiling(new_ranges, new_rranges, new_xs, loads + store_indices)
     items = tuple(subs.items())
     return tiling, items, tuple(new_xs), tuple(new_rs), tuple(indices), tuple(store_indices)
+
+
+def fixed_specialization(count: sympy.Expr) -> bool:
+    """Whether Triton's specialization of a block count (1 or not, a multiple of 16 or
+    not) is the same at every size: a number, or a polynomial in the sizes whose every
+    coefficient is a multiple of 16 (``64*s0*s1``: always a multiple of 16, never 1)."""
+    if count.is_Integer:
+        return True
+    try:
+        coefficients = sympy.Poly(
+            sympy.expand(count), *sorted(count.free_symbols, key=str)
+        ).coeffs()
+    except sympy.PolynomialError:
+        return False
+    return all(c.is_Integer and c % 16 == 0 for c in coefficients)
 
 
 def render_kernel(kernel: Kernel) -> str:

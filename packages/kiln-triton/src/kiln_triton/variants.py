@@ -28,9 +28,12 @@ import triton
 CODE_SUFFIX = ".code"
 # whether Triton compiles a kernel whose sizes are arguments for what it sees of them
 # (each size and block count 1 or not, a multiple of 16 or not): one compiled kernel per
-# such specialization, faster where it knows more. KILN_TRITON_SPECIALIZE_SIZES=0: one per
-# configuration that runs every size (only whether each fits 32 bits is compiled in)
-SPECIALIZE_SIZES = os.environ.get("KILN_TRITON_SPECIALIZE_SIZES", "1") != "0"
+# such specialization met, and a new size of a new specialization compiles one more. The
+# default (as torch.compile does for symbolic sizes) compiles them for any value: one
+# kernel per configuration runs every size (only whether each fits 32 bits is compiled
+# in), and block counts whose specialization is the same at every size (``64*s0``) stay
+# specialized (see :func:`unspecialized`). KILN_TRITON_SPECIALIZE_SIZES=1 specializes all
+SPECIALIZE_SIZES = os.environ.get("KILN_TRITON_SPECIALIZE_SIZES", "0") == "1"
 
 
 def jit_function(module: types.ModuleType, name: str):
@@ -43,12 +46,16 @@ def jit_function(module: types.ModuleType, name: str):
 
 
 def unspecialized(module: types.ModuleType, fn) -> list[str]:
-    """The parameters of ``fn`` that Triton compiles for any value: its sizes and block
-    counts where :data:`SPECIALIZE_SIZES` is off, else none."""
+    """The parameters of ``fn`` that Triton compiles for any value where
+    :data:`SPECIALIZE_SIZES` is off: its sizes, and its block counts but those whose
+    specialization is the same at every size (``META['fixed_specialization']``: a number,
+    or a multiple of 16 at every size, which Triton's compile may then assume: a kernel
+    compiled for one size still runs every other). None where the sizes are numbers."""
     meta = getattr(module, "META", {})
     if SPECIALIZE_SIZES or not meta.get("sizes"):
         return []
-    sizes = {*meta["sizes"], *meta["numels"]}
+    fixed = set(meta.get("fixed_specialization", ()))
+    sizes = {*meta["sizes"], *(n for n in meta["numels"] if n not in fixed)}
     return [p for p in fn.__code__.co_varnames[: fn.__code__.co_argcount] if p in sizes]
 
 
