@@ -15,6 +15,7 @@ import torch
 from kiln_loopir.testing import compile_fn
 from kiln_triton import TritonCodegen, codegen, precompiled
 from kiln_triton.compile_pool import CompileWorkerError, CompileWorkers, compile_workers
+from kiln_triton.compiled_launch import ptx_params
 from kiln_triton.configs import candidates
 from kiln_triton.launcher import TritonKernel
 from kiln_triton.render import source_hash
@@ -121,10 +122,16 @@ def test_a_later_load_finds_the_binary_without_triton_s_cache_key(
         raise AssertionError("Triton's cache key was computed")
 
     monkeypatch.setattr(triton_compiler, "get_cache_key", no_key)
+    # nor the function's own key, which walks its syntax tree: the kernel module's name
+    # holds its source's hash
+    monkeypatch.setattr(type(fn), "cache_key", property(no_key))
     made = count_compiles(monkeypatch)
     again = precompiled.load(fn, job)
     assert made == [] and again is not first
     assert again.hash == first.hash and again.asm["cubin"] == first.asm["cubin"]
+    # the intermediate forms stay in their files: PTX is read where it is asked for
+    assert "llir" not in again.asm and "ptx" not in again.asm
+    assert ptx_params(again) == ptx_params(first) > 2
 
 
 def test_a_worker_compiles_its_first_job_without_importing_torch(

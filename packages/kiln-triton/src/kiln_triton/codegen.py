@@ -47,7 +47,7 @@ def load_module(source: str):
         tmp = path.with_suffix(f".py.{os.getpid()}")
         tmp.write_text(source)
         tmp.replace(path)
-    module = load_kernel_module(path, f"kiln_triton_kernel_{digest}", source)
+    module = load_kernel_module(path, f"{known_binaries.KERNEL_MODULE_PREFIX}{digest}", source)
     _MODULES[digest] = module
     return module, digest
 

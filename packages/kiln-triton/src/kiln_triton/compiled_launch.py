@@ -6,6 +6,7 @@ included)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
 _PTX_PARAMS: dict[tuple, int] = {}  # by the compiled kernel's id and hash
@@ -31,8 +32,20 @@ def ptx_params(compiled) -> int | None:
     n = _PTX_PARAMS.get(key)
     if n is None:
         ptx = compiled.asm.get("ptx") if hasattr(compiled, "asm") else None
+        ptx = ptx or _ptx_file(compiled)
         m = _ENTRY.search(ptx if isinstance(ptx, str) else ptx.decode()) if ptx else None
         if m is None:
             return None
         n = _PTX_PARAMS[key] = m.group(2).count(".param")
     return n
+
+
+def _ptx_file(compiled) -> str | None:
+    """The PTX of a kernel loaded without its intermediate forms
+    (:func:`kiln_triton.known_binaries.recall`), from its file in Triton's cache."""
+    group = getattr(compiled, "metadata_group", None) or {}
+    path = next((p for name, p in group.items() if name.endswith(".ptx")), None)
+    try:
+        return Path(path).read_text() if path else None
+    except OSError:
+        return None

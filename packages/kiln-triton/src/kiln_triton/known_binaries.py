@@ -42,6 +42,9 @@ import threading
 from pathlib import Path
 
 _key_thread: threading.Thread | None = None
+KERNEL_MODULE_PREFIX = "kiln_triton_kernel_"  # a kernel module's name, then its source's hash
+# a binary's intermediate forms, which launching it never reads: not loaded by _found
+_INTERMEDIATE = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
 
 
 def folder() -> Path:
@@ -73,9 +76,35 @@ def jit_entry(fn, described: list) -> Path | None:
 def _entry(described, fn, where: Path | None) -> Path | None:
     if _compiling_anyway():
         return None
-    text = json.dumps([described, fn.cache_key, _installation(), _environment()], sort_keys=True)
+    text = json.dumps(
+        [described, _source_key(fn), _installation_digest(), _environment()], sort_keys=True
+    )
     key = hashlib.sha256(text.encode()).hexdigest()[:32]
     return (where or folder()) / f"{key}.json"
+
+
+def _source_key(fn) -> str:
+    """What ``fn``'s compile depends on of Python source. For a function of a Kiln kernel
+    module: the module's name (its source's hash), the function's name and the digest of
+    the device functions it may call (``kt.*``, kiln-triton's ``device.py``), everything
+    Triton's ``cache_key`` reads of it; that key walks the function's syntax tree and the
+    functions it calls, milliseconds a kernel, most of loading a warm graph's binaries.
+    Any other function: Triton's ``cache_key``."""
+    module = fn.fn.__module__
+    device = fn.fn.__globals__.get("kt")
+    if not module.startswith(KERNEL_MODULE_PREFIX) or device is None:
+        return fn.cache_key
+    return f"{module}.{fn.fn.__name__} {_file_digest(device.__file__)}"
+
+
+@functools.cache
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@functools.cache
+def _installation_digest() -> str:
+    return hashlib.sha256(json.dumps(_installation()).encode()).hexdigest()
 
 
 def recall(source, path: Path | None):
@@ -117,7 +146,12 @@ def _found(source, key: str):
     group = get_cache_manager(key).get_group(file_name)
     if not group or file_name not in group:
         return None
-    return CompiledKernel(source, group, key)
+    # the metadata and the binary alone are read (an intermediate form, PTX say, is read
+    # from its file where it is asked for: kiln_triton.compiled_launch.ptx_params)
+    needed = {name: path for name, path in group.items() if not name.endswith(_INTERMEDIATE)}
+    compiled = CompiledKernel(source, needed, key)
+    compiled.metadata_group = group
+    return compiled
 
 
 def remember(path: Path | None, compiled) -> None:
