@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from kiln_autograd.analyze import GraphMeta, OutputInfo, OutputKind
@@ -402,7 +402,9 @@ def _fake(spec: Sequence, mode: FakeTensorMode) -> torch.Tensor:
         extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True) if n)
         base = torch.empty(offset + extent, dtype=dtype, device="meta")
         meta = base.as_strided(shape, stride, offset)
-    t = mode.fake_tensor_converter.from_meta_and_device(mode, meta, _device(device))
+    # made directly, not through the mode's converter: its memo of meta tensors (weak
+    # references) serves a meta tensor converted twice, and each of these is new
+    t = FakeTensor(mode, meta, _device(device))
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
