@@ -19,6 +19,7 @@ is a variable of the kernel; ``local_buffers`` are never written to memory at al
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -134,7 +135,7 @@ class KernelTrace:
                 handler.symbols |= part.symbols
                 stores[node.name] = part.store
         same_point = all(
-            sympy.expand(load.index - stores[load.buffer]) == 0
+            same_point_index(load.index, stores[load.buffer])
             for load in handler.loads
             if load.buffer in stores
         )
@@ -146,6 +147,14 @@ class KernelTrace:
             frozenset(handler.symbols),
             same_point,
         )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def same_point_index(load: sympy.Expr, store: sympy.Expr) -> bool:
+    """Whether a load at index ``load`` reads the point a store at ``store`` wrote: the
+    same expression, else one that expands to it. Kept per pair: every fusion a kernel
+    takes part in checks its reads again, and most are the same expression."""
+    return load == store or sympy.expand(load - store) == 0
 
 
 @dataclass(frozen=True)
