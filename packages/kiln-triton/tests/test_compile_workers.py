@@ -164,7 +164,32 @@ def test_a_worker_compiles_its_first_job_without_importing_torch(
     assert list((tmp_path / "kiln" / "binaries").glob("*.json"))  # remembered where it says
 
 
-def test_a_remembered_binary_gone_from_triton_s_cache_goes_to_triton(
+def test_a_remembered_binary_loads_from_kiln_s_cache_alone(
+    workers, triton_cache, tmp_path, monkeypatch
+):
+    """What loading and launching a binary read (metadata, binary, PTX) is kept beside its
+    entry in Kiln's cache: Triton's cache cleared, it still loads, and clearing Kiln's
+    cache clears it."""
+    import shutil
+
+    import triton
+
+    job, fn = _scale_job(workers, tmp_path, monkeypatch)
+    first = precompiled.load(fn, job)
+    kept = tmp_path / "kiln" / "binaries" / first.hash
+    assert {p.suffix for p in kept.iterdir()} == {".json", ".cubin", ".ptx"}
+    shutil.rmtree(triton_cache)
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(triton, "compile", no_compile)
+    again = precompiled.load(fn, job)
+    assert again.hash == first.hash and again.asm["cubin"] == first.asm["cubin"]
+    assert ptx_params(again) == ptx_params(first)
+
+
+def test_a_binary_kept_by_neither_cache_goes_to_triton_and_one_in_triton_s_is_kept(
     workers, triton_cache, tmp_path, monkeypatch
 ):
     import shutil
@@ -172,7 +197,12 @@ def test_a_remembered_binary_gone_from_triton_s_cache_goes_to_triton(
     import triton
 
     job, fn = _scale_job(workers, tmp_path, monkeypatch)
-    precompiled.load(fn, job)
+    first = precompiled.load(fn, job)
+    kept = tmp_path / "kiln" / "binaries" / first.hash
+    shutil.rmtree(kept)  # as an entry remembered before binaries were kept
+    assert precompiled.load(fn, job).hash == first.hash  # from Triton's cache
+    assert kept.is_dir(), "the binary found in Triton's cache was not kept"
+    shutil.rmtree(kept)
     shutil.rmtree(triton_cache)  # the binary is gone; the remembered key is not
     asked, compiled = [], types.SimpleNamespace(hash="0" * 64)
     monkeypatch.setattr(triton, "compile", lambda source, **kw: asked.append(source) or compiled)

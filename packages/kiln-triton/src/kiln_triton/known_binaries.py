@@ -1,4 +1,4 @@
-"""Binaries in Triton's cache found again without computing Triton's cache key.
+"""Compiled binaries found again without computing Triton's cache key, kept in Kiln's cache.
 
 ``triton.compile`` keys a kernel by a hash of its source, its options, the environment and
 Triton's installation; the installation's part hashes Triton's own files, its 500 MB
@@ -7,16 +7,19 @@ largest part of loading a graph's few dozen compiled kernels in a warm process.
 
 :func:`remember` writes, after a compile, the cache key Triton gave a job (a
 :func:`kiln_triton.precompiled.compile_job`) under a key of Kiln's own (:func:`entry`):
-the job, the kernel function's ``cache_key`` (its source and the functions it calls, as
-Triton's source hash reads them), Triton's version and location, the size and
-modification time of each file Triton hashes for its installation's part and of its
+the job; for a kernel module's function, the module's name (its source's hash), the
+function's name and the digest of ``device.py`` (any other function: its ``cache_key``,
+which walks its syntax tree and its callees'); Triton's version and location, the size
+and modification time of each file Triton hashes for its installation's part and of its
 backends' compiler binaries, and the environment variables Triton keys by (with every
-``TRITON_*`` one).
-:func:`recall` finds the binary again under that key, as ``triton.compile`` itself finds
-a cached one (the metadata group of its file name in the cache folder of its key); None
-where nothing is remembered, the files are gone, or Triton is set to compile, dump or
-override kernels (``TRITON_ALWAYS_COMPILE`` ...).
-The entries live in kiln-triton's cache (``<cache>/binaries/``).
+``TRITON_*`` one). It also keeps a copy of what loading and launching the binary read (its
+metadata, the binary, its PTX) beside that entry, so that Kiln's cache alone holds a warm
+start's binaries (and clearing it clears them).
+:func:`recall` finds the binary again under that key: from the kept copy, else as
+``triton.compile`` itself finds a cached one (the metadata group of its file name in the
+cache folder of its key); None where nothing is remembered, the files are gone, or Triton
+is set to compile, dump or override kernels (``TRITON_ALWAYS_COMPILE`` ...).
+The entries and the kept binaries live in kiln-triton's cache (``<cache>/binaries/``).
 
 :func:`jit_entry`, :func:`remember_jit` and :func:`recall_jit` do the same for a kernel
 compiled through its ``@triton.jit`` function's own launcher from plain data (Kiln's
@@ -37,6 +40,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -108,10 +112,11 @@ def _installation_digest() -> str:
 
 
 def recall(source, path: Path | None):
-    """The ``CompiledKernel`` compiled from ``source`` in Triton's cache under the key
-    remembered at ``path`` (its :func:`entry`), or None."""
+    """The ``CompiledKernel`` compiled from ``source`` under the key remembered at
+    ``path`` (its :func:`entry`): from the files kept beside it, else from Triton's cache
+    (whose files are then kept too); None where neither has it."""
     known = _read(path)
-    return None if known is None else _found(source, known["hash"])
+    return None if known is None else _found(source, known["hash"], path)
 
 
 def recall_jit(fn, path: Path | None):
@@ -124,7 +129,7 @@ def recall_jit(fn, path: Path | None):
 
     constants = {tuple(k): v for k, v in known["constants"]}
     attrs = {tuple(k): v for k, v in known["attrs"]}
-    return _found(ASTSource(fn, known["signature"], constants, attrs), known["hash"])
+    return _found(ASTSource(fn, known["signature"], constants, attrs), known["hash"], path)
 
 
 def _read(path: Path | None) -> dict | None:
@@ -137,27 +142,68 @@ def _read(path: Path | None) -> dict | None:
     return known if isinstance(known, dict) and "hash" in known else None
 
 
-def _found(source, key: str):
-    """The ``CompiledKernel`` of ``source`` in Triton's cache folder of ``key``, or None."""
+def _found(source, key: str, entry: Path):
+    """The ``CompiledKernel`` of ``source`` under Triton's key ``key``: from the files
+    kept beside its ``entry`` (:func:`_keep`), else from Triton's cache folder of ``key``
+    (and those files kept then), or None."""
     from triton.compiler import CompiledKernel
     from triton.runtime.cache import get_cache_manager
 
     file_name = f"{source.name[:150]}.json"  # as triton.compile names the metadata
-    group = get_cache_manager(key).get_group(file_name)
-    if not group or file_name not in group:
-        return None
+    group = _kept_files(entry.parent / key, file_name)
+    from_triton = group is None
+    if from_triton:
+        group = get_cache_manager(key).get_group(file_name)
+        if not group or file_name not in group:
+            return None
     # the metadata and the binary alone are read (an intermediate form, PTX say, is read
     # from its file where it is asked for: kiln_triton.compiled_launch.ptx_params)
     needed = {name: path for name, path in group.items() if not name.endswith(_INTERMEDIATE)}
     compiled = CompiledKernel(source, needed, key)
     compiled.metadata_group = group
+    if from_triton:
+        _keep(entry, compiled)
     return compiled
+
+
+def _kept_files(folder: Path, file_name: str) -> dict[str, str] | None:
+    """The files kept in ``folder`` by name, where it holds the metadata ``file_name``."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    return {n: str(folder / n) for n in names} if file_name in names else None
+
+
+def _keep(entry: Path | None, compiled) -> None:
+    """Copy what loading and launching ``compiled`` read of it (its metadata, its binary
+    and its PTX) from Triton's cache into Kiln's, beside ``entry``: ``<hash>/`` in the
+    entries' folder. A warm start then loads it from Kiln's cache alone, and clearing
+    Kiln's cache clears it (Triton's cache keeps its own copy, with the other forms)."""
+    group = getattr(compiled, "metadata_group", None)
+    if entry is None or not group:
+        return
+    kept = entry.parent / compiled.hash
+    if kept.is_dir():
+        return
+    tmp = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-")
+        for name, source in group.items():
+            if not name.endswith(_INTERMEDIATE) or name.endswith(".ptx"):
+                shutil.copyfile(source, os.path.join(tmp, name))
+        os.replace(tmp, kept)
+    except OSError:  # a read-only cache, or another process kept it first
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def remember(path: Path | None, compiled) -> None:
     """Write at ``path`` (an :func:`entry`) the key Triton's cache holds ``compiled``
-    under."""
+    under, and keep its files beside it (:func:`_keep`)."""
     _write(path, {"hash": compiled.hash})
+    _keep(path, compiled)
 
 
 def remember_jit(path: Path | None, compiled) -> None:
@@ -175,6 +221,7 @@ def remember_jit(path: Path | None, compiled) -> None:
         type(v) in plain for v in src.constants.values()
     ):
         _write(path, known)
+        _keep(path, compiled)
 
 
 def _write(path: Path | None, known: dict) -> None:
