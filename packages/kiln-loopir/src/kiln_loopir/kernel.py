@@ -59,11 +59,22 @@ def _same(a, b) -> bool:
 
 
 def node_level(node: ComputedNode, ranges, reduction_ranges) -> str | None:
-    """The level ``node`` runs at in a kernel over this space (loop order kept), or None."""
-    p, r = node.body.loop_ranges()
-    if isinstance(node.body, (Reduction, Scan)):
+    """The level ``node`` runs at in a kernel over this space (loop order kept), or None;
+    found once per body and space (fusion asks again for every pair a node is part of)."""
+    memo = node._levels
+    if memo is None or memo[0] is not node.body:
+        memo = node._levels = (node.body, {})
+    space = (tuple(ranges), tuple(reduction_ranges))
+    if space not in memo[1]:
+        memo[1][space] = _body_level(node.body, ranges, reduction_ranges)
+    return memo[1][space]
+
+
+def _body_level(body, ranges, reduction_ranges) -> str | None:
+    p, r = body.loop_ranges()
+    if isinstance(body, (Reduction, Scan)):
         fits = _same(p, ranges) and _same(r, reduction_ranges)
-        return ("reduction" if isinstance(node.body, Reduction) else "scan") if fits else None
+        return ("reduction" if isinstance(body, Reduction) else "scan") if fits else None
     if _same(p, ranges):
         return "outer"
     if reduction_ranges and _same(p, list(ranges) + list(reduction_ranges)):
