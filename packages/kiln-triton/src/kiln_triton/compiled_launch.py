@@ -42,7 +42,8 @@ def ptx_params(compiled) -> int | None:
 
 def _ptx_file(compiled) -> str | None:
     """The PTX of a kernel loaded without its intermediate forms
-    (:func:`kiln_triton.known_binaries.recall`), from its file in Triton's cache."""
+    (:func:`kiln_triton.known_binaries.recall`), from its file: the copy kept in Kiln's
+    cache, or Triton's own."""
     group = getattr(compiled, "metadata_group", None) or {}
     path = next((p for name, p in group.items() if name.endswith(".ptx")), None)
     try:
