@@ -55,6 +55,39 @@ def test_matches_the_python_host_program():
     torch.testing.assert_close(native(*fresh)[0], python(*fresh)[0])
 
 
+def test_a_pending_program_runs_its_fallback_until_its_library_starts():
+    from kiln_cpp.codegen import pending_program, start_program
+
+    inputs = _mlp_inputs()
+    compiled = _compile(mlp, inputs)
+    host = compiled.native_host
+    pending = pending_program(host)
+    assert not pending.started
+    with pytest.raises(RuntimeError, match="not built yet"):
+        pending(*inputs)
+    ran = []
+
+    def python(*args):
+        ran.append(len(args))
+        return compiled.program.python_call(*args)
+
+    pending.set_fallback(python)
+    params = tuple(_mlp_inputs()[1:])
+    bound = pending.bind_last(params)  # made before the start: it starts with it
+    x = torch.randn(1, 32)
+    (before,) = bound(x)
+    assert ran == [len(inputs)], "the fallback ran the call, with every input"
+    start_program(pending, host.program.library, host)
+    assert pending.started and bound.started
+    (after,) = bound(x)
+    assert ran == [len(inputs)], "the library ran the call"
+    want = mlp(x, *params)[0]
+    torch.testing.assert_close(before, want)
+    torch.testing.assert_close(after, want)
+    with pytest.raises(RuntimeError, match="started already"):
+        start_program(pending, host.program.library, host)
+
+
 def attention_block(x, w_qkv, b_qkv, w_out):
     qkv = torch.addmm(b_qkv, x, w_qkv)  # large enough to stay an ATen call
     q, k, v = (t.reshape(1, 64, 4, 32).transpose(1, 2) for t in qkv.split(128, dim=1))

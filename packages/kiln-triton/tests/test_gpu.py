@@ -18,6 +18,13 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def host_built_before_the_compile_returns(monkeypatch):
+    """The native host programs these tests check run from their first call (by default,
+    the Python one runs a graph until the C++ compiler is done: the last test here)."""
+    monkeypatch.setenv("KILN_TRITON_HOST_BUILD", "wait")
+
+
 def _load(path: pathlib.Path, name: str):
     if not path.exists():
         return None
@@ -111,6 +118,30 @@ def test_native_host_program_launches_through_the_driver():
         return sorted(name for name in names if name.startswith("kiln_"))
 
     assert kernels(compiled.program.call) == kernels(python.program.call)
+
+
+def test_a_native_host_program_built_in_the_background_takes_over_once_built(monkeypatch, tmp_path):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln_loopir import compile_fx
+    from kiln_triton.host_builds import wait_for_host_builds
+
+    monkeypatch.delenv("KILN_TRITON_HOST_BUILD")
+    monkeypatch.setenv("KILN_CPP_CACHE_DIR", str(tmp_path))  # no library cached: built now
+    inputs = _block_inputs()
+    gm = make_fx(_block, tracing_mode="fake")(*inputs)
+    compiled = compile_fx(gm, inputs, codegen=TritonCodegen(), host_program="native")
+    program = compiled.program.call
+    assert type(program).__name__ == "Program"
+    fresh = _block_inputs()
+    first = program(*fresh)  # the Python host program, unless the build was that quick
+    wait_for_host_builds()
+    assert program.started, "the library built in the background was not started"
+    assert list(tmp_path.glob("*/*.so")), "the library is not in the cache"
+    second, want = program(*fresh), _block(*fresh)
+    for a, b, w in zip(first, second, want, strict=True):
+        torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b, w, rtol=1e-4, atol=1e-4)
 
 
 def _products(x, w, b, wt):

@@ -330,7 +330,7 @@ def test_a_sized_program_finds_every_kernels_family_before_it_runs_and_compiles(
         pytest.skip("no C++ compiler")
     sources = []
 
-    def loaded(host):
+    def loaded(host, wait=False):
         sources.append(HOST_HEADER + host.source)
         raise HostNotRendered("rendered only: no GPU to load it on")
 

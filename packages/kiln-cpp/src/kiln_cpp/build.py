@@ -365,6 +365,16 @@ def build(
     return entry / LIBRARY, True
 
 
+def lookup(
+    source: str | Sequence[str],
+    host: str | None = None,
+    host_flags: Sequence[str] = HOST_FLAGS,
+) -> Path | None:
+    """The library :func:`build` would return where the cache holds it, else None (nothing
+    is built)."""
+    return cached_library(cache_dir() / cache_key(source, compiler(), host, host_flags))
+
+
 def _compile(
     cxx: str,
     source: str | Sequence[str],

@@ -91,19 +91,25 @@ HOST_HEADER = (
 
 def load_program(lib: ctypes.CDLL, host: NativeHost):
     """The runtime's ``Program`` over the library's ``kiln_host_init``/``kiln_host_call``."""
-    runtime = load_runtime()
-    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-    program = runtime.Program(
-        address(lib.kiln_host_init),
-        address(lib.kiln_host_call),
-        host.n_inputs,
-        host.n_outputs,
-        tuple(call.prepared for call in host.externs),
-        tuple(host.functions),
-        "host program",
-    )
-    program.library = lib  # kept loaded while the program lives
+    program = pending_program(host)
+    start_program(program, lib, host)
     return program
+
+
+def pending_program(host: NativeHost):
+    """The runtime's ``Program`` of ``host`` before its library is built: its calls run
+    its fallback (``set_fallback``) until :func:`start_program`."""
+    return load_runtime().Program(
+        0, 0, host.n_inputs, host.n_outputs, tuple(call.prepared for call in host.externs),
+        (), "host program",
+    )  # fmt: skip
+
+
+def start_program(program, lib: ctypes.CDLL, host: NativeHost) -> None:
+    """``program`` (and the programs ``bind_last`` made of it) runs ``lib`` from now on."""
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    program.start(address(lib.kiln_host_init), address(lib.kiln_host_call), tuple(host.functions))
+    program.library = lib  # kept loaded while the program lives
 
 
 class CppCodegen:

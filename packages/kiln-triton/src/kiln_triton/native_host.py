@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from kiln_loopir import compile_lock
 from kiln_loopir.host import HostNotRendered
 from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
+from kiln_triton import host_builds
 from kiln_triton.attention import AttentionCall, attention_call
 from kiln_triton.attention_backward import BackwardCall, attention_backward_call
 from kiln_triton.attention_kernels import KERNELS, compile_attention
@@ -70,7 +70,7 @@ def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKe
     _require_compiled_kernels()
     if is_sized(schedule):
         host = render_host(schedule, plan, load_runtime(), SizedLauncher(schedule, kernels))
-        return _with_size_table(_loaded(host), kernels)
+        return _with_size_table(_loaded(host, wait=True), kernels)
     launcher = CudaLauncher(schedule, kernels)
     host = render_host(schedule, plan, load_runtime(), launcher)
     host.workspaces = launcher.workspaces  # their addresses are in the program
@@ -94,7 +94,7 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
     _require_compiled_kernels()
     host = NativeHost.from_dict(data, load_runtime())
     if host.launches and "sized" in host.launches[0]:
-        return _with_size_table(_loaded(host), kernels)
+        return _with_size_table(_loaded(host, wait=True), kernels)
     workspaces: list[torch.Tensor] = []  # split reductions': kept while the program lives
     for record in host.launches:
         if "attention" in record:
@@ -127,17 +127,11 @@ def rebuild_host(data: dict, kernels: dict[str, TritonKernel]):
     return _loaded(host)
 
 
-def _loaded(host):
-    """``host`` built (kiln-cpp's library cache) and loaded as its ``program``."""
-    from kiln_cpp import build
-    from kiln_cpp.codegen import HOST_HEADER, load_program
-
-    with compile_lock.waiting():  # another graph's compile may work meanwhile
-        path, _ = build.build(
-            [], host=HOST_HEADER + host.source, host_flags=build.LAUNCH_HOST_FLAGS
-        )
-    host.program = load_program(build.load(path), host)
-    return host
+def _loaded(host, wait: bool = False):
+    """``host`` with its ``program``: built (kiln-cpp's library cache) and loaded, or
+    running the Python program until its library, built in the background, is loaded
+    (:mod:`kiln_triton.host_builds`; ``wait``: built now)."""
+    return host_builds.load(host, wait)
 
 
 def _require_compiled_kernels() -> None:

@@ -4,6 +4,9 @@
 // - ``Program(init, call, n_inputs, n_outputs, externs, name)`` wraps a compiled host
 //   program (the addresses of its ``kiln_host_init`` and ``kiln_host_call``). Calling it
 //   with tensors runs the program: no Python runs between the call and the kernels.
+//   ``Program(0, 0, ...)`` is one whose library is still being built: its calls run the
+//   fallback until ``start(init, call, functions)`` hands it the library's entry points
+//   (the programs ``bind_last`` made from it start with it).
 // - ``Extern(op, overload, template, n_outputs)`` is an ATen op call prepared once: its
 //   arguments converted to IValues, with slots for the tensors the program passes.
 // - ``scalar_type(dtype)`` and ``device_code(device)`` give the numbers the generated
@@ -426,10 +429,17 @@ PyObject* make_extern(PyObject*, PyObject* args) {
 using InitFn = int (*)(const KilnApi*, KilnExtern* const*, void* const*);
 using CallFn = int (*)(KilnTensor* const*, KilnTensor**);
 
+// the program's entry point, shared by the programs bind_last makes from it: null until a
+// library built in the background is started
+struct Entry {
+  CallFn call = nullptr;
+  Py_ssize_t users = 1;
+};
+
 struct ProgramObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
-  CallFn call;
+  Entry* entry;
   Py_ssize_t n_inputs;  // passed by the caller
   Py_ssize_t n_outputs;
   PyObject* externs;    // tuple of capsules, kept alive
@@ -468,7 +478,12 @@ PyObject* program_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
     in[i] = K(const_cast<at::Tensor*>(&THPVariable_Unpack(a)));
   }
   std::vector<KilnTensor*> out(self->n_outputs, nullptr);
-  int status = self->call(in.data(), out.data());
+  CallFn call = self->entry->call;
+  if (call == nullptr && self->fallback == Py_None) {
+    PyErr_Format(PyExc_RuntimeError, "%U: its library is not built yet", self->name);
+    return nullptr;
+  }
+  int status = call == nullptr ? KILN_RUN_PYTHON : call(in.data(), out.data());
   if (status == KILN_RUN_PYTHON && self->fallback != Py_None) {
     for (auto* t : out) delete T(t);
     std::vector<PyObject*> all(args, args + n);
@@ -491,6 +506,7 @@ PyObject* program_vectorcall(PyObject* self_, PyObject* const* args, size_t narg
 
 void program_dealloc(PyObject* self_) {
   auto* self = reinterpret_cast<ProgramObject*>(self_);
+  if (--self->entry->users == 0) delete self->entry;
   Py_XDECREF(self->externs);
   Py_XDECREF(self->bound);
   Py_XDECREF(self->fallback);
@@ -501,12 +517,12 @@ void program_dealloc(PyObject* self_) {
 
 PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* new_program(CallFn call, Py_ssize_t n_inputs, Py_ssize_t n_outputs, PyObject* externs,
+PyObject* new_program(Entry* entry, Py_ssize_t n_inputs, Py_ssize_t n_outputs, PyObject* externs,
                       PyObject* bound, PyObject* fallback, PyObject* name) {
   auto* self = PyObject_New(ProgramObject, &ProgramType);
   if (self == nullptr) return nullptr;
   self->vectorcall = program_vectorcall;
-  self->call = call;
+  self->entry = entry;
   self->n_inputs = n_inputs;
   self->n_outputs = n_outputs;
   Py_INCREF(externs);
@@ -521,6 +537,30 @@ PyObject* new_program(CallFn call, Py_ssize_t n_inputs, Py_ssize_t n_outputs, Py
   return reinterpret_cast<PyObject*>(self);
 }
 
+// runs the library's kiln_host_init and makes ``call`` the entry's: 0 or -1 (an error set)
+int start_entry(Entry* entry, unsigned long long init_address, unsigned long long call_address,
+                PyObject* externs, PyObject* functions) {
+  std::vector<void*> handles;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(functions); ++i) {
+    handles.push_back(PyLong_AsVoidPtr(PyTuple_GET_ITEM(functions, i)));
+    if (PyErr_Occurred()) return -1;
+  }
+  std::vector<KilnExtern*> prepared;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(externs); ++i) {
+    PyObject* capsule = PyTuple_GET_ITEM(externs, i);  // a kiln.Extern or a kiln.Gemm
+    void* p = PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule));
+    if (p == nullptr) return -1;
+    prepared.push_back(static_cast<KilnExtern*>(p));
+  }
+  auto init = reinterpret_cast<InitFn>(init_address);
+  if (init(&API, prepared.data(), handles.data()) != 0) {
+    PyErr_SetString(PyExc_RuntimeError, "the host program was built for another runtime");
+    return -1;
+  }
+  entry->call = reinterpret_cast<CallFn>(call_address);
+  return 0;
+}
+
 PyObject* program_new(PyTypeObject*, PyObject* args, PyObject*) {
   unsigned long long init_address, call_address;
   Py_ssize_t n_inputs, n_outputs;
@@ -528,28 +568,36 @@ PyObject* program_new(PyTypeObject*, PyObject* args, PyObject*) {
   if (!PyArg_ParseTuple(args, "KKnnO!O!U", &init_address, &call_address, &n_inputs, &n_outputs,
                         &PyTuple_Type, &externs, &PyTuple_Type, &functions, &name))
     return nullptr;
-  std::vector<void*> handles;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(functions); ++i) {
-    handles.push_back(PyLong_AsVoidPtr(PyTuple_GET_ITEM(functions, i)));
-    if (PyErr_Occurred()) return nullptr;
-  }
-  std::vector<KilnExtern*> prepared;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(externs); ++i) {
-    PyObject* capsule = PyTuple_GET_ITEM(externs, i);  // a kiln.Extern or a kiln.Gemm
-    void* p = PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule));
-    if (p == nullptr) return nullptr;
-    prepared.push_back(static_cast<KilnExtern*>(p));
-  }
-  auto init = reinterpret_cast<InitFn>(init_address);
-  if (init(&API, prepared.data(), handles.data()) != 0) {
-    PyErr_SetString(PyExc_RuntimeError, "the host program was built for another runtime");
+  auto* entry = new Entry();
+  bool pending = init_address == 0 && call_address == 0;
+  if (!pending && start_entry(entry, init_address, call_address, externs, functions) != 0) {
+    delete entry;
     return nullptr;
   }
   PyObject* empty = PyTuple_New(0);
-  PyObject* self = new_program(reinterpret_cast<CallFn>(call_address), n_inputs, n_outputs,
-                               externs, empty, Py_None, name);
+  PyObject* self = new_program(entry, n_inputs, n_outputs, externs, empty, Py_None, name);
   Py_DECREF(empty);
+  if (self == nullptr) delete entry;
   return self;
+}
+
+PyObject* program_start(PyObject* self_, PyObject* args) {
+  auto* self = reinterpret_cast<ProgramObject*>(self_);
+  unsigned long long init_address, call_address;
+  PyObject* functions;
+  if (!PyArg_ParseTuple(args, "KKO!", &init_address, &call_address, &PyTuple_Type, &functions))
+    return nullptr;
+  if (self->entry->call != nullptr) {
+    PyErr_Format(PyExc_RuntimeError, "%U is started already", self->name);
+    return nullptr;
+  }
+  if (start_entry(self->entry, init_address, call_address, self->externs, functions) != 0)
+    return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* program_started(PyObject* self_, void*) {
+  return PyBool_FromLong(reinterpret_cast<ProgramObject*>(self_)->entry->call != nullptr);
 }
 
 PyObject* program_bind_last(PyObject* self_, PyObject* values) {
@@ -566,9 +614,11 @@ PyObject* program_bind_last(PyObject* self_, PyObject* values) {
   }
   PyObject* bound = PySequence_Concat(values, self->bound);
   if (bound == nullptr) return nullptr;
-  PyObject* result = new_program(self->call, self->n_inputs - n, self->n_outputs, self->externs,
+  ++self->entry->users;
+  PyObject* result = new_program(self->entry, self->n_inputs - n, self->n_outputs, self->externs,
                                  bound, self->fallback, self->name);
   Py_DECREF(bound);
+  if (result == nullptr) --self->entry->users;
   return result;
 }
 
@@ -593,12 +643,19 @@ PyMethodDef program_methods[] = {
      "The Python host program (taking every input), for calls the native one hands back."},
     {"bind_last", program_bind_last, METH_O,
      "The program with its last inputs bound to these tensors (the graph's constants)."},
+    {"start", program_start, METH_VARARGS,
+     "start(init, call, functions): a pending program runs its built library from now on."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyMemberDef program_members[] = {
     {"name", T_OBJECT, offsetof(ProgramObject, name), READONLY, "the graph's name"},
     {"n_inputs", T_PYSSIZET, offsetof(ProgramObject, n_inputs), READONLY, "inputs it takes"},
     {nullptr, 0, 0, 0, nullptr}};
+
+PyGetSetDef program_getset[] = {
+    {"started", program_started, nullptr, "whether it runs its library (else the fallback)",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 // -- TensorsMatch: the tensor checks of a guard, in one call -----------------------------------
 // Each spec is (type, dtype, device index or None, size, stride, requires_grad, dispatch
@@ -820,6 +877,7 @@ PyMODINIT_FUNC PyInit_kiln_host_runtime() {
   ProgramType.tp_setattro = PyObject_GenericSetAttr;
   ProgramType.tp_methods = program_methods;
   ProgramType.tp_members = program_members;
+  ProgramType.tp_getset = program_getset;
   ProgramType.tp_repr = program_repr;
   if (ready_callable_type(&ProgramType, "kiln_host_runtime.Program", sizeof(ProgramObject),
                           program_new, program_dealloc, offsetof(ProgramObject, vectorcall),
