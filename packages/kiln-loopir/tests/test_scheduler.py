@@ -326,3 +326,37 @@ def test_a_kernels_trace_is_made_again_when_the_kernel_changes():
     k.nodes = k.nodes[:1]
     assert k.traced() is not second
     assert k.writes() == {k.nodes[0].name}
+
+
+def test_inner_orders_are_the_permutations_whose_sizes_match_in_their_order():
+    import itertools
+    import random
+
+    import sympy
+
+    from kiln_loopir.kernel import MAX_ORDERS, _equal, _inner_orders
+
+    class Body:  # a Pointwise body's loop ranges, nothing else
+        def __init__(self, ranges):
+            self.ranges = ranges
+
+        def loop_ranges(self):
+            return self.ranges, []
+
+    s0, s1 = sympy.symbols("s0 s1", positive=True, integer=True)
+    sizes = [2, 3, 3, s0, 2 * s0, s0 * 2, s1 + 1]
+    rng = random.Random(0)
+    for _ in range(60):
+        n = rng.randint(2, 6)
+        full = [rng.choice(sizes) for _ in range(n)]
+        split = rng.randint(1, n - 1)
+        point = list(full)
+        rng.shuffle(point)
+        if rng.random() < 0.2:
+            point[0] = 5  # sometimes no order fits
+        want = [
+            order
+            for order in itertools.permutations(range(n))
+            if all(_equal(point[i], full[order[i]]) for i in range(n))
+        ][:MAX_ORDERS]
+        assert _inner_orders(Body(point), full[:split], full[split:]) == want, (point, full)

@@ -20,7 +20,6 @@ is a variable of the kernel; ``local_buffers`` are never written to memory at al
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass, field
 
 import sympy
@@ -87,17 +86,40 @@ MAX_ORDERS = 24
 
 def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int, ...]]:
     """Ways a Pointwise node can run at the inner level with its loops reordered: each is a
-    tuple giving, for each of the node's loop dimensions, the kernel dimension it takes."""
-    p, _ = node.body.loop_ranges()
+    tuple giving, for each of the node's loop dimensions, the kernel dimension it takes
+    (in ``itertools.permutations`` order, at most :data:`MAX_ORDERS`); found once per body
+    and space, as :func:`node_level` is."""
+    memo = node._levels
+    if memo is None or memo[0] is not node.body:
+        memo = node._levels = (node.body, {})
+    space = ("inner orders", tuple(ranges), tuple(reduction_ranges))
+    if space not in memo[1]:
+        memo[1][space] = _inner_orders(node.body, ranges, reduction_ranges)
+    return memo[1][space]
+
+
+def _inner_orders(body, ranges, reduction_ranges) -> list[tuple[int, ...]]:
+    p, _ = body.loop_ranges()
     full = list(ranges) + list(reduction_ranges)
-    if isinstance(node.body, (Reduction, Scan)) or not reduction_ranges or len(p) != len(full):
+    if isinstance(body, (Reduction, Scan)) or not reduction_ranges or len(p) != len(full):
         return []
-    found = []
-    for order in itertools.permutations(range(len(full))):
-        if all(_equal(p[i], full[order[i]]) for i in range(len(p))):
-            found.append(order)
-            if len(found) >= MAX_ORDERS:
-                break
+    # which kernel dimensions each of the node's dimensions may take, smallest first: the
+    # search below then meets the orders in lexicographic order
+    fits = [[j for j, size in enumerate(full) if _equal(p[i], size)] for i in range(len(p))]
+    found: list[tuple[int, ...]] = []
+    order: list[int] = []
+
+    def extend() -> None:
+        if len(order) == len(p):
+            found.append(tuple(order))
+            return
+        for j in fits[len(order)]:
+            if j not in order and len(found) < MAX_ORDERS:
+                order.append(j)
+                extend()
+                order.pop()
+
+    extend()
     return found
 
 
