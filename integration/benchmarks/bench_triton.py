@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from timing import background_builds_finished
 
 BF16 = torch.bfloat16
 DEVICE = "cuda"
@@ -90,6 +91,7 @@ def compile_kiln_fn(fn, inputs):
 
 def time_all(kiln, eager, compiled, inputs) -> tuple[float, float, float]:
     """(kiln, eager, torch.compile) milliseconds on the same inputs."""
+    background_builds_finished()
     with torch.no_grad():
         return (
             bench_ms(lambda: kiln(*inputs)),

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from comm_overlap import Overlap, overlap
 from gpu_timing import device_events
+from timing import background_builds_finished
 from torch.autograd import DeviceType
 
 MODELS = ("gpt2", "llama")
@@ -237,6 +238,7 @@ def profile_steps(trainer: Trainer, steps: int) -> tuple[float, Overlap | None]:
     on_gpu = trainer.device.type == "cuda"
     activities = [ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]
     trainer.sync()
+    background_builds_finished()
     dist.barrier()  # the ranks start together: a kernel waiting for the other rank counts
     with profile(
         activities=activities, schedule=schedule(wait=0, warmup=1, active=steps), acc_events=True
@@ -258,6 +260,7 @@ def timed_steps(trainer: Trainer, steps: int) -> tuple[list[float], list[torch.T
     """Seconds of each of ``steps`` steps (each ends with a device synchronisation), and
     their losses (read afterwards, so that the loop does not wait for them)."""
     times, losses = [], []
+    background_builds_finished()
     trainer.sync()
     for _ in range(steps):
         start = time.perf_counter()

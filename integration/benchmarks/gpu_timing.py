@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from timing import background_builds_finished
 from torch.autograd import DeviceType
 
 KERNEL_LAUNCHES = frozenset(
@@ -134,6 +135,7 @@ def profile_calls(fn: Callable[[], object], calls: int) -> CallProfile:
     on the H100's host grew 30-50 %."""
     from torch.profiler import ProfilerActivity, profile
 
+    background_builds_finished()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
