@@ -72,8 +72,8 @@ def data_dependent_symbols(exprs: Iterable[object]) -> set[sympy.Symbol]:
     """The data-dependent symbols (see :func:`is_data_dependent`) in ``exprs``."""
     found: set[sympy.Symbol] = set()
     for e in exprs:
-        if isinstance(e, (int, sympy.Basic)):
-            found |= {s for s in sympy.sympify(e).free_symbols if is_data_dependent(s)}
+        if isinstance(e, sympy.Basic):  # (a Python int holds no symbol)
+            found |= {s for s in e.free_symbols if is_data_dependent(s)}
     return found
 
 

@@ -67,6 +67,12 @@ class LoweringContext:
         # the graph's buffers by name, found again when a name is not among them (a name
         # names one buffer for good: lowering adds nodes, it replaces no buffer)
         self._buffers: dict[str, Buffer] = {}
+        # the Pointwise and Reduction nodes that alone write their buffer, by name, and the
+        # names written more than once (or scattered into): both kept up to date with the
+        # nodes lowering appends (see _new_nodes)
+        self._producer_of: dict[str, ComputedNode] = {}
+        self._written_again: set[str] = set()
+        self._seen = {"buffers": (0, None), "producers": (0, None)}
 
     def origins(self) -> tuple[str, ...]:
         """The origins of a node added now: inlined producers' ops, then the FX node's."""
@@ -272,20 +278,49 @@ class LoweringContext:
         self.inlined_origins += node.origins
 
     def _producers(self) -> dict[str, ComputedNode]:
-        found: dict[str, ComputedNode] = {}
-        for node in self.graph.nodes:
-            if isinstance(node, ComputedNode):
-                if node.name in found or isinstance(node.body, Scatter):
-                    found[node.name] = None  # written twice: read it from memory
-                else:
-                    found[node.name] = node
-        return {k: v for k, v in found.items() if v is not None}
+        """The computed nodes that alone write their buffer, by name (a buffer written
+        twice, or scattered into, is read from memory). Not to be changed by the caller."""
+        new = self._new_nodes("producers")
+        if new is None:  # the nodes changed otherwise than by appending: all again
+            self._producer_of, self._written_again = {}, set()
+            new = self.graph.nodes
+        for node in new:
+            if not isinstance(node, ComputedNode):
+                continue
+            name = node.name
+            if name in self._producer_of or name in self._written_again:
+                self._producer_of.pop(name, None)
+                self._written_again.add(name)
+            elif isinstance(node.body, Scatter):
+                self._written_again.add(name)
+            else:
+                self._producer_of[name] = node
+        return self._producer_of
+
+    def _new_nodes(self, reader: str) -> list | None:
+        """The graph's nodes appended since ``reader`` last asked (all of them the first
+        time), or None where the nodes it saw are no longer the list's first ones."""
+        nodes = self.graph.nodes
+        count, last = self._seen[reader]
+        self._seen[reader] = (len(nodes), nodes[-1] if nodes else None)
+        if count > len(nodes) or (count and nodes[count - 1] is not last):
+            return None
+        return nodes[count:]
 
     # -- lookups -------------------------------------------------------------------------
     def buffer(self, name: str) -> Buffer:
         found = self._buffers.get(name)
         if found is None:
+            new = self._new_nodes("buffers")
+            for node in new or ():
+                if isinstance(node, ComputedNode):
+                    self._buffers.setdefault(node.name, node.buffer)
+                else:
+                    self._buffers.update({b.name: b for b in node.outputs if b is not None})
+            found = self._buffers.get(name)
+        if found is None:  # an input or a constant added since, or nodes changed
             self._buffers = self.graph.buffers()
+            self._seen["buffers"] = (len(self.graph.nodes), (self.graph.nodes or [None])[-1])
             found = self._buffers[name]
         return found
 
