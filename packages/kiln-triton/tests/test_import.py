@@ -16,6 +16,7 @@ def test_public_api_is_pinned():
         "kernel_counts",
         "start_compile_workers",
         "triton_codegen",
+        "wait_for_host_builds",
     ]
 
 
