@@ -38,6 +38,10 @@ KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 EXTRA_OPS: dict[object, str] = {
     aten._native_batch_norm_legit_functional.default: "batch norm in training mode, "
     "new running statistics as outputs",
+    aten.native_batch_norm_backward.default: "batch norm's gradients, decomposed by "
+    "kiln-loopir (once per layout: a model's repeated layers share the trace)",
+    aten.native_layer_norm_backward.default: "layer norm's gradients, decomposed by "
+    "kiln-loopir (once per layout)",
     aten.bernoulli.p: "dropout masks (functional form of bernoulli_)",
     aten.max.default: "the largest element (x.max()), one reduction",
     aten.min.default: "the smallest element (x.min()), one reduction",

@@ -24,7 +24,9 @@ aten = torch.ops.aten
 
 DECOMPOSED_OPS = [
     aten.native_layer_norm.default,
+    aten.native_layer_norm_backward.default,
     aten.native_group_norm.default,
+    aten.native_batch_norm_backward.default,
     aten.native_batch_norm.default,
     aten._native_batch_norm_legit.default,
     aten._native_batch_norm_legit.no_stats,
