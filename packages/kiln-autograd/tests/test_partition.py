@@ -188,3 +188,24 @@ def test_forward_graph_notes_its_saved_outputs():
     n_outputs = len(output.args[0])
     saved = kiln_autograd.saved_outputs(fw)
     assert saved and saved == tuple(range(n_outputs - len(saved), n_outputs))
+
+
+def test_the_norms_gradients_stay_whole_in_the_joint_graph():
+    """kiln-loopir decomposes them, once per layout (a model's repeated layers share it)."""
+
+    class Norms(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+            self.ln = torch.nn.LayerNorm(5)
+
+        def forward(self, x):
+            return (self.ln(self.bn(x)).relu(),)
+
+    joint = kiln_autograd.trace_joint_graph(
+        torch.fx.symbolic_trace(Norms().train()), [rand(3, 4, 5)]
+    )
+    targets = {n.target for n in joint.gm.graph.nodes if n.op == "call_function"}
+    aten = torch.ops.aten
+    assert aten.native_layer_norm_backward.default in targets
+    assert aten.native_batch_norm_backward.default in targets

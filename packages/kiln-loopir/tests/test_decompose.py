@@ -73,7 +73,21 @@ CASES = {
 UNDECOMPOSED_CASES = {
     "std": (lambda x: (x.std(1), torch.std_mean(x, 0)), [r(5, 7)]),
     "activations": (lambda x: (F.mish(x), torch.logit(x.sigmoid()), F.glu(x, 1)), [r(4, 6)]),
+    "norm_gradients": (lambda g, x, w: _norm_gradients(g, x, w), [r(3, 4, 5), r(3, 4, 5), r(4)]),
 }
+
+
+def _norm_gradients(g, x, w):
+    """The gradients of a layer norm (over the last dimension) and of a batch norm in
+    training (over channels), as the joint graphs of kiln-autograd keep them."""
+    aten = torch.ops.aten
+    _, mean, rstd = aten.native_layer_norm(x, [5], None, None, 1e-5)
+    layer = aten.native_layer_norm_backward(g, x, [5], mean, rstd, None, None, [True, False, False])
+    _, save_mean, save_invstd = aten.native_batch_norm(x, w, None, None, None, True, 0.1, 1e-5)
+    batch = aten.native_batch_norm_backward(
+        g, x, w, None, None, save_mean, save_invstd, True, 1e-5, [True, True, False]
+    )
+    return layer[0], batch[0], batch[1]
 
 
 def traced(name, dynamic):
