@@ -67,9 +67,9 @@ class LoweringContext:
         # the graph's buffers by name, found again when a name is not among them (a name
         # names one buffer for good: lowering adds nodes, it replaces no buffer)
         self._buffers: dict[str, Buffer] = {}
-        # the Pointwise and Reduction nodes that alone write their buffer, by name, and the
-        # names written more than once (or scattered into): both kept up to date with the
-        # nodes lowering appends (see _new_nodes)
+        # the computed nodes that alone write their buffer, by name, and the names written
+        # more than once (or scattered into): both kept up to date with the nodes lowering
+        # appends (see _new_nodes)
         self._producer_of: dict[str, ComputedNode] = {}
         self._written_again: set[str] = set()
         self._seen = {"buffers": (0, None), "producers": (0, None)}
