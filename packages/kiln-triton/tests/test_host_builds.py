@@ -97,3 +97,28 @@ def test_wait_builds_before_returning(monkeypatch, cpu_graph):
     assert host.program.started
     x, w = _inputs()
     torch.testing.assert_close(host.program(x, w)[0], _block(x, w)[0])
+
+
+def test_a_process_that_ends_during_a_build_finishes_it(tmp_path):
+    """The next process finds the library: the build threads are joined at exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    done = tmp_path / "built"
+    script = textwrap.dedent(f"""
+        import time, types
+        from kiln_cpp import build
+        from kiln_triton import host_builds
+
+        def slow_build(*args, **kwargs):
+            time.sleep(1.0)
+            open({str(done)!r}, "w").write("built")
+            raise RuntimeError("no library: the test only needs the build to finish")
+
+        build.lookup = lambda *args, **kwargs: None
+        build.build = slow_build
+        host_builds._start(types.SimpleNamespace(program=None), "source")
+    """)  # the process ends at once, its build in flight
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert done.read_text() == "built"

@@ -447,10 +447,14 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="kiln-cpp")
 
 
-def build_async(source: str | Sequence[str], host: str | None = None) -> concurrent.futures.Future:
+def build_async(
+    source: str | Sequence[str],
+    host: str | None = None,
+    host_flags: Sequence[str] = HOST_FLAGS,
+) -> concurrent.futures.Future:
     """:func:`build` on a shared pool of threads: a future of ``(path, built)`` (built
     under the caller's cache root, see :func:`kiln_cpp.cache_dirs.cache_root`)."""
-    return _pool().submit(contextvars.copy_context().run, build, source, host)
+    return _pool().submit(contextvars.copy_context().run, build, source, host, host_flags)
 
 
 def load(path: Path) -> ctypes.CDLL:

@@ -4,18 +4,19 @@ A graph's native host program is C++ that kiln-cpp's compiler turns into a libra
 a second for a large graph's backward at ``-O0``. Its first calls do not need it: until
 the library is built, the program hands each call to the Python host program (its
 fallback), which launches the same kernels. So where the cache lacks the library,
-:func:`load` returns a program whose library is built in a thread of its own and that
-runs it from the call after the build; the compile does not wait for the C++ compiler.
+:func:`load` returns a program whose library is built meanwhile and that runs it from
+the call after the build; the compile does not wait for the C++ compiler.
 
-The thread is not a daemon: a process that ends while a build is in flight waits for it,
-so that the next process finds the library in the cache. ``$KILN_TRITON_HOST_BUILD=wait``
-builds before the compile returns instead; :func:`wait_for_host_builds` waits for the
-builds in flight (tests, and callers that time the native program).
+The build runs on kiln-cpp's pool of build threads (``build.build_async``), which a
+process that ends finishes first, so that the next process finds the library in the
+cache. ``$KILN_TRITON_HOST_BUILD=wait`` builds before the compile returns instead;
+:func:`wait_for_host_builds` waits for the builds in flight (tests, and callers that time
+the native program).
 """
 
 from __future__ import annotations
 
-import contextvars
+import functools
 import logging
 import os
 import threading
@@ -23,8 +24,8 @@ import threading
 from kiln_loopir import compile_lock
 
 log = logging.getLogger("kiln.triton")
-_in_flight: list[threading.Thread] = []
-_guard = threading.Lock()
+_builds = {"in flight": 0}  # programs whose library is being built, until started (or failed)
+_changed = threading.Condition()
 
 
 def in_background() -> bool:
@@ -54,35 +55,31 @@ def load(host, wait: bool = False):
 def wait_for_host_builds() -> None:
     """Return once every host program built in the background runs its library (or its
     build failed: that program keeps running the Python one)."""
-    while True:
-        with _guard:
-            threads = list(_in_flight)
-        if not threads:
-            return
-        for thread in threads:
-            thread.join()
+    with _changed:
+        _changed.wait_for(lambda: _builds["in flight"] == 0)
 
 
 def _start(host, source: str) -> None:
-    context = contextvars.copy_context()  # the compile's cache root goes with it
-    thread = threading.Thread(
-        target=context.run, args=(_build, host, source), name="kiln-triton-host-build"
-    )
-    with _guard:
-        _in_flight.append(thread)
-    thread.start()
+    from kiln_cpp import build
+
+    with _changed:
+        _builds["in flight"] += 1
+    future = build.build_async([], host=source, host_flags=build.LAUNCH_HOST_FLAGS)
+    future.add_done_callback(functools.partial(_built, host))
 
 
-def _build(host, source: str) -> None:
+def _built(host, future) -> None:
+    """``host``'s program runs its library from now on (run where the build finished)."""
     from kiln_cpp import build
     from kiln_cpp.codegen import start_program
 
     try:
-        path, _ = build.build([], host=source, host_flags=build.LAUNCH_HOST_FLAGS)
+        path, _ = future.result()
         start_program(host.program, build.load(path), host)
         log.info("host program: native library built (%s)", path.parent.name)
     except Exception as exc:  # noqa: BLE001 - the Python host program keeps running it
         log.warning("host program: Python, building the native one failed (%s)", exc)
     finally:
-        with _guard:
-            _in_flight.remove(threading.current_thread())
+        with _changed:
+            _builds["in flight"] -= 1
+            _changed.notify_all()
