@@ -271,8 +271,8 @@ class ComputedNode:
     _traced: tuple | None = field(default=None, repr=False)  # (body, layout, trace)
     # (body, layout, {how a kernel runs it: kernel.NodeTrace}): its shares of kernel traces
     _node_traces: tuple | None = field(default=None, repr=False)
-    # (body, {(ranges, reduction ranges): its level in a kernel over them}): kernel.node_level,
-    # and (kernel.inner_orders) the loop orders it may run at the inner level with
+    # (body, {(what, ranges, reduction ranges): its answer}): kernel.node_level's level in
+    # a kernel over that space, kernel.inner_orders' loop orders (kernel._per_body)
     _levels: tuple | None = field(default=None, repr=False)
 
     @property

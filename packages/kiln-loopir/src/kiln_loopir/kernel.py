@@ -60,13 +60,19 @@ def _same(a, b) -> bool:
 def node_level(node: ComputedNode, ranges, reduction_ranges) -> str | None:
     """The level ``node`` runs at in a kernel over this space (loop order kept), or None;
     found once per body and space (fusion asks again for every pair a node is part of)."""
+    return _per_body(node, _body_level, ranges, reduction_ranges)
+
+
+def _per_body(node: ComputedNode, find, ranges, reduction_ranges):
+    """``find(node.body, ranges, reduction_ranges)``, worked out once per body, space and
+    ``find`` (kept on the node, dropped when its body changes)."""
     memo = node._levels
     if memo is None or memo[0] is not node.body:
         memo = node._levels = (node.body, {})
-    space = (tuple(ranges), tuple(reduction_ranges))
-    if space not in memo[1]:
-        memo[1][space] = _body_level(node.body, ranges, reduction_ranges)
-    return memo[1][space]
+    key = (find, tuple(ranges), tuple(reduction_ranges))
+    if key not in memo[1]:
+        memo[1][key] = find(node.body, ranges, reduction_ranges)
+    return memo[1][key]
 
 
 def _body_level(body, ranges, reduction_ranges) -> str | None:
@@ -89,13 +95,7 @@ def inner_orders(node: ComputedNode, ranges, reduction_ranges) -> list[tuple[int
     tuple giving, for each of the node's loop dimensions, the kernel dimension it takes
     (in ``itertools.permutations`` order, at most :data:`MAX_ORDERS`); found once per body
     and space, as :func:`node_level` is."""
-    memo = node._levels
-    if memo is None or memo[0] is not node.body:
-        memo = node._levels = (node.body, {})
-    space = ("inner orders", tuple(ranges), tuple(reduction_ranges))
-    if space not in memo[1]:
-        memo[1][space] = _inner_orders(node.body, ranges, reduction_ranges)
-    return memo[1][space]
+    return _per_body(node, _inner_orders, ranges, reduction_ranges)
 
 
 def _inner_orders(body, ranges, reduction_ranges) -> list[tuple[int, ...]]:
