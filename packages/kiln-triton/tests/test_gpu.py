@@ -3,6 +3,7 @@ the GPU entry point, integration/gpu.py)."""
 
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -26,8 +27,11 @@ def host_built_before_the_compile_returns(monkeypatch):
 
 
 def _load(path: pathlib.Path, name: str):
+    """A benchmark module by its path, its folder importable (its helpers beside it)."""
     if not path.exists():
         return None
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
