@@ -132,3 +132,41 @@ def test_input_with_another_layout_is_refused_with_advice():
         compiled(torch.randn(6, 4).t())
     with pytest.raises(ValueError, match="compile again for this shape"):
         compiled(torch.randn(5, 6))
+
+
+class HostBuildingCodegen(CountingCodegen):
+    """A codegen whose native host program is built after its kernels, with work for it
+    begun before them (``prepare_host``); it covers no graph (the Python program runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def prepare_host(self, schedule):
+        self.calls.append(("prepare_host", len(schedule.kernels())))
+
+    def compile(self, sources):
+        self.calls.append(("compile", len(sources)))
+        return super().compile(sources)
+
+    def build_host(self, schedule, plan, kernels):
+        from kiln_loopir.host import HostNotRendered
+
+        self.calls.append(("build_host", len(kernels)))
+        raise HostNotRendered("a test's codegen")
+
+
+@pytest.mark.parametrize("host_program", ["auto", "python"])
+def test_work_for_the_native_host_program_begins_before_the_kernels_are_built(host_program):
+    x = torch.randn(8, 16)
+    gm = trace_aten(lambda t: (t.sin() + 1).sum(1), [x])
+    codegen = HostBuildingCodegen()
+    compiled = compile_fx(gm, [x], codegen=codegen, host_program=host_program)
+    torch.testing.assert_close(compiled(x)[0], (x.sin() + 1).sum(1))
+    kernels = len(compiled.schedule.kernels())
+    if host_program == "python":  # no native program: nothing is prepared for one
+        assert codegen.calls == [("compile", kernels)]
+    else:
+        assert codegen.calls == [
+            ("prepare_host", kernels), ("compile", kernels), ("build_host", kernels)
+        ]  # fmt: skip

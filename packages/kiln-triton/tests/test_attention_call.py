@@ -7,7 +7,7 @@ import sympy
 import torch
 
 from kiln_loopir.ir import Buffer, ExternNode, TensorRef
-from kiln_triton.attention import attention_call
+from kiln_triton.attention import attention_call, forward_launch
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention.default
 CUDA = torch.device("cuda")
@@ -174,3 +174,82 @@ def test_an_attention_kernel_compiled_before_is_found_without_triton_s_key(tmp_p
     assert int(again.function) != 0
     assert again.src.signature == first.src.signature
     assert again.src.constants == first.src.constants
+
+
+SM90 = ("cuda", 90, 32)
+
+
+def _compiled_attention_kernels(monkeypatch):
+    """Kiln's forward attention kernel as ``triton.jit`` compiles it (the tests run in
+    Triton's interpreter otherwise), in place of the one ``attention_kernels`` knows, and
+    sm_90 as the current GPU target."""
+    import importlib.util
+
+    from kiln_triton import attention_jit, attention_kernels, precompiled
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    spec = importlib.util.spec_from_file_location(
+        "kiln_triton.attention_jit", attention_jit.__file__
+    )
+    compiled = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compiled)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    forward = (compiled.attention_fwd, attention_kernels.KERNELS["attention_fwd"][1])
+    monkeypatch.setitem(attention_kernels.KERNELS, "attention_fwd", forward)
+    monkeypatch.setattr(precompiled, "current_target", lambda: SM90)
+    return attention_kernels
+
+
+def test_an_attention_job_is_specialized_as_triton_s_launcher_specializes_the_call(
+    monkeypatch,
+):
+    attention_kernels = _compiled_attention_kernels(monkeypatch)
+    data = attention_call(*_node(read_lse=True)).compile_args("cuda")
+    job = attention_kernels.attention_job("attention_fwd", data["args"], data["buffers"])
+    signature, names = job["signature"], attention_kernels.KERNELS["attention_fwd"][0].arg_names
+    assert (signature["Q"], signature["LSE"], signature["sm_scale"]) == ("*bf16", "*fp32", "fp32")
+    assert job["attrs"][(names.index("Q"),)] == [["tt.divisibility", 16]]  # aligned pointers
+    # a stride of 768 is a number divisible by 16; 4 heads are not; a stride of 1 is constant
+    assert signature["sqm"] == "i32" and job["attrs"][(names.index("sqm"),)]
+    assert signature["H"] == "i32" and job["attrs"][(names.index("H"),)] == []
+    assert signature["sqd"] == "constexpr" and job["constexprs"]["sqd"] == 1
+    assert job["constexprs"]["HEAD_DIM"] == 64 and job["constexprs"]["IS_CAUSAL"] is True
+    warps, stages = forward_launch(64, torch.bfloat16)
+    assert job["options"] == {"num_warps": warps, "num_stages": stages} and job["target"] == SM90
+
+
+def test_an_attention_kernel_handed_ahead_is_built_by_a_worker_and_loaded_here(
+    tmp_path, monkeypatch
+):
+    """A graph's attention kernels go to the compile workers before its kernels are waited
+    for; planning the launches then loads the worker's binary without compiling it."""
+    from triton.compiler import ASTSource
+
+    from kiln_triton import precompiled
+    from kiln_triton.compile_pool import CompileWorkers
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(tmp_path / "kiln"))
+    attention_kernels = _compiled_attention_kernels(monkeypatch)
+    pool = CompileWorkers(1)
+    try:
+        monkeypatch.setattr(attention_kernels, "compile_workers", lambda: pool)
+        monkeypatch.setattr(attention_kernels, "_compiling", {})
+        data = attention_call(*_node()).compile_args("cuda")
+        assert attention_kernels.compile_ahead([data, data]) == 1  # one job for both
+        job = attention_kernels.attention_job("attention_fwd", data["args"], data["buffers"])
+        (future,) = attention_kernels._compiling.values()
+        reply = future.result(timeout=600)
+        assert reply["error"] is None and reply["pid"] in pool.pids()
+
+        made: list[str] = []
+        make_ir = ASTSource.make_ir
+        monkeypatch.setattr(
+            ASTSource, "make_ir", lambda s, *a, **k: made.append(s.name) or make_ir(s, *a, **k)
+        )
+        attention_kernels._wait_for_worker(repr(job))
+        binary = precompiled.load(attention_kernels.KERNELS["attention_fwd"][0], job)
+        assert made == [] and binary.hash == reply["hash"]  # the worker's binary
+        assert "cubin" in binary.asm and not attention_kernels._compiling
+    finally:
+        pool.shutdown()

@@ -7,8 +7,10 @@ import sympy
 import torch
 
 from kiln_loopir.ir import TensorRef
-from kiln_triton.attention import AttentionCall, attention_fwd
-from kiln_triton.attention_backward import BackwardCall, attention_bwd
+from kiln_triton.attention import AttentionCall
+from kiln_triton.attention_backward import BackwardCall
+from kiln_triton.attention_backward_jit import attention_bwd
+from kiln_triton.attention_jit import attention_fwd
 
 
 def _ref(name: str, t: torch.Tensor) -> TensorRef:

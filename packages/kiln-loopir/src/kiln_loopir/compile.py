@@ -312,6 +312,8 @@ def compile_fx(
     if build is None:
         make = (lambda: render(schedule, plan)) if render is not None else None
         native = native_host(backend, make, host_program)
+    elif hasattr(backend, "prepare_host") and host_choice(host_program) != "python":
+        backend.prepare_host(schedule)  # what the host program needs, begun with the kernels
     if native is None:
         fns = backend.compile(sources + group_sources)
     else:
@@ -332,14 +334,20 @@ def compile_fx(
     return CompiledGraph(graph, schedule, plan, kernels, host_source, backend, launchers, native)
 
 
+def host_choice(choice: str | None) -> str:
+    """The host program asked for: ``choice``, else ``$KILN_HOST_PROGRAM``, else auto."""
+    choice = choice or os.environ.get("KILN_HOST_PROGRAM", "auto")
+    if choice not in HOST_PROGRAMS:
+        raise ValueError(f"host_program={choice!r}: use one of {HOST_PROGRAMS}")
+    return choice
+
+
 def native_host(backend: Codegen, make: Callable | None, choice: str | None):
     """The codegen's native host program (``make()``: its ``render_host`` before the kernels
     are built, or ``build_host`` after), or None where the Python one runs: by choice, or
     because the codegen has none (``make`` is None) or it does not cover the graph
     (logged)."""
-    choice = choice or os.environ.get("KILN_HOST_PROGRAM", "auto")
-    if choice not in HOST_PROGRAMS:
-        raise ValueError(f"host_program={choice!r}: use one of {HOST_PROGRAMS}")
+    choice = host_choice(choice)
     if choice == "python":
         return None
     if make is None:

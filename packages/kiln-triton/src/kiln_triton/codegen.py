@@ -229,8 +229,9 @@ class TritonCodegen:
         known_binaries.compute_key_in_background()
 
     def render(self, kernel: Kernel) -> str:
-        if self.parallel_compile:  # the workers start while the graph's kernels render
+        if self.parallel_compile and compiles_for_gpu():  # begun while the kernels render
             start_compile_workers()
+            precompiled.read_target_in_background()
         return render_kernel(kernel)
 
     def compile(self, sources: Sequence[str]) -> list[Callable]:
@@ -241,6 +242,18 @@ class TritonCodegen:
         if self.parallel_compile:
             self.precompiled += precompile(kernels)
         return kernels
+
+    def prepare_host(self, schedule) -> None:
+        """Work the graph's native host program will need, begun before its kernels are
+        built: the attention kernels it launches handed to the compile workers (see
+        :func:`kiln_triton.native_host.compile_attention_ahead`). A failure here leaves
+        that work to :meth:`build_host`."""
+        from kiln_triton.native_host import compile_attention_ahead
+
+        try:
+            compile_attention_ahead(schedule)
+        except Exception as exc:  # noqa: BLE001 - build_host compiles them itself
+            log.debug("compiling attention kernels ahead: %s: %s", type(exc).__name__, exc)
 
     def build_host(self, schedule, plan, kernels: dict) -> object:
         """The graph's native host program, built after its kernels (see

@@ -15,6 +15,7 @@ exits when stdin closes.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
@@ -45,13 +46,17 @@ def _register_package() -> None:
 
 
 def _load_module(path: str, name: str, modules: dict):
-    """The kernel module at ``path``, imported once under the parent's module name."""
+    """The kernel module at ``path``, imported once under the parent's module name (a
+    module of kiln-triton's own, such as its attention kernels', imported as usual)."""
     from pathlib import Path
 
     from kiln_triton.variants import load_kernel_module
 
     if path not in modules:
-        modules[path] = load_kernel_module(Path(path), name)
+        if name.startswith("kiln_triton."):
+            modules[path] = importlib.import_module(name)
+        else:
+            modules[path] = load_kernel_module(Path(path), name)
     return modules[path]
 
 

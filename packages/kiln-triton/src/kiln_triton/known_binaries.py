@@ -21,11 +21,6 @@ cache folder of its key); None where nothing is remembered, the files are gone, 
 is set to compile, dump or override kernels (``TRITON_ALWAYS_COMPILE`` ...).
 The entries and the kept binaries live in kiln-triton's cache (``<cache>/binaries/``).
 
-:func:`jit_entry`, :func:`remember_jit` and :func:`recall_jit` do the same for a kernel
-compiled through its ``@triton.jit`` function's own launcher from plain data (Kiln's
-attention kernels, :mod:`kiln_triton.attention_kernels`): the entry also keeps the
-specialization (signature, constants, attributes) the source was compiled for.
-
 Kernels compiled at a launch (symbolic sizes, calls with misaligned tensors) still need
 Triton's key.
 :func:`compute_key_in_background` starts computing it in a thread, once per process
@@ -64,27 +59,17 @@ def entry(source, job: dict) -> Path | None:
     ``binaries_dir`` (:func:`kiln_triton.precompiled.compile_job`'s do) is remembered
     there: a compile worker then never imports what the cache's folder is worked out from
     (torch, which takes seconds to import in a fresh process)."""
-    described = {k: v for k, v in job.items() if k not in ("attrs", "binaries_dir")}
-    described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
-    where = job.get("binaries_dir")
-    return _entry(described, source.fn, Path(where) if where else None)
-
-
-def jit_entry(fn, described: list) -> Path | None:
-    """Where the key of a compile of the ``@triton.jit`` function ``fn`` through its own
-    launcher is remembered: ``described`` holds all its specialization and options follow
-    from (its arguments, dtypes, warps, stages, the device's capability)."""
-    return _entry(described, fn, None)
-
-
-def _entry(described, fn, where: Path | None) -> Path | None:
     if _compiling_anyway():
         return None
+    described = {k: v for k, v in job.items() if k not in ("attrs", "binaries_dir")}
+    described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
     text = json.dumps(
-        [described, _source_key(fn), _installation_digest(), _environment()], sort_keys=True
+        [described, _source_key(source.fn), _installation_digest(), _environment()],
+        sort_keys=True,
     )
     key = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return (where or folder()) / f"{key}.json"
+    where = job.get("binaries_dir")
+    return (Path(where) if where else folder()) / f"{key}.json"
 
 
 def _source_key(fn) -> str:
@@ -117,19 +102,6 @@ def recall(source, path: Path | None):
     (whose files are then kept too); None where neither has it."""
     known = _read(path)
     return None if known is None else _found(source, known["hash"], path)
-
-
-def recall_jit(fn, path: Path | None):
-    """The ``CompiledKernel`` of ``fn`` remembered at ``path`` (a :func:`jit_entry`) with
-    the specialization it was compiled for, or None."""
-    known = _read(path)
-    if known is None or "signature" not in known:
-        return None
-    from triton.compiler import ASTSource
-
-    constants = {tuple(k): v for k, v in known["constants"]}
-    attrs = {tuple(k): v for k, v in known["attrs"]}
-    return _found(ASTSource(fn, known["signature"], constants, attrs), known["hash"], path)
 
 
 def _read(path: Path | None) -> dict | None:
@@ -204,24 +176,6 @@ def remember(path: Path | None, compiled) -> None:
     under, and keep its files beside it (:func:`_keep`)."""
     _write(path, {"hash": compiled.hash})
     _keep(path, compiled)
-
-
-def remember_jit(path: Path | None, compiled) -> None:
-    """Write at ``path`` (a :func:`jit_entry`) the key Triton's cache holds ``compiled``
-    under and the specialization its source was compiled for (where it is plain data)."""
-    src = compiled.src
-    known = {
-        "hash": compiled.hash,
-        "signature": src.signature,
-        "constants": [[list(k), v] for k, v in src.constants.items()],
-        "attrs": [[list(k), v] for k, v in src.attrs.items()],
-    }
-    plain = (int, float, bool, str, type(None))
-    if all(type(v) is str for v in src.signature.values()) and all(
-        type(v) in plain for v in src.constants.values()
-    ):
-        _write(path, known)
-        _keep(path, compiled)
 
 
 def _write(path: Path | None, known: dict) -> None:

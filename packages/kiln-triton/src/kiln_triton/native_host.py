@@ -30,10 +30,12 @@ from kiln_loopir.host import HostNotRendered
 from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
+from kiln_loopir.scheduler import step_reads
 from kiln_triton import host_builds
 from kiln_triton.attention import AttentionCall, attention_call
 from kiln_triton.attention_backward import BackwardCall, attention_backward_call
-from kiln_triton.attention_kernels import KERNELS, compile_attention
+from kiln_triton.attention_kernels import KERNELS, compile_ahead, compile_attention
+from kiln_triton.compile_pool import compiles_for_gpu
 from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
@@ -75,6 +77,23 @@ def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKe
     host = render_host(schedule, plan, load_runtime(), launcher)
     host.workspaces = launcher.workspaces  # their addresses are in the program
     return _loaded(host)
+
+
+def compile_attention_ahead(schedule: Schedule) -> int:
+    """Hand the compiles of the attention kernels of Kiln's that the native host program
+    of ``schedule`` will launch to the compile workers, to build beside its kernels (the
+    program's planning then finds them built); returns how many were handed over."""
+    if not compiles_for_gpu() or is_sized(schedule):
+        return 0
+    read = {name for step in schedule.steps for name in step_reads(step)}
+    read |= {o.buffer for o in schedule.graph.outputs if isinstance(o, TensorRef)}
+    records = []
+    for step in schedule.steps:
+        if isinstance(step, ExternNode):
+            call = attention_call(step, read) or attention_backward_call(step, read)
+            if call is not None:
+                records.append(call.compile_args(str(call.q.device)))
+    return compile_ahead(records)
 
 
 def _with_size_table(host, kernels: dict[str, TritonKernel]):

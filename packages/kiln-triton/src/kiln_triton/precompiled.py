@@ -24,6 +24,8 @@ is kept per (source, configuration, numels) for every kernel of that source
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 
 from kiln_triton import known_binaries
 from kiln_triton.configs import Config
@@ -47,6 +49,9 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 # (kernel source hash, configuration, numels) -> the CompiledKernel made for it (a split
 # reduction's: the pair of its chunks' kernel and its finish)
 _BINARIES: dict[tuple[str, Config, tuple[int, ...]], object] = {}
+_TARGET_LOCK = threading.Lock()
+_target_thread: threading.Thread | None = None
+log = logging.getLogger(__name__)
 
 
 def binary(source_hash: str, config: Config, numels: tuple[int, ...]):
@@ -59,13 +64,39 @@ def keep(source_hash: str, config: Config, numels: tuple[int, ...], compiled) ->
     _BINARIES[(source_hash, config, numels)] = compiled
 
 
-@functools.cache
 def current_target() -> tuple[str, int, int]:
-    """The current device's ``GPUTarget`` as plain data (read once: it starts CUDA)."""
+    """The current device's ``GPUTarget`` as plain data (read once: it starts Triton's
+    driver, which builds its C utilities into an empty Triton cache)."""
+    with _TARGET_LOCK:
+        return _read_target()
+
+
+@functools.cache
+def _read_target() -> tuple[str, int, int]:
     from triton.runtime import driver
 
     target = driver.active.get_current_target()
     return (target.backend, target.arch, target.warp_size)
+
+
+def read_target_in_background() -> None:
+    """Start :func:`current_target` in a thread, once: the first compile's kernels render
+    meanwhile (the build of Triton's utilities waits on a C compiler)."""
+    global _target_thread
+    with _TARGET_LOCK:
+        if _target_thread is not None or _read_target.cache_info().currsize:
+            return
+        _target_thread = threading.Thread(
+            target=_read_target_quietly, name="kiln-triton-target", daemon=True
+        )
+    _target_thread.start()
+
+
+def _read_target_quietly() -> None:
+    try:
+        current_target()
+    except Exception as exc:  # noqa: BLE001 - the compile that needs it reports it
+        log.debug("reading the GPU target ahead: %s", exc)
 
 
 def triton_cache_dir() -> str:
@@ -85,7 +116,8 @@ def compile_job(
 ) -> dict:
     """``triton.compile``'s arguments for ``fn`` (a ``@triton.jit`` function of the
     module at ``path``) called with ``args`` (a tensor's dtype name for each tensor, the
-    number itself for each integer), then ``constants``: plain data for a worker."""
+    number itself for each integer or float), then ``constants``: plain data for a
+    worker."""
     signature: dict[str, str] = {}
     attrs: dict[tuple[int], list] = {}
     for i, name in enumerate(fn.arg_names):
@@ -96,6 +128,8 @@ def compile_job(
                 raise ValueError(f"{name}: no Triton pointer type for {arg}")
             signature[name] = "*" + ELEMENT_TYPES[arg]
             attrs[(i,)] = DIVISIBLE_BY_16
+        elif isinstance(arg, float):
+            signature[name] = "fp32"  # as Triton's launcher types a Python float
         else:
             signature[name] = "i32" if INT32_MIN <= arg <= INT32_MAX else "i64"
             attrs[(i,)] = DIVISIBLE_BY_16 if arg % 16 == 0 else []

@@ -116,6 +116,8 @@ class ObservedCodegen:
         if hasattr(inner, "build_host"):  # natively, once its kernels are built
             self.build_host = lambda *args: self._host(inner.build_host, *args)
             self.rebuild_host = lambda *args: self._host(inner.rebuild_host, *args)
+        if hasattr(inner, "prepare_host"):  # work for it begun before the kernels build
+            self.prepare_host = lambda *args: self._host(inner.prepare_host, *args)
 
     def render(self, kernel) -> str:
         return self._rendered(self.inner.render, kernel)
