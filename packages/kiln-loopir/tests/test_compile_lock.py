@@ -48,3 +48,46 @@ def test_waiting_outside_a_compile_holds_nothing():
 
     threading.Thread(target=compile_in_a_thread, daemon=True).start()
     assert done.wait(timeout=30), "a waiting() outside compiling() left the lock taken"
+
+
+def test_a_compile_given_the_first_turn_works_until_its_first_wait():
+    steps: list[str] = []
+    handed_over = threading.Event()
+    waits = threading.Event()  # what the other compile waits for (a worker, say)
+
+    def other() -> None:
+        with compile_lock.compiling(handed_over):
+            steps.append("other works")
+            with compile_lock.waiting():
+                steps.append("other waits")
+                waits.wait(timeout=30)
+            steps.append("other works again")
+
+    with compile_lock.compiling():
+        thread = threading.Thread(target=other)
+        thread.start()
+        compile_lock.first_turn(handed_over)
+        steps.append("first works")
+        waits.set()
+        with compile_lock.waiting():
+            thread.join(timeout=30)
+        steps.append("first works again")
+    assert steps == [
+        "other works", "other waits", "first works", "other works again", "first works again"
+    ]  # fmt: skip
+
+
+def test_the_first_turn_ends_with_a_compile_that_never_waits_or_fails():
+    handed_over = threading.Event()
+
+    def failing() -> None:
+        try:
+            with compile_lock.compiling(handed_over):
+                raise RuntimeError("a compile that fails")
+        except RuntimeError:
+            pass
+
+    with compile_lock.compiling():
+        threading.Thread(target=failing).start()
+        compile_lock.first_turn(handed_over)  # returns: the lock was let go at the end
+    assert handed_over.is_set()

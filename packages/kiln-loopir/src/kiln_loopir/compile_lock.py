@@ -11,6 +11,10 @@ while the lock is held: the two compiles never time, capture or launch at the sa
 
 Code inside :func:`waiting` takes no lock that a compile holding this one could wait for
 while it waits itself (it takes its own locks and lets them go before it returns).
+
+A compile that starts another in a thread may give it the first turn (:func:`first_turn`):
+a training step's backward graph, whose kernels take the longest to build, then reaches
+its first wait first, and the forward's work overlaps that wait.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ _held = threading.local()  # depth: how many compiling() blocks this thread is i
 
 
 @contextlib.contextmanager
-def compiling() -> Iterator[None]:
-    """Hold the lock (again, in a thread holding it already) for the block."""
+def compiling(handed_over: threading.Event | None = None) -> Iterator[None]:
+    """Hold the lock (again, in a thread holding it already) for the block; ``handed_over``
+    (for the outermost block) is set whenever this thread lets the lock go: at its first
+    wait, or at the end of the block."""
     depth = getattr(_held, "depth", 0)
     if depth == 0:
         _lock.acquire()
+        _held.handed_over = handed_over
     _held.depth = depth + 1
     try:
         yield
@@ -36,6 +43,8 @@ def compiling() -> Iterator[None]:
         _held.depth = depth
         if depth == 0:
             _lock.release()
+            _tell_handed_over()
+            _held.handed_over = None
 
 
 @contextlib.contextmanager
@@ -47,8 +56,23 @@ def waiting() -> Iterator[None]:
         return
     _held.depth = 0
     _lock.release()
+    _tell_handed_over()
     try:
         yield
     finally:
         _lock.acquire()
         _held.depth = depth
+
+
+def _tell_handed_over() -> None:
+    event = getattr(_held, "handed_over", None)
+    if event is not None:
+        event.set()
+
+
+def first_turn(handed_over: threading.Event) -> None:
+    """Let the lock go until the compile of another thread has taken it and let it go
+    (it sets ``handed_over``, given to its :func:`compiling`, then or when it ends without
+    it), then take it back: that compile works first, and this one while it waits."""
+    with waiting():
+        handed_over.wait()

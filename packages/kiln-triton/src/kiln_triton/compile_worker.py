@@ -61,7 +61,8 @@ def _load_module(path: str, name: str, modules: dict):
 
 
 def compile_job(job: dict, modules: dict) -> dict:
-    """Compile one job; the reply names the compiled kernel's cache hash, or the error."""
+    """Compile one job; the reply names the compiled kernel's cache hash, or the error, and
+    the seconds it took (``launcher``: of them, building Triton's launcher)."""
     from kiln_triton import precompiled
 
     started = time.perf_counter()
@@ -71,8 +72,9 @@ def compile_job(job: dict, modules: dict) -> dict:
 
         fn = jit_function(_load_module(job["path"], job["module"], modules), job["function"])
         kernel = precompiled.load(fn, job)  # the parent's call: the same cache key
+        compiled = time.perf_counter()
         _build_launcher(kernel)
-        reply = {"hash": kernel.hash, "error": None}
+        reply = {"hash": kernel.hash, "error": None, "launcher": time.perf_counter() - compiled}
     except Exception as exc:  # noqa: BLE001 - the parent reports it and compiles itself
         last = traceback.extract_tb(exc.__traceback__)[-1:]
         where = f" ({last[0].filename}:{last[0].lineno})" if last else ""

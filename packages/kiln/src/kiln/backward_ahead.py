@@ -6,11 +6,13 @@ compile came after the forward's, and after the forward ran. :class:`Ahead` is t
 kiln-autograd calls there (``aot(backward_ahead=...)``): it starts the backward's compile
 in a thread of its own, and the two compiles take turns on
 :mod:`kiln_loopir.compile_lock`, so that what one spends waiting (compile workers, a C++
-compiler) the other spends working. The frame's capture waits for every compile it
-started before it returns (:meth:`Ahead.close`): no compile works while the program runs,
-so none of them launches, times or captures on the device beside it. The first backward
-takes the compiled graph, or raises what its compile raised, as it would have compiled
-it there.
+compiler) the other spends working. The backward takes the first turn: its kernels are
+the most and the slowest to build, so their build overlaps the forward's lowering, and
+the forward's shorter build is what is left at the end. The frame's capture waits for
+every compile it started before it returns (:meth:`Ahead.close`): no compile works while
+the program runs, so none of them launches, times or captures on the device beside it.
+The first backward takes the compiled graph, or raises what its compile raised, as it
+would have compiled it there.
 
 The thread runs as the backward would: the caller's context variables and CUDA device,
 gradients off; its warnings point at the user's line that called. Which graphs compile
@@ -38,6 +40,7 @@ class BackgroundCompile:
 
     def __init__(self, compiler: Callable, gm: torch.fx.GraphModule, example_inputs: list):
         self._done = threading.Event()
+        self.handed_over = threading.Event()  # it let the compile lock go: waiting, or done
         self._compiled: Callable | None = None
         self._error: BaseException | None = None
         context = contextvars.copy_context()
@@ -48,11 +51,12 @@ class BackgroundCompile:
             try:
                 if device is not None:
                     torch.cuda.set_device(device)
-                with torch.no_grad(), compile_lock.compiling(), pointing_at(caller):
+                with torch.no_grad(), compile_lock.compiling(self.handed_over), pointing_at(caller):
                     self._compiled = context.run(compiler, gm, example_inputs)
             except BaseException as exc:  # noqa: BLE001 - raised again by result()
                 self._error = exc
             finally:
+                self.handed_over.set()
                 self._done.set()
 
         threading.Thread(target=compile_graph, name="kiln backward compile", daemon=True).start()
@@ -81,6 +85,7 @@ class Ahead:
             return None
         pending = BackgroundCompile(compiler, gm, example_inputs)
         self.started.append(pending)
+        compile_lock.first_turn(pending.handed_over)  # its build overlaps the forward's work
         return pending.result
 
     def close(self) -> None:
