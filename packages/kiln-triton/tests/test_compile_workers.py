@@ -11,6 +11,7 @@ import types
 
 import pytest
 import torch
+from triton.compiler import ASTSource
 
 from kiln_loopir.testing import compile_fn
 from kiln_triton import TritonCodegen, codegen, precompiled
@@ -394,3 +395,45 @@ def test_triton_s_key_of_its_installation_is_computed_in_a_thread():
     assert triton_key.cache_info().currsize == 1  # a compile now finds it computed
     codegen.TritonCodegen.prepare()
     assert known_binaries._key_thread is thread  # once per process
+
+
+def test_only_the_first_job_of_a_kernel_signature_builds_triton_s_launcher(
+    triton_cache, tmp_path, monkeypatch
+):
+    """Triton's C launcher depends on the kernel's signature alone: one worker builds it,
+    the jobs after it skip it, and the binary's key does not depend on which did."""
+    import pickle
+
+    from kiln_triton import compile_pool, compile_worker, known_binaries
+
+    monkeypatch.setattr(codegen, "_SIGNATURES", set())
+    monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(tmp_path / "kiln"))
+    kernel = compiled_kernel(_scale, [torch.randn(64, 48)], tmp_path, monkeypatch)
+    numels = kernel.numels(())
+    first, second = candidates(kernel.meta, numels)[:2]
+    (one,) = kernel.compile_jobs(first, numels, SM90)
+    (two,) = kernel.compile_jobs(second, numels, SM90)
+    assert one["signature"] == two["signature"] and one["constexprs"] != two["constexprs"]
+    assert codegen._first_of_its_signature(one) and not codegen._first_of_its_signature(two)
+
+    jobs = [{**one, "launcher": True}, {**two, "launcher": False}]
+    (tmp_path / "jobs.pickle").write_bytes(pickle.dumps(jobs))
+    script = textwrap.dedent(f"""
+        import pickle, runpy
+        worker = runpy.run_path({compile_worker.__file__!r})  # as a worker, without main()
+        worker["_register_package"]()
+        built = []
+        worker["compile_job"].__globals__["_build_launcher"] = lambda k: built.append(k.hash)
+        with open({str(tmp_path / "jobs.pickle")!r}, "rb") as f:
+            replies = [worker["compile_job"](job, {{}}) for job in pickle.load(f)]
+        print([r["error"] for r in replies], built == [replies[0]["hash"]])
+    """)
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True,
+                          env=compile_pool._worker_environment(), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("]")[-1].strip() == "True", done.stdout  # the second built none
+    assert done.stdout.startswith("[None, None]"), done.stdout
+
+    fn = getattr(kernel.module, first.variant)
+    source = ASTSource(fn, one["signature"], one["constexprs"], one["attrs"])
+    assert known_binaries.entry(source, jobs[0]) == known_binaries.entry(source, one)

@@ -51,9 +51,11 @@ def attention_job(kernel: str, args: dict, buffers: dict) -> dict:
     values = [buffers[name][0] if name in buffers else args[name] for name in fn.arg_names]
     options = {"num_warps": warps, "num_stages": stages}
     path = str(Path(fn.fn.__code__.co_filename))
-    return precompiled.compile_job(
+    job = precompiled.compile_job(
         fn, path, values, constants, options, precompiled.current_target()
     )
+    job["launcher"] = False  # the native host program launches it, never Triton's launcher
+    return job
 
 
 def compile_ahead(records: list[dict]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -18,6 +19,9 @@ from kiln_triton.render import kernel_label, render_kernel, source_hash
 from kiln_triton.variants import load_kernel_module
 
 log = logging.getLogger("kiln.triton")
+# the kernel signatures whose Triton launcher a compile worker was asked to build
+_SIGNATURES: set[tuple[str, ...]] = set()
+_SIGNATURES_LOCK = threading.Lock()
 _MODULES: dict[str, object] = {}  # source hash -> imported kernel module
 _FOUND_ON_DISK: set[str] = set()  # kernels whose source an earlier process wrote
 # kernels new to the cache, and kernels found in it or in this process (see kernel_counts)
@@ -129,6 +133,7 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
             continue
         waiting = {"left": len(parts), "failed": False}
         for part in parts:
+            part["launcher"] = _first_of_its_signature(part)
             futures[workers.submit(part)] = (kernel, config, numels, parts, waiting)
     compiled = 0
     # another graph's compile may work meanwhile: loading a binary (Triton's cache and the
@@ -147,6 +152,17 @@ def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, 
                     _failed(failures, kernel, config, exc)
                 waiting["failed"] = True
     return compiled, failures
+
+
+def _first_of_its_signature(job: dict) -> bool:
+    """Whether ``job`` is this process's first of its kernel signature (argument types,
+    constants in place): Triton's C launcher depends on nothing else, so only that job's
+    worker builds it (about 0.4 s of gcc a job, half a BERT's compile in the workers)."""
+    signature = tuple(job["signature"].values())
+    with _SIGNATURES_LOCK:
+        first = signature not in _SIGNATURES
+        _SIGNATURES.add(signature)
+    return first
 
 
 def _failed(failures: list[str], kernel, config, exc: Exception) -> None:
@@ -229,9 +245,8 @@ class TritonCodegen:
         known_binaries.compute_key_in_background()
 
     def render(self, kernel: Kernel) -> str:
-        if self.parallel_compile and compiles_for_gpu():  # begun while the kernels render
+        if self.parallel_compile:  # the workers start while the graph's kernels render
             start_compile_workers()
-            precompiled.read_target_in_background()
         return render_kernel(kernel)
 
     def compile(self, sources: Sequence[str]) -> list[Callable]:

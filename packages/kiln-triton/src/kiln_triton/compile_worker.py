@@ -73,7 +73,8 @@ def compile_job(job: dict, modules: dict) -> dict:
         fn = jit_function(_load_module(job["path"], job["module"], modules), job["function"])
         kernel = precompiled.load(fn, job)  # the parent's call: the same cache key
         compiled = time.perf_counter()
-        _build_launcher(kernel)
+        if job.get("launcher", True):  # the first job of its signature (see codegen)
+            _build_launcher(kernel)
         reply = {"hash": kernel.hash, "error": None, "launcher": time.perf_counter() - compiled}
     except Exception as exc:  # noqa: BLE001 - the parent reports it and compiles itself
         last = traceback.extract_tb(exc.__traceback__)[-1:]

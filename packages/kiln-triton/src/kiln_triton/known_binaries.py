@@ -58,10 +58,11 @@ def entry(source, job: dict) -> Path | None:
     remembered; None where Triton is set to compile anyway. A job that names its
     ``binaries_dir`` (:func:`kiln_triton.precompiled.compile_job`'s do) is remembered
     there: a compile worker then never imports what the cache's folder is worked out from
-    (torch, which takes seconds to import in a fresh process)."""
+    (torch, which takes seconds to import in a fresh process). Whether the worker builds
+    Triton's launcher too (``launcher``) is no part of the binary's key."""
     if _compiling_anyway():
         return None
-    described = {k: v for k, v in job.items() if k not in ("attrs", "binaries_dir")}
+    described = {k: v for k, v in job.items() if k not in ("attrs", "binaries_dir", "launcher")}
     described["attrs"] = sorted([list(k), v] for k, v in job["attrs"].items())
     text = json.dumps(
         [described, _source_key(source.fn), _installation_digest(), _environment()],

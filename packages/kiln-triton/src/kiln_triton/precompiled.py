@@ -24,8 +24,6 @@ is kept per (source, configuration, numels) for every kernel of that source
 from __future__ import annotations
 
 import functools
-import logging
-import threading
 
 from kiln_triton import known_binaries
 from kiln_triton.configs import Config
@@ -49,9 +47,6 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 # (kernel source hash, configuration, numels) -> the CompiledKernel made for it (a split
 # reduction's: the pair of its chunks' kernel and its finish)
 _BINARIES: dict[tuple[str, Config, tuple[int, ...]], object] = {}
-_TARGET_LOCK = threading.Lock()
-_target_thread: threading.Thread | None = None
-log = logging.getLogger(__name__)
 
 
 def binary(source_hash: str, config: Config, numels: tuple[int, ...]):
@@ -64,39 +59,21 @@ def keep(source_hash: str, config: Config, numels: tuple[int, ...], compiled) ->
     _BINARIES[(source_hash, config, numels)] = compiled
 
 
-def current_target() -> tuple[str, int, int]:
-    """The current device's ``GPUTarget`` as plain data (read once: it starts Triton's
-    driver, which builds its C utilities into an empty Triton cache)."""
-    with _TARGET_LOCK:
-        return _read_target()
-
-
 @functools.cache
-def _read_target() -> tuple[str, int, int]:
+def current_target() -> tuple[str, int, int]:
+    """The current device's ``GPUTarget`` as plain data (read once)."""
+    import torch
+
+    if torch.version.hip is None and torch.cuda.is_available():
+        # what Triton's CUDA driver says (torch's capability; warps of 32) without starting
+        # the driver, which first builds its C utilities into an empty Triton cache (0.8 s
+        # on the H200 machine): it starts at the first binary loaded, later
+        major, minor = torch.cuda.get_device_capability()
+        return ("cuda", major * 10 + minor, 32)
     from triton.runtime import driver
 
     target = driver.active.get_current_target()
     return (target.backend, target.arch, target.warp_size)
-
-
-def read_target_in_background() -> None:
-    """Start :func:`current_target` in a thread, once: the first compile's kernels render
-    meanwhile (the build of Triton's utilities waits on a C compiler)."""
-    global _target_thread
-    with _TARGET_LOCK:
-        if _target_thread is not None or _read_target.cache_info().currsize:
-            return
-        _target_thread = threading.Thread(
-            target=_read_target_quietly, name="kiln-triton-target", daemon=True
-        )
-    _target_thread.start()
-
-
-def _read_target_quietly() -> None:
-    try:
-        current_target()
-    except Exception as exc:  # noqa: BLE001 - the compile that needs it reports it
-        log.debug("reading the GPU target ahead: %s", exc)
 
 
 def triton_cache_dir() -> str:
