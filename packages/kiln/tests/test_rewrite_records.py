@@ -105,7 +105,7 @@ def test_a_graph_the_rewrites_leave_as_it_is_is_not_rewritten_warm(tmp_path, mon
         x = torch.randn(3, 8)
         compiled = kiln.compile(model, options=options)
         compiled(x).sum().backward()
-    assert calls == ["forward", "backward"]  # the cold start's only
+    assert sorted(calls) == ["backward", "forward"]  # the cold start's only
     assert len(rewrite_records(tmp_path)) == 2
 
 

@@ -61,15 +61,8 @@ def keep(source_hash: str, config: Config, numels: tuple[int, ...], compiled) ->
 
 @functools.cache
 def current_target() -> tuple[str, int, int]:
-    """The current device's ``GPUTarget`` as plain data (read once)."""
-    import torch
-
-    if torch.version.hip is None and torch.cuda.is_available():
-        # what Triton's CUDA driver says (torch's capability; warps of 32) without starting
-        # the driver, which first builds its C utilities into an empty Triton cache (0.8 s
-        # on the H200 machine): it starts at the first binary loaded, later
-        major, minor = torch.cuda.get_device_capability()
-        return ("cuda", major * 10 + minor, 32)
+    """The current device's ``GPUTarget`` as plain data (read once: it starts Triton's
+    driver, which first builds its C utilities into an empty Triton cache)."""
     from triton.runtime import driver
 
     target = driver.active.get_current_target()
