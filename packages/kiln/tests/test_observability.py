@@ -186,6 +186,21 @@ def test_nested_stages_are_counted_once(monkeypatch):
     assert kiln.compile_times() == {"outer": 4.0, "inner": 2.0}
 
 
+def test_waiting_for_another_thread_s_compile_is_charged_to_no_stage(monkeypatch):
+    # a training step's forward waits inside its autograd stage for the backward's first
+    # turn, which times its own stages: the frame is made, autograd opens, the wait
+    # begins (twice read), ends (twice read), autograd ends
+    clock = iter([0.0, 0.0, 1.0, 1.0, 5.0, 5.0, 6.0])
+    monkeypatch.setattr(frames.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(frames, "perf_counter", lambda: next(clock))
+    frame = frames.Frame(debug_dir=None)
+    before = frames._not_capture()
+    with frame.stage("autograd"), frame.waiting():
+        pass
+    assert dict(frame.times) == {"autograd": 2.0}
+    assert frames._not_capture() - before == 6.0  # nor to capture: staged or waited
+
+
 def test_kiln_logs_takes_plus_and_minus_and_warns_of_unknown_kinds(monkeypatch):
     monkeypatch.setenv("KILN_LOGS", "+recompiles,-progress,recompile")
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.fx
@@ -74,18 +75,21 @@ class BackgroundCompile:
 
 class Ahead:
     """kiln-autograd's ``backward_ahead`` hook for one capture's trace: it starts compiles
-    until :meth:`close`, which waits for them."""
+    until :meth:`close`, which waits for them. ``waiting()`` wraps the time this thread
+    waits for a compile's first turn (the frame's: charged to no stage)."""
 
-    def __init__(self) -> None:
+    def __init__(self, waiting: Callable[[], AbstractContextManager] = nullcontext) -> None:
         self.open = True
         self.started: list[BackgroundCompile] = []
+        self.waiting = waiting
 
     def __call__(self, compiler: Callable, gm: torch.fx.GraphModule, example_inputs: list):
         if not self.open:  # a signature compiled at a call: its first backward compiles it
             return None
         pending = BackgroundCompile(compiler, gm, example_inputs)
         self.started.append(pending)
-        compile_lock.first_turn(pending.handed_over)  # its build overlaps the forward's work
+        with self.waiting():  # its build overlaps the forward's work
+            compile_lock.first_turn(pending.handed_over)
         return pending.result
 
     def close(self) -> None:

@@ -223,6 +223,21 @@ class Frame:
                     "%s (%s): %s: done in %.2f s", self.name, self.function, what, end - now
                 )
 
+    @contextlib.contextmanager
+    def waiting(self):
+        """Time this thread spends waiting for another thread's compile, which times its
+        own stages: charged to no stage (the enclosing one pauses) and not to ``capture``."""
+        now = time.perf_counter()
+        if self._running:
+            outer = self._running[-1]
+            self._charge(outer[0], now - outer[1])
+        try:
+            with waiting_for_other_threads():
+                yield
+        finally:
+            if self._running:
+                self._running[-1][1] = time.perf_counter()
+
     def log_perf(self, what: str) -> None:
         """Log the stage times this thread charged since its last call (a backward compiled
         ahead logs its own), then start counting afresh."""

@@ -551,7 +551,7 @@ def aot_backend(config: Config, frame: Frame, generate: bool):
         """kiln-autograd's compile of ``gm`` (the ``captured`` graph, or a rewrite of it);
         the token that restores it in a later process goes on the captured graph's meta
         (:mod:`kiln.capture_store`)."""
-        ahead = Ahead() if generate and _backward_ahead(config.options) else None
+        ahead = Ahead(frame.waiting) if generate and _backward_ahead(config.options) else None
         try:
             with compile_lock.compiling(), frame.stage("autograd"):
                 compiled = kiln_autograd.aot(
