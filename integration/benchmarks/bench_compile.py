@@ -23,7 +23,10 @@ Each measurement runs in a process of its own. Environment:
 - ``KILN_BENCH_PHASES``: inference, training, or ``all`` (default ``all``);
 - ``KILN_BENCH_COMPILERS``: kiln, torch.compile, or ``all`` (default ``all``);
 - ``KILN_BENCH_BUDGET_S``: seconds for the whole run (default 540): cases left when it is
-  spent are listed as skipped.
+  spent are listed as skipped;
+- ``KILN_BENCH_TIMELINE=1``: below the table, the timeline of each Kiln first call, cold
+  and warm (:func:`kiln.compile_timeline`'s stages and the compile workers' jobs, by
+  thread, seconds from the call's start).
 
 Run ``python bench_compile.py`` (or ``python integration/bench.py compile`` on the CPU).
 """
@@ -115,12 +118,45 @@ def measure(name: str, phase: str, compiler: str, on: str) -> dict:
     eager_first = first_call(model, inputs, phase, on)  # the libraries' start, not timed
     model.zero_grad(set_to_none=True)
     torch.manual_seed(1)
+    started = time.perf_counter()
     compiled = kiln.compile(model) if compiler == "kiln" else torch.compile(model)
     row = {"seconds": first_call(compiled, inputs, phase, on), "eager_first": eager_first}
     if compiler == "kiln":
         row["stages"] = kiln.compile_times()
         row["kernels"] = kiln_kernel_counts()
+        if os.environ.get("KILN_BENCH_TIMELINE") == "1":
+            row["timeline"] = timeline(started)
     return row
+
+
+def timeline(started: float) -> list[list]:
+    """[start, end, thread, what] of each compile stage and compile-worker job, in seconds
+    from ``started``, by start."""
+    import kiln
+
+    events = [
+        [e["start"] - started, e["end"] - started, e["thread"],
+         f"{e['frame']} {e['stage']}" + (f": {e['what']}" if e["what"] else "")]
+        for e in kiln.compile_timeline()
+    ]  # fmt: skip
+    try:
+        from kiln_triton.compile_pool import job_times
+    except ImportError:
+        job_times = list
+    for job in job_times():
+        launcher = f", launcher {job['launcher']:.2f} s" if job["launcher"] else ""
+        seconds = f" (worker {job['seconds']:.2f} s{launcher})" if job["seconds"] else " (failed)"
+        events.append([job["submitted"] - started, job["ended"] - started, "compile worker",
+                       f"{job['function']} {job['options']}{seconds}"])  # fmt: skip
+    return sorted(events)
+
+
+def timeline_text(label: str, events: list[list], least: float = 0.005) -> str:
+    """The events that took ``least`` seconds or more, one a line."""
+    lines = [f"{label}: start, end, seconds, thread, what (each taking {least} s or more)"]
+    lines += [f"{s:8.3f} {e:8.3f} {e - s:7.3f}  {thread:<22} {what}"
+              for s, e, thread, what in events if e - s >= least]  # fmt: skip
+    return "\n".join(lines)
 
 
 def first_call(model, inputs: list, phase: str, on: str) -> float:
@@ -195,7 +231,7 @@ def main() -> str:
     phases = pick("KILN_BENCH_PHASES", "all", PHASES)
     compilers = pick("KILN_BENCH_COMPILERS", "all", COMPILERS)
     deadline = time.monotonic() + float(os.environ.get("KILN_BENCH_BUDGET_S", "540"))
-    rows, skipped = [], []
+    rows, skipped, timelines = [], [], []
     runtime = subprocess.run([sys.executable, __file__, "--runtime"], capture_output=True,
                              text=True).stdout.strip()  # fmt: skip
     for name in models:
@@ -209,6 +245,10 @@ def main() -> str:
                     cold = run_child(name, phase, compiler, on, folder)
                     warm = run_child(name, phase, compiler, on, folder)
                 results[compiler] = (cold, warm)
+                for when, row in (("cold", cold), ("warm", warm)):
+                    if "timeline" in row:
+                        label = f"{name} {phase} {compiler}, {when}"
+                        timelines.append(timeline_text(label, row.pop("timeline")))
                 print(f"{name} {phase} {compiler}: cold {cold}, warm {warm}", file=sys.stderr)
             rows.extend(table_rows(name, phase, results))
     text = markdown_table(HEADER, rows, numeric=0)
@@ -216,7 +256,7 @@ def main() -> str:
     text = f"device {on}, torch {torch.__version__}, {threads} threads; {runtime}\n\n{text}"
     if skipped:
         text += f"\n\nskipped (budget spent): {', '.join(skipped)}"
-    return text
+    return "\n\n".join([text, *timelines])
 
 
 def table_rows(name: str, phase: str, results: dict) -> list[list[str]]:

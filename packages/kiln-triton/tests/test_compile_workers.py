@@ -96,6 +96,20 @@ def test_a_worker_compiles_for_a_gpu_target_and_this_process_loads_that_binary(
     assert precompiled.binary(kernel.source_hash, config, tuple(numels.values())) is binary
 
 
+def test_each_worker_job_s_times_are_kept(workers, triton_cache, tmp_path, monkeypatch):
+    from kiln_triton import compile_pool
+
+    kernel = compiled_kernel(_scale, [torch.randn(64, 48)], tmp_path, monkeypatch)
+    numels = kernel.numels(())
+    (job,) = kernel.compile_jobs(candidates(kernel.meta, numels)[0], numels, SM90)
+    reply = workers.submit(job).result(timeout=300)
+    times = compile_pool.job_times()[-1]
+    assert times["function"] == job["function"] and times["options"] == job["options"]
+    assert times["submitted"] <= times["started"] <= times["ended"]
+    assert times["seconds"] == reply["seconds"] and not times["failed"]
+    assert 0 <= times["launcher"] <= times["seconds"]
+
+
 def _scale_job(workers, tmp_path, monkeypatch):
     """The first configuration of ``_scale``'s kernel as a job for sm_90, compiled by a
     worker, and its function."""

@@ -160,6 +160,24 @@ def test_stage_times_and_progress(records, monkeypatch):
     assert all(any(m.startswith(s + ": done in ") for m in progress) for s in started)
 
 
+def test_the_compile_timeline_holds_each_stage_by_thread_and_frame():
+    kiln.reset()
+    block = Block()
+    kiln.compile(block, options={"cache": False})(torch.randn(4, 16)).sum().backward()
+    timeline = kiln.compile_timeline()
+    stages = {(e["frame"], e["stage"]) for e in timeline}
+    assert {("frame000", "autograd"), ("frame000", "lowering"), ("frame000", "build")} <= stages
+    assert all(e["start"] <= e["end"] for e in timeline)
+    assert [e["end"] for e in timeline] == sorted(e["end"] for e in timeline)
+    # the backward compiled ahead, in a thread of its own, inside the forward's autograd
+    backward = [e for e in timeline if e["what"].startswith("backward:")]
+    autograd = next(e for e in timeline if e["stage"] == "autograd")
+    assert backward and {e["thread"] for e in backward} == {"kiln backward compile"}
+    assert all(autograd["start"] <= e["start"] <= e["end"] <= autograd["end"] for e in backward)
+    kiln.reset()
+    assert kiln.compile_timeline() == []
+
+
 def test_progress_says_what_happens_on_a_hit_and_counts_right(records, monkeypatch, tmp_path):
     monkeypatch.setattr(frames, "PROGRESS_AFTER_S", 0.0)
     options = {"cache_dir": str(tmp_path / "cache")}

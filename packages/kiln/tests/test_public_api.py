@@ -19,6 +19,7 @@ def test_public_api_is_pinned():
         "cache_info",
         "clear_cache",
         "compile",
+        "compile_timeline",
         "compile_times",
         "disable",
         "explain",

@@ -27,6 +27,8 @@ import queue
 import subprocess
 import sys
 import threading
+import time
+from collections import deque
 from concurrent.futures import Future
 
 from kiln_triton import compile_worker
@@ -34,10 +36,37 @@ from kiln_triton import compile_worker
 log = logging.getLogger("kiln.triton")
 MAX_DEFAULT_WORKERS = 32  # each worker holds Triton and its compiler (~150 MB)
 START_ATTEMPTS = 2  # a worker that exits before it is ready this often is not started again
+JOB_TIMES = 10_000  # the jobs job_times() keeps, the latest
+_JOB_TIMES: deque[dict] = deque(maxlen=JOB_TIMES)
+_TIMES_LOCK = threading.Lock()
 
 
 class CompileWorkerError(RuntimeError):
     """A job the worker could not finish: its compile error, or the worker's exit."""
+
+
+def job_times() -> list[dict]:
+    """The compile workers' latest jobs (at most :data:`JOB_TIMES` of them), in the order
+    they ended: the ``function`` compiled and its ``options``; ``submitted``, ``started``
+    (a worker took it) and ``ended``, in seconds on :func:`time.perf_counter`'s clock; the
+    worker's ``seconds`` and, of them, ``launcher`` (building Triton's launcher); ``failed``."""
+    with _TIMES_LOCK:
+        return [dict(times) for times in _JOB_TIMES]
+
+
+def _note_job(job: dict, reply: dict | None, submitted: float, started: float, ended: float):
+    times = {
+        "function": job.get("function"),
+        "options": job.get("options"),
+        "submitted": submitted,
+        "started": started,
+        "ended": ended,
+        "seconds": reply.get("seconds") if reply else None,
+        "launcher": reply.get("launcher") if reply else None,
+        "failed": reply is None,
+    }
+    with _TIMES_LOCK:
+        _JOB_TIMES.append(times)
 
 
 def worker_count() -> int:
@@ -83,12 +112,16 @@ class _Worker:
             item = self.jobs.get()
             if item is None:
                 return
-            job, future = item
+            job, future, submitted = item
             if future.set_running_or_notify_cancel():
+                started = time.perf_counter()
                 try:
-                    future.set_result(self._exchange(job))
+                    reply = self._exchange(job)
+                    future.set_result(reply)
                 except Exception as exc:  # noqa: BLE001 - the job's caller reports it
+                    reply = None
                     future.set_exception(exc)
+                _note_job(job, reply, submitted, started, time.perf_counter())
 
     def _exchange(self, job: dict) -> dict:
         """Send ``job`` to the process (started again if it exited), wait for its reply."""
@@ -159,7 +192,7 @@ class CompileWorkers:
         if self._closed:
             raise RuntimeError("the compile workers were shut down")
         future: Future = Future()
-        self._jobs.put((job, future))
+        self._jobs.put((job, future, time.perf_counter()))
         return future
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -170,7 +203,7 @@ class CompileWorkers:
         self._closed = True
         while True:
             try:
-                _, future = self._jobs.get_nowait()
+                _, future, _ = self._jobs.get_nowait()
             except queue.Empty:
                 break
             if future.set_running_or_notify_cancel():

@@ -22,7 +22,7 @@ from kiln._plugins import Plugin, list_backends
 from kiln.api import compile, disable, explain, reset
 from kiln.cache_folders import CacheInfo, CachePart, cache_info, clear_cache
 from kiln.config import Options
-from kiln.frames import compile_times
+from kiln.frames import compile_timeline, compile_times
 from kiln.logs import configure_from_environment, set_logs
 from kiln.module import CompiledFunction, CompiledModule
 from kiln_capture import mark_dynamic, mark_static
@@ -40,6 +40,7 @@ __all__ = [
     "cache_info",
     "clear_cache",
     "compile",
+    "compile_timeline",
     "compile_times",
     "disable",
     "explain",

@@ -2,8 +2,9 @@
 
 A :class:`Frame` names the graph (``frame000``, ``frame001`` ... in the order graphs are
 captured in this process, so names are the same from run to run), writes each stage to
-the debug folder (``KILN_DEBUG``), times the stages for the ``perf`` log and
-:func:`kiln.compile_times`, and reports progress while a long compile runs.
+the debug folder (``KILN_DEBUG``), times the stages for the ``perf`` log,
+:func:`kiln.compile_times` and :func:`kiln.compile_timeline`, and reports progress while
+a long compile runs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import shutil
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from pathlib import Path
 from time import perf_counter
 
@@ -28,7 +29,19 @@ _next_index: dict[Path | None, int] = defaultdict(int)
 _cleaned_dirs: set[Path] = set()
 # stage name -> seconds spent in it since the last kiln.reset(), over every frame
 _totals: dict[str, float] = defaultdict(float)
+TIMELINE_EVENTS = 10_000  # the stages compile_timeline() keeps, the latest
+_timeline: deque[dict] = deque(maxlen=TIMELINE_EVENTS)
 _FRAME_DIR = re.compile(r"frame\d{3,}")
+
+
+def compile_timeline() -> list[dict]:
+    """Each compile stage of this process (since ``kiln.reset()``, the latest
+    :data:`TIMELINE_EVENTS`), in the order they ended: ``thread``, ``frame`` (its name and
+    function), ``stage`` and what it said it did (``what``), ``start`` and ``end`` in seconds
+    on :func:`time.perf_counter`'s clock. A stage opened inside another lies within it;
+    stages of two threads (a training step's backward compiled ahead) overlap."""
+    with _lock:
+        return [dict(event) for event in _timeline]
 
 
 def compile_times() -> dict[str, float]:
@@ -111,6 +124,7 @@ def reset_frames() -> None:
     with _lock:
         _next_index.clear()
         _totals.clear()
+        _timeline.clear()
         _cleaned_dirs.clear()
 
 
@@ -216,12 +230,20 @@ class Frame:
             name, started = self._running.pop()
             end = time.perf_counter()
             self._charge(name, end - started)
+            self._note(stage, what, now, end)
             if self._running:  # resume the enclosing stage
                 self._running[-1][1] = end
             if told:  # a stage said to start says when it ended, and how long it took
                 logs.logger("progress").info(
                     "%s (%s): %s: done in %.2f s", self.name, self.function, what, end - now
                 )
+
+    def _note(self, stage: str, what: str, start: float, end: float) -> None:
+        event = {"thread": threading.current_thread().name, "frame": self.name,
+                 "function": self.function, "stage": stage, "what": what,
+                 "start": start, "end": end}  # fmt: skip
+        with _lock:
+            _timeline.append(event)
 
     @contextlib.contextmanager
     def waiting(self):
