@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pathlib
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from torch.autograd import DeviceType
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "benchmarks"))
+import bench_compile  # noqa: E402
 import bench_gpu_calls  # noqa: E402
 import gpu_models  # noqa: E402
 import gpu_timing  # noqa: E402
@@ -31,6 +33,22 @@ def test_take_turns_gives_a_median_per_variant():
     )
     assert set(got) == {"a", "b"} and all(0 < s < 0.01 for s in got.values())
     assert calls["a"] >= 3 + 3 and calls["b"] >= 3 + 3  # calibration, then 3 repeats
+
+
+def test_a_compile_timeline_merges_stages_and_worker_jobs_from_the_call_s_start():
+    import kiln
+
+    kiln.reset()
+    started = time.perf_counter()
+    kiln.compile(lambda x: x.sin() + 1, options={"cache": False})(torch.randn(8))
+    events = bench_compile.timeline(started)
+    assert events == sorted(events) and all(0 <= s <= e for s, e, _, _ in events)
+    assert any(what.startswith("frame000 lowering") for _, _, _, what in events)
+    text = bench_compile.timeline_text("f inference kiln, cold", events, least=0.0)
+    assert text.splitlines()[0].startswith("f inference kiln, cold: start, end, seconds")
+    assert len(text.splitlines()) == len(events) + 1
+    shorter = bench_compile.timeline_text("x", events, least=1e9)
+    assert len(shorter.splitlines()) == 1  # none takes that long
 
 
 def test_markdown_table_aligns_numeric_columns():
