@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from pathlib import Path
 
 import torch
 
@@ -50,7 +49,7 @@ def attention_job(kernel: str, args: dict, buffers: dict) -> dict:
     }
     values = [buffers[name][0] if name in buffers else args[name] for name in fn.arg_names]
     options = {"num_warps": warps, "num_stages": stages}
-    path = str(Path(fn.fn.__code__.co_filename))
+    path = fn.fn.__code__.co_filename  # the module a worker imports (by its name)
     job = precompiled.compile_job(
         fn, path, values, constants, options, precompiled.current_target()
     )
