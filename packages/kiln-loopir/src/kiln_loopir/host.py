@@ -14,7 +14,7 @@ from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.launch import LaunchGroup
 from kiln_loopir.memory import MemoryPlan
 from kiln_loopir.runtime import view_layout
-from kiln_loopir.scheduler import step_reads
+from kiln_loopir.scheduler import schedule_reads
 from kiln_loopir.symbols import py_expr
 
 
@@ -194,8 +194,7 @@ def _steps(
     group_of = {id(k): g for g in groups for k in g.kernels}
     deferred: list[str] = []  # names a group's kernels still read: dropped after its call
     reused = {old for p in plan.steps for old in p.reuse.values()}
-    read = {name for step in schedule.steps for name in step_reads(step)}
-    read |= {o.buffer for o in graph.outputs if isinstance(o, TensorRef)}
+    read = schedule_reads(schedule)
     for step, sp in zip(schedule.steps, plan.steps, strict=True):
         for name in sp.allocate:
             b = buffers[name]

@@ -7,7 +7,7 @@ import heapq
 import sympy
 
 from kiln_loopir.fusion import output_buffers, reachable, score, try_fuse
-from kiln_loopir.ir import ComputedNode, ExternNode, LoopGraph
+from kiln_loopir.ir import ComputedNode, ExternNode, LoopGraph, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule, Step, kernel_of
 from kiln_loopir.names import kernel_name
 from kiln_loopir.symbols import data_dependent_symbols
@@ -17,6 +17,12 @@ def step_reads(step: Step) -> set[str]:
     if isinstance(step, Kernel):
         return step.reads()
     return {ref.buffer for ref in step.input_refs()}
+
+
+def schedule_reads(schedule: Schedule) -> set[str]:
+    """The buffers something reads: a step, or the caller (the graph's outputs)."""
+    read = {name for step in schedule.steps for name in step_reads(step)}
+    return read | {o.buffer for o in schedule.graph.outputs if isinstance(o, TensorRef)}
 
 
 def step_writes(step: Step) -> set[str]:

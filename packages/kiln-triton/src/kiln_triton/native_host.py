@@ -30,7 +30,7 @@ from kiln_loopir.host import HostNotRendered
 from kiln_loopir.ir import ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
-from kiln_loopir.scheduler import step_reads
+from kiln_loopir.scheduler import schedule_reads
 from kiln_triton import host_builds
 from kiln_triton.attention import AttentionCall, attention_call
 from kiln_triton.attention_backward import BackwardCall, attention_backward_call
@@ -85,8 +85,7 @@ def compile_attention_ahead(schedule: Schedule) -> int:
     program's planning then finds them built); returns how many were handed over."""
     if not compiles_for_gpu() or is_sized(schedule):
         return 0
-    read = {name for step in schedule.steps for name in step_reads(step)}
-    read |= {o.buffer for o in schedule.graph.outputs if isinstance(o, TensorRef)}
+    read = schedule_reads(schedule)
     records = []
     for step in schedule.steps:
         if isinstance(step, ExternNode):

@@ -217,9 +217,7 @@ class Frame:
     def stage(self, stage: str, what: str = ""):
         """Time ``stage``; time spent in a stage opened inside it counts for the inner one."""
         now = time.perf_counter()
-        if self._running:  # pause the enclosing stage
-            outer = self._running[-1]
-            self._charge(outer[0], now - outer[1])
+        self._pause_enclosing(now)
         told = bool(what) and now - self.started > PROGRESS_AFTER_S
         if told:
             logs.logger("progress").info("%s (%s): %s", self.name, self.function, what)
@@ -231,8 +229,7 @@ class Frame:
             end = time.perf_counter()
             self._charge(name, end - started)
             self._note(stage, what, now, end)
-            if self._running:  # resume the enclosing stage
-                self._running[-1][1] = end
+            self._resume_enclosing(end)
             if told:  # a stage said to start says when it ended, and how long it took
                 logs.logger("progress").info(
                     "%s (%s): %s: done in %.2f s", self.name, self.function, what, end - now
@@ -249,16 +246,23 @@ class Frame:
     def waiting(self):
         """Time this thread spends waiting for another thread's compile, which times its
         own stages: charged to no stage (the enclosing one pauses) and not to ``capture``."""
-        now = time.perf_counter()
-        if self._running:
-            outer = self._running[-1]
-            self._charge(outer[0], now - outer[1])
+        self._pause_enclosing(time.perf_counter())
         try:
             with waiting_for_other_threads():
                 yield
         finally:
-            if self._running:
-                self._running[-1][1] = time.perf_counter()
+            self._resume_enclosing(time.perf_counter())
+
+    def _pause_enclosing(self, now: float) -> None:
+        """Charge this thread's innermost open stage up to ``now``."""
+        if self._running:
+            outer = self._running[-1]
+            self._charge(outer[0], now - outer[1])
+
+    def _resume_enclosing(self, now: float) -> None:
+        """This thread's innermost open stage counts again from ``now``."""
+        if self._running:
+            self._running[-1][1] = now
 
     def log_perf(self, what: str) -> None:
         """Log the stage times this thread charged since its last call (a backward compiled

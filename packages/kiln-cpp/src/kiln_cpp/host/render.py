@@ -27,7 +27,7 @@ from kiln_loopir.host import size_sources
 from kiln_loopir.ir import Buffer, ExternNode, TensorRef
 from kiln_loopir.kernel import Kernel, Schedule
 from kiln_loopir.memory import MemoryPlan
-from kiln_loopir.scheduler import step_reads
+from kiln_loopir.scheduler import schedule_reads
 
 PRELUDE = """\
 #include <array>
@@ -184,8 +184,7 @@ def render_host(schedule: Schedule, plan: MemoryPlan, runtime, launcher=None) ->
     for out in graph.outputs:
         if not isinstance(out, TensorRef):
             raise HostNotRendered(f"an output is {out!r}, not a tensor")
-    read = {name for step in schedule.steps for name in step_reads(step)}
-    read |= {o.buffer for o in graph.outputs}
+    read = schedule_reads(schedule)  # every output is a tensor (checked above)
     computes = getattr(launcher, "computes", None)  # extern ops a launcher's kernel computes
     out_filled: dict[int, list[str]] = {}  # the buffers each extern step writes into
     for i, step in enumerate(schedule.steps):
