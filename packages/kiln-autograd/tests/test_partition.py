@@ -209,3 +209,33 @@ def test_the_norms_gradients_stay_whole_in_the_joint_graph():
     aten = torch.ops.aten
     assert aten.native_layer_norm_backward.default in targets
     assert aten.native_batch_norm_backward.default in targets
+
+
+def test_the_min_cut_module_is_imported_in_a_thread(monkeypatch):
+    """Its import (networkx's, mostly reading files) overlaps the tracing that precedes it."""
+    import importlib
+    import sys
+
+    partition = importlib.import_module("kiln_autograd.partition")
+    monkeypatch.delitem(sys.modules, "kiln_autograd.mincut")
+    monkeypatch.setattr(partition, "_min_cut_import", None)
+    partition.import_min_cut_in_background()
+    thread = partition._min_cut_import
+    assert thread is not None and thread.name == "kiln-autograd-import"
+    thread.join(timeout=60)
+    assert "kiln_autograd.mincut" in sys.modules
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_training_compile_starts_the_min_cut_import_before_tracing(monkeypatch, grad):
+    from kiln_autograd import api
+
+    started = []
+    traced = []
+    monkeypatch.setattr(api, "import_min_cut_in_background", lambda: started.append(len(traced)))
+    real_analyze = api.analyze
+    monkeypatch.setattr(api, "analyze", lambda *a, **k: traced.append(1) or real_analyze(*a, **k))
+    x, y = torch.randn(4, 8, requires_grad=grad), torch.randn(4, 8)
+    compiled = kiln_autograd.aot(torch.fx.symbolic_trace(pointwise_chain), [x, y], lambda gm, _: gm)
+    torch.testing.assert_close(compiled(x, y)[0], pointwise_chain(x, y)[0])
+    assert started == ([0] if grad else [])

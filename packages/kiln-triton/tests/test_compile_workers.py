@@ -411,6 +411,36 @@ def test_triton_s_key_of_its_installation_is_computed_in_a_thread():
     assert known_binaries._key_thread is thread  # once per process
 
 
+def test_the_gpu_target_is_read_after_the_driver_started_in_a_thread(monkeypatch):
+    """``prepare()`` starts Triton's driver (with an empty Triton cache it first builds its
+    C utilities) in a thread; the first compile's read of the target waits for that start
+    rather than starting a second driver beside it."""
+    import triton.runtime
+
+    events = []
+
+    def slow_start():
+        time.sleep(0.2)
+        events.append("driver started")
+
+    def target():
+        events.append("target read")
+        return types.SimpleNamespace(backend="cuda", arch=90, warp_size=32)
+
+    monkeypatch.setattr(precompiled, "_start_driver", slow_start)
+    monkeypatch.setattr(precompiled, "_driver_start", None)
+    monkeypatch.setattr(codegen, "compiles_for_gpu", lambda: True)
+    codegen.TritonCodegen.prepare()
+    thread = precompiled._driver_start
+    assert thread is not None and thread.name == "kiln-triton-driver"
+    fake_driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_target=target))
+    monkeypatch.setattr(triton.runtime, "driver", fake_driver)
+    assert precompiled.current_target() == ("cuda", 90, 32)
+    assert events == ["driver started", "target read"]
+    codegen.TritonCodegen.prepare()
+    assert precompiled._driver_start is thread  # once per process
+
+
 def test_only_the_first_job_of_a_kernel_signature_builds_triton_s_launcher(
     triton_cache, tmp_path, monkeypatch
 ):

@@ -21,7 +21,11 @@ from kiln_autograd.decompositions import decomposition_table, verify_op_set
 from kiln_autograd.direct_gradients import eligible_parameters
 from kiln_autograd.fake import captured_examples, fake_inputs, is_dynamic
 from kiln_autograd.lift import LiftedModule, lift
-from kiln_autograd.partition import PARTITIONERS, PartitionedGraphs
+from kiln_autograd.partition import (
+    PARTITIONERS,
+    PartitionedGraphs,
+    import_min_cut_in_background,
+)
 from kiln_autograd.records import encode_inference, encode_training
 from kiln_autograd.runtime import (
     BackwardAhead,
@@ -270,6 +274,8 @@ def compile_signature(
     if restored is not None:
         return restored
 
+    if options.partitioner == "min_cut" and grad_enabled and any(requires_grad):
+        import_min_cut_in_background()  # while the graphs are traced
     fake_args, fake_mode = fake_inputs(args, requires_grad, dynamic=options.dynamic)
     with fake_mode:
         meta = analyze(lifted.call_raw, fake_args, grad_enabled=grad_enabled)

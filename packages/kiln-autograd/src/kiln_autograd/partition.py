@@ -15,6 +15,9 @@ the backward graph is ``(saved tensors..., saved SymInts..., tangents...) -> gra
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -118,6 +121,27 @@ def min_cut_partition(joint: JointGraph) -> PartitionedGraphs:
 
     parts = parts_of(joint)
     return split(joint, parts, choose_saved_values(parts))
+
+
+def import_min_cut_in_background() -> None:
+    """Start importing the minimum cut's module (and networkx, mostly reading files) in a
+    thread, so that the import overlaps tracing the joint graph rather than following it."""
+    global _min_cut_import
+    if _min_cut_import is None and "kiln_autograd.mincut" not in sys.modules:
+        _min_cut_import = threading.Thread(
+            target=_import_min_cut, name="kiln-autograd-import", daemon=True
+        )
+        _min_cut_import.start()
+
+
+_min_cut_import: threading.Thread | None = None
+
+
+def _import_min_cut() -> None:
+    try:
+        importlib.import_module("kiln_autograd.mincut")
+    except Exception:  # noqa: BLE001 - the partition's own import reports it
+        return
 
 
 PARTITIONERS: dict[str, Callable[[JointGraph], PartitionedGraphs]] = {

@@ -240,9 +240,12 @@ class TritonCodegen:
 
     @staticmethod
     def prepare() -> None:
-        """Work a first compile will need, begun ahead (by ``kiln.compile()``): Triton's
-        cache key of its installation, in a thread (:mod:`kiln_triton.known_binaries`)."""
+        """Work a first compile will need, begun ahead (by ``kiln.compile()``), each in a
+        thread: Triton's cache key of its installation (:mod:`kiln_triton.known_binaries`)
+        and, where kernels compile for a GPU, Triton's driver."""
         known_binaries.compute_key_in_background()
+        if compiles_for_gpu():
+            precompiled.start_driver_in_background()
 
     def render(self, kernel: Kernel) -> str:
         if self.parallel_compile:  # the workers start while the graph's kernels render

@@ -24,6 +24,7 @@ is kept per (source, configuration, numels) for every kernel of that source
 from __future__ import annotations
 
 import functools
+import threading
 
 from kiln_triton import known_binaries
 from kiln_triton.configs import Config
@@ -60,10 +61,38 @@ def keep(source_hash: str, config: Config, numels: tuple[int, ...], compiled) ->
 
 
 @functools.cache
+def start_driver_in_background() -> None:
+    """Start Triton's driver in a thread (once). With an empty Triton cache it first builds
+    its C utilities (a C compiler's run, about a second), which then overlaps the first
+    call's capture and tracing instead of delaying its first kernels' compile."""
+    global _driver_start
+    if _driver_start is None:
+        _driver_start = threading.Thread(
+            target=_start_driver, name="kiln-triton-driver", daemon=True
+        )
+        _driver_start.start()
+
+
+_driver_start: threading.Thread | None = None
+
+
+def _start_driver() -> None:
+    try:
+        from triton.runtime import driver
+
+        driver.active.get_current_target()
+    except Exception:  # noqa: BLE001 - the first compile starts it, and says what fails
+        return
+
+
 def current_target() -> tuple[str, int, int]:
     """The current device's ``GPUTarget`` as plain data (read once: it starts Triton's
-    driver, which first builds its C utilities into an empty Triton cache)."""
+    driver, which first builds its C utilities into an empty Triton cache; where
+    :func:`start_driver_in_background` began that, this waits for it)."""
     from triton.runtime import driver
+
+    if _driver_start is not None:
+        _driver_start.join()  # one start: not a second build of the utilities beside it
 
     target = driver.active.get_current_target()
     return (target.backend, target.arch, target.warp_size)
