@@ -239,6 +239,39 @@ def test_a_graph_s_launch_configurations_compile_in_workers(
     assert codegen.planned_jobs([kernel]) == []  # compiled already: nothing left to do
 
 
+def test_a_kernel_is_handed_to_the_workers_as_it_renders(
+    workers, triton_cache, tmp_path, monkeypatch
+):
+    """Its launch configurations build while the graph's other kernels render; the graph's
+    build waits for them instead of handing them over again, and counts the kernel once."""
+    (kernel,) = compile_fn(_scale, [torch.randn(3, 1000)], codegen="reference").schedule.kernels()
+    submitted = []
+    submit = workers.submit
+    monkeypatch.setattr(workers, "submit", lambda job: submitted.append(job) or submit(job))
+    monkeypatch.setattr(codegen, "compiles_for_gpu", lambda: True)
+    monkeypatch.setattr(codegen, "compile_workers", lambda: workers)
+    monkeypatch.setattr(precompiled, "current_target", lambda: SM90)
+    monkeypatch.setenv("KILN_TRITON_CACHE_DIR", str(tmp_path / "kiln"))  # new to the cache
+    monkeypatch.setattr(codegen, "_FOUND_ON_DISK", set())
+    monkeypatch.setattr(precompiled, "_BINARIES", {})  # none loaded by the tests before
+    for table in ("_MODULES", "_UNCOUNTED", "_KERNEL_COUNTS"):  # this test's kernels only
+        monkeypatch.setattr(codegen, table, {"built": 0, "reused": 0} if "COUNTS" in table else {})
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # compiled @triton.jit functions, as on a GPU
+    source = TritonCodegen().render(kernel)
+    handed = len(submitted)
+    assert handed >= 1 and codegen.kernel_counts() == {"built": 0, "reused": 0}
+    module, digest = codegen.load_module(source)
+    launcher = TritonKernel(module, digest, kernel.name)
+    jobs = codegen.planned_jobs([launcher])
+    assert len(jobs) == handed
+    made = count_compiles(monkeypatch)
+    assert codegen.compile_in_workers(jobs, workers, SM90) == (handed, [])
+    assert (made, len(submitted), codegen._IN_FLIGHT) == ([], handed, {})
+    assert codegen.planned_jobs([launcher]) == []  # loaded: nothing left to build
+    assert codegen.kernel_counts() == {"built": 1, "reused": 0}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
 def _column_sum(x):
     return x.sum(0)
 

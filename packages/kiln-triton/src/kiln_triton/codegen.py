@@ -24,6 +24,7 @@ _SIGNATURES: set[tuple[str, ...]] = set()
 _SIGNATURES_LOCK = threading.Lock()
 _MODULES: dict[str, object] = {}  # source hash -> imported kernel module
 _FOUND_ON_DISK: set[str] = set()  # kernels whose source an earlier process wrote
+_UNCOUNTED: dict[str, str] = {}  # imported as they rendered: "built" or "reused", once counted
 # kernels new to the cache, and kernels found in it or in this process (see kernel_counts)
 _KERNEL_COUNTS = {"built": 0, "reused": 0}
 
@@ -34,17 +35,23 @@ def kernel_counts() -> dict[str, int]:
     return dict(_KERNEL_COUNTS)
 
 
-def load_module(source: str):
+def load_module(source: str, count: bool = True):
     """Import a kernel's source (Triton reads a ``@triton.jit`` function's source from its
-    file): written once to the cache under its hash, imported once per process."""
+    file): written once to the cache under its hash, imported once per process. ``count``:
+    counted in :func:`kernel_counts` now (else at the next counted load: a kernel imported
+    as it rendered counts once its graph builds)."""
     digest = source_hash(source)
     if digest in _MODULES:
-        _KERNEL_COUNTS["reused"] += 1
+        if count:
+            _KERNEL_COUNTS[_UNCOUNTED.pop(digest, "reused")] += 1
         return _MODULES[digest], digest
     folder = autotune.cache_dir() / "kernels"
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"k{digest}.py"
-    _KERNEL_COUNTS["reused" if path.exists() else "built"] += 1
+    if count:
+        _KERNEL_COUNTS["reused" if path.exists() else "built"] += 1
+    else:
+        _UNCOUNTED[digest] = "reused" if path.exists() else "built"
     if path.exists():
         _FOUND_ON_DISK.add(digest)
     else:
@@ -120,38 +127,106 @@ def planned_jobs(kernels: Sequence[TritonKernel]) -> list[tuple]:
 
 
 def compile_in_workers(jobs: list[tuple], workers, target: tuple) -> tuple[int, list[str]]:
-    """Compile ``jobs`` in the worker processes for ``target``, then load each binary here
+    """Compile ``jobs`` in the worker processes for ``target`` (those handed over as their
+    kernel rendered are waited for, not handed over again), then load each binary here
     (Triton's cache has it) as the worker finishes it. Returns how many were compiled and
     the failures (kernel, config: error)."""
-    futures: dict = {}  # each worker's job -> what it is part of
     failures: list[str] = []
-    for kernel, config, numels in jobs:
-        try:
-            parts = kernel.compile_jobs(config, numels, target)
-        except Exception as exc:  # noqa: BLE001 - a type Kiln's specialization lacks
-            _failed(failures, kernel, config, exc)
-            continue
-        waiting = {"left": len(parts), "failed": False}
-        for part in parts:
-            part["launcher"] = _first_of_its_signature(part)
-            futures[workers.submit(part)] = (kernel, config, numels, parts, waiting)
-    compiled = 0
+    submissions = _hand_over(jobs, workers, target, failures)
+    by_future = {future: s for s in submissions for future in s.futures}
+    compiled, finished = 0, set()
     # another graph's compile may work meanwhile: loading a binary (Triton's cache and the
     # remembered keys, both safe from threads) needs no fake tensor and no device
     with compile_lock.waiting():
-        for future in as_completed(futures):
-            kernel, config, numels, parts, waiting = futures[future]
-            waiting["left"] -= 1
-            try:
-                future.result()
-                if waiting["left"] == 0 and not waiting["failed"]:  # a split's both parts
-                    kernel.adopt(config, numels, parts)
-                    compiled += 1
-            except Exception as exc:  # noqa: BLE001
-                if not waiting["failed"]:
-                    _failed(failures, kernel, config, exc)
-                waiting["failed"] = True
+        for future in as_completed(by_future):
+            s = by_future[future]
+            if id(s) in finished or not all(f.done() for f in s.futures):
+                continue  # a split reduction's other part is still compiling
+            finished.add(id(s))
+            error = s.finish()
+            if error is None:
+                compiled += 1
+            else:
+                _failed(failures, s.kernel, s.config, error)
     return compiled, failures
+
+
+def compile_ahead(source: str) -> None:
+    """Hand the launch configurations of a kernel that just rendered to the compile workers
+    (those :func:`precompile` would hand them), so that they build while the graph's other
+    kernels render; the graph's build then waits for them. Nothing is handed over where the
+    workers would not build it (no GPU, no workers, the direct launch path off, a kernel an
+    earlier process compiled, sizes known only at the first call); a failure here is left
+    for the build to report."""
+    if not (DIRECT_LAUNCH and compiles_for_gpu()):
+        return
+    workers = compile_workers()
+    if workers is None:
+        return
+    try:
+        module, digest = load_module(source, count=False)
+        if digest in _FOUND_ON_DISK:
+            return  # loaded here from Triton's cache when the graph builds
+        kernel = TritonKernel(module, digest, kernel_label(source))
+        _hand_over(planned_jobs([kernel]), workers, precompiled.current_target(), [])
+    except Exception as exc:  # noqa: BLE001 - precompile hands it over and reports
+        log.debug("compiling a kernel as it rendered: %s: %s", type(exc).__name__, exc)
+
+
+class Submission:
+    """A launch configuration handed to the compile workers: the futures of its jobs (two
+    for a split reduction), and its binaries loaded here once, when they are all done."""
+
+    def __init__(self, kernel, config, numels: dict, parts: list[dict], workers) -> None:
+        self.kernel, self.config, self.numels, self.parts = kernel, config, numels, parts
+        self.futures = [workers.submit(part) for part in parts]
+        self._lock = threading.Lock()
+        self._outcome: tuple[Exception | None] | None = None
+
+    def finish(self) -> Exception | None:
+        """Load the binaries (once; the jobs are done): None, or what failed."""
+        with self._lock:
+            if self._outcome is None:
+                try:
+                    for future in self.futures:
+                        future.result()
+                    self.kernel.adopt(self.config, self.numels, self.parts)
+                    self._outcome = (None,)
+                except Exception as exc:  # noqa: BLE001 - a failure: compiled at its launch
+                    self._outcome = (exc,)
+                with _IN_FLIGHT_LOCK:
+                    _IN_FLIGHT.pop(self.key, None)
+            return self._outcome[0]
+
+    @property
+    def key(self) -> tuple:
+        return (self.kernel.source_hash, self.config, tuple(self.numels.values()))
+
+
+# launch configurations handed to the workers and not yet loaded, by (source hash,
+# configuration, numels): a graph's build waits for these instead of handing them over again
+_IN_FLIGHT: dict[tuple, Submission] = {}
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+def _hand_over(jobs: list[tuple], workers, target: tuple, failures: list[str]) -> list:
+    """The submission of each of ``jobs``: the one in flight, else a new one."""
+    submissions = []
+    for kernel, config, numels in jobs:
+        key = (kernel.source_hash, config, tuple(numels.values()))
+        with _IN_FLIGHT_LOCK:
+            submission = _IN_FLIGHT.get(key)
+            if submission is None:
+                try:
+                    parts = kernel.compile_jobs(config, numels, target)
+                except Exception as exc:  # noqa: BLE001 - a type Kiln's specialization lacks
+                    _failed(failures, kernel, config, exc)
+                    continue
+                for part in parts:
+                    part["launcher"] = _first_of_its_signature(part)
+                submission = _IN_FLIGHT[key] = Submission(kernel, config, numels, parts, workers)
+        submissions.append(submission)
+    return submissions
 
 
 def _first_of_its_signature(job: dict) -> bool:
@@ -250,7 +325,10 @@ class TritonCodegen:
     def render(self, kernel: Kernel) -> str:
         if self.parallel_compile:  # the workers start while the graph's kernels render
             start_compile_workers()
-        return render_kernel(kernel)
+        source = render_kernel(kernel)
+        if self.parallel_compile:  # and build each kernel while the next ones render
+            compile_ahead(source)
+        return source
 
     def compile(self, sources: Sequence[str]) -> list[Callable]:
         kernels = []

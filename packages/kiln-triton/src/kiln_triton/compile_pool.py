@@ -239,9 +239,9 @@ def compile_workers() -> CompileWorkers | None:
 
 
 def start_compile_workers() -> None:
-    """Start the compile workers now, so that they are ready when kernels are compiled (a
-    compile calls this as it begins; rendering a kernel does otherwise; a compile whose
-    kernels all come from the cache starts none).
+    """Start the compile workers now, so that they are ready when kernels are compiled
+    (rendering a graph's first kernel calls this; a compile whose kernels all come from the
+    cache starts none).
     Nothing is started where kernels are not compiled (no CUDA device, or Triton's
     interpreter)."""
     if compiles_for_gpu():
