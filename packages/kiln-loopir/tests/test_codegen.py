@@ -136,11 +136,19 @@ def test_input_with_another_layout_is_refused_with_advice():
 
 class HostBuildingCodegen(CountingCodegen):
     """A codegen whose native host program is built after its kernels, with work for it
-    begun before them (``prepare_host``); it covers no graph (the Python program runs)."""
+    begun before them (``prepare_host``) and work for the build begun as lowering starts
+    (``begin_compile``); it covers no graph (the Python program runs)."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
+
+    def begin_compile(self):
+        self.calls.append(("begin_compile",))
+
+    def render(self, kernel):
+        self.calls.append(("render",))
+        return super().render(kernel)
 
     def prepare_host(self, schedule):
         self.calls.append(("prepare_host", len(schedule.kernels())))
@@ -164,9 +172,10 @@ def test_work_for_the_native_host_program_begins_before_the_kernels_are_built(ho
     compiled = compile_fx(gm, [x], codegen=codegen, host_program=host_program)
     torch.testing.assert_close(compiled(x)[0], (x.sin() + 1).sum(1))
     kernels = len(compiled.schedule.kernels())
+    begun = [("begin_compile",)] + [("render",)] * kernels  # begun as lowering starts
     if host_program == "python":  # no native program: nothing is prepared for one
-        assert codegen.calls == [("compile", kernels)]
+        assert codegen.calls == [*begun, ("compile", kernels)]
     else:
         assert codegen.calls == [
-            ("prepare_host", kernels), ("compile", kernels), ("build_host", kernels)
+            *begun, ("prepare_host", kernels), ("compile", kernels), ("build_host", kernels)
         ]  # fmt: skip

@@ -514,3 +514,11 @@ def test_only_the_first_job_of_a_kernel_signature_builds_triton_s_launcher(
     fn = getattr(kernel.module, first.variant)
     source = ASTSource(fn, one["signature"], one["constexprs"], one["attrs"])
     assert known_binaries.entry(source, jobs[0]) == known_binaries.entry(source, one)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_workers_start_as_a_graph_starts_lowering(monkeypatch, parallel):
+    started = []
+    monkeypatch.setattr(codegen, "start_compile_workers", lambda: started.append(1))
+    TritonCodegen(parallel_compile=parallel).begin_compile()
+    assert started == ([1] if parallel else [])

@@ -279,6 +279,8 @@ def compile_fx(
     stage = stage or (lambda name: contextlib.nullcontext())
     device = graph_device(gm, example_inputs)
     backend = resolve_codegen(codegen, device.type)
+    if hasattr(backend, "begin_compile"):
+        backend.begin_compile()  # what building the kernels needs, begun as lowering starts
     with stage("lowering"):
         with symbols.keeps_sizes_symbolic(example_inputs):  # symbolic sizes stay symbols
             gm = decompose(gm)  # 1. the norms through torch._decomp

@@ -322,8 +322,15 @@ class TritonCodegen:
         if compiles_for_gpu():
             precompiled.start_driver_in_background()
 
+    def begin_compile(self) -> None:
+        """Work the build of a graph's kernels needs, begun as the graph starts lowering
+        (kiln-loopir calls this; a graph found in the cache lowers nothing): the compile
+        workers, which start while it lowers and are ready for its first kernel."""
+        if self.parallel_compile:
+            start_compile_workers()
+
     def render(self, kernel: Kernel) -> str:
-        if self.parallel_compile:  # the workers start while the graph's kernels render
+        if self.parallel_compile:  # where no compile began (a caller of render alone)
             start_compile_workers()
         source = render_kernel(kernel)
         if self.parallel_compile:  # and build each kernel while the next ones render

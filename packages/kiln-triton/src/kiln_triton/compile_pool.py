@@ -240,8 +240,8 @@ def compile_workers() -> CompileWorkers | None:
 
 def start_compile_workers() -> None:
     """Start the compile workers now, so that they are ready when kernels are compiled
-    (rendering a graph's first kernel calls this; a compile whose kernels all come from the
-    cache starts none).
+    (``TritonCodegen.begin_compile`` calls this as a graph starts lowering; a compile whose
+    graphs all come from the cache starts none).
     Nothing is started where kernels are not compiled (no CUDA device, or Triton's
     interpreter)."""
     if compiles_for_gpu():

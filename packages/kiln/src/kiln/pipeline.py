@@ -118,6 +118,8 @@ class ObservedCodegen:
             self.rebuild_host = lambda *args: self._host(inner.rebuild_host, *args)
         if hasattr(inner, "prepare_host"):  # work for it begun before the kernels build
             self.prepare_host = lambda *args: self._host(inner.prepare_host, *args)
+        if hasattr(inner, "begin_compile"):  # work for the build, begun as lowering starts
+            self.begin_compile = inner.begin_compile
 
     def render(self, kernel) -> str:
         return self._rendered(self.inner.render, kernel)
