@@ -172,10 +172,11 @@ def test_work_for_the_native_host_program_begins_before_the_kernels_are_built(ho
     compiled = compile_fx(gm, [x], codegen=codegen, host_program=host_program)
     torch.testing.assert_close(compiled(x)[0], (x.sin() + 1).sum(1))
     kernels = len(compiled.schedule.kernels())
-    begun = [("begin_compile",)] + [("render",)] * kernels  # begun as lowering starts
+    rendered = [("render",)] * kernels
     if host_program == "python":  # no native program: nothing is prepared for one
-        assert codegen.calls == [*begun, ("compile", kernels)]
-    else:
+        assert codegen.calls == [("begin_compile",), *rendered, ("compile", kernels)]
+    else:  # the host program's work begins before the kernels render (and build)
         assert codegen.calls == [
-            *begun, ("prepare_host", kernels), ("compile", kernels), ("build_host", kernels)
+            ("begin_compile",), ("prepare_host", kernels), *rendered, ("compile", kernels),
+            ("build_host", kernels),
         ]  # fmt: skip

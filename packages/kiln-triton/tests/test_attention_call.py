@@ -253,3 +253,38 @@ def test_an_attention_kernel_handed_ahead_is_built_by_a_worker_and_loaded_here(
         assert "cubin" in binary.asm and not attention_kernels._compiling
     finally:
         pool.shutdown()
+
+
+def test_an_attention_kernel_loads_its_function_without_triton_s_launcher(monkeypatch):
+    """Only the native host program launches Kiln's attention kernels, through the handle:
+    loading one must not build Triton's launcher for its signature (C code, a compile)."""
+    import types
+
+    import triton.runtime
+
+    from kiln_triton.compiled_launch import load_function
+
+    loads = []
+
+    def load_binary(name, kernel, shared, device):
+        loads.append((name, kernel, shared, device))
+        return ("module", 1234, 32, 0, 1024)
+
+    def no_launcher(*args):
+        raise AssertionError("Triton's launcher was made")
+
+    active = types.SimpleNamespace(
+        get_current_device=lambda: 0,
+        utils=types.SimpleNamespace(load_binary=load_binary),
+        launcher_cls=no_launcher,
+    )
+    monkeypatch.setattr(triton.runtime, "driver", types.SimpleNamespace(active=active))
+    compiled = types.SimpleNamespace(
+        module=None, function=None, name="attention_fwd", kernel=b"cubin",
+        metadata=types.SimpleNamespace(shared=49152),
+    )  # fmt: skip
+    load_function(compiled)
+    assert (compiled.module, compiled.function) == ("module", 1234)
+    assert loads == [("attention_fwd", b"cubin", 49152, 0)]
+    load_function(compiled)  # loaded once
+    assert len(loads) == 1

@@ -303,19 +303,20 @@ def compile_fx(
     with stage("memory"):
         plan = plan_memory(schedule, reuse=reuse_memory)  # 5. allocation, reuse, in place
         kernel_launch_args(schedule)  # 6. what each kernel is passed
+    # 8. (prepared) the host program, natively: rendered before the kernels are built and
+    # built with them (render_host), or built after them where they plan it (build_host)
+    render = getattr(backend, "render_host", None)
+    build = getattr(backend, "build_host", None) if render is None else None
+    prepare = getattr(backend, "prepare_host", None) if build is not None else None
+    if prepare is not None and host_choice(host_program) != "python":
+        prepare(schedule)  # what it needs, begun before the kernels render
     groups = launch_groups(schedule) if hasattr(backend, "render_group") else []
     sources = [backend.render(k) for k in schedule.kernels()]  # 7. kernels, launch groups
     group_sources = [backend.render_group(g) for g in groups]
-    # 8. the host program, natively: rendered before the kernels are built and built with
-    # them (render_host), or built after them where they plan it (build_host)
-    render = getattr(backend, "render_host", None)
-    build = getattr(backend, "build_host", None) if render is None else None
     native = None
     if build is None:
         make = (lambda: render(schedule, plan)) if render is not None else None
         native = native_host(backend, make, host_program)
-    elif hasattr(backend, "prepare_host") and host_choice(host_program) != "python":
-        backend.prepare_host(schedule)  # what the host program needs, begun with the kernels
     if native is None:
         fns = backend.compile(sources + group_sources)
     else:

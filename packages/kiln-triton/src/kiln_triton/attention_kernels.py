@@ -22,6 +22,7 @@ from kiln_triton import attention_backward_jit, attention_jit, precompiled
 from kiln_triton.attention import forward_launch
 from kiln_triton.attention_backward import backward_launch
 from kiln_triton.compile_pool import compile_workers
+from kiln_triton.compiled_launch import load_function
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def compile_attention(kernel: str, args: dict, grid: list, buffers: dict, device
     if compiled is None:
         _wait_for_worker(key)
         compiled = precompiled.load(KERNELS[kernel][0], job)
-        compiled[grid]  # loads the module: its function handle exists from here on
+        load_function(compiled)  # only the native host program launches it: no launcher
         _loaded[loaded_as] = compiled  # the twelve layers of a model load one binary
     return compiled, grid
 
