@@ -364,6 +364,20 @@ def test_a_failed_background_build_is_raised_by_the_first_load(fresh_runtime):
     assert len(calls) == 1  # raised again, not built again
 
 
+def test_the_background_load_also_asks_the_compiler_for_its_optional_flags(
+    fresh_runtime, monkeypatch
+):
+    """The first library build would run the compiler's probes otherwise (a cold cache)."""
+    from kiln_cpp import build
+
+    asked = []
+    runtime = fresh_runtime(_failing_build([]))  # the probes are asked all the same
+    monkeypatch.setattr(build, "optional_flags", lambda path: asked.append(path) or ((), ()))
+    runtime.start_loading()
+    runtime._STARTED[0].join(30)
+    assert asked == [build.compiler()]
+
+
 def test_random_ops_draw_their_seed_natively_as_the_python_program_does():
     def noisy(x):
         return (x * (torch.rand_like(x) > 0.5) + torch.randn_like(x),)

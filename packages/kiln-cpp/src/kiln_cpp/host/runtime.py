@@ -159,7 +159,9 @@ def start_loading() -> None:
     """Build and load the runtime in a background thread, once per process: the build
     (about 15 s where the installation has none yet) then overlaps whatever the caller
     does until its first :func:`load_runtime`, which waits for it and raises what it
-    raised."""
+    raised. The thread then asks the compiler which optional flags it takes
+    (``build.optional_flags``: a few compiler runs where the cache has no answer yet),
+    which the first build of a library would otherwise wait for."""
     if _STARTED or _FAILED or _load_runtime.cache_info().currsize:
         return
     thread = threading.Thread(target=_load_quietly, name="kiln-cpp-runtime", daemon=True)
@@ -170,6 +172,8 @@ def start_loading() -> None:
 def _load_quietly() -> None:
     with contextlib.suppress(Exception):  # kept in _FAILED: the next load_runtime raises it
         load_runtime()
+    with contextlib.suppress(Exception):  # no compiler: the first build says so
+        build.optional_flags(build.compiler())
 
 
 @functools.cache
