@@ -173,9 +173,21 @@ class _Fuser:
 
     def _joined(self, a: Kernel, b: Kernel) -> bool:
         """Whether ``b`` depends on ``a`` through a third step (a fusion would form a
-        cycle). Steps before ``a`` cannot depend on it, so the search stops there."""
+        cycle). A path through data alone (buffers with one writer) outlasts every fusion
+        that keeps ``a`` and ``b``, so such a pair is remembered in ``joined``; one through
+        a buffer written twice (its dependencies follow the order) is searched again."""
+        if not self.by_data:
+            return self._path(a, b, {})
+        if self._path(a, b, {}):
+            self.joined.add((a, b))
+            return True
+        return bool(self.order_deps) and self._path(a, b, self.order_deps)
+
+    def _path(self, a: Kernel, b: Kernel, order_deps: dict[Step, set[Step]]) -> bool:
+        """Whether a path of dependencies (and ``order_deps``) leads from ``b`` back to
+        ``a`` through a third step. Steps before ``a`` cannot depend on it, so the search
+        stops there."""
         start = self.label[a]
-        order_deps = self.order_deps if self.by_data else {}
         label = self.label
         stack = [d for d in self.deps[b] | order_deps.get(b, set()) if d is not a]
         seen: set[Step] = set()
@@ -209,9 +221,6 @@ class _Fuser:
             ):
                 continue  # stale
             if (a, b) in self.joined or self._joined(a, b):
-                if self.by_data and not self.rewritten:
-                    # a path through a third step outlasts every fusion that keeps a and b
-                    self.joined.add((a, b))
                 held.append(entry)
                 continue
             fused = try_fuse(a, b, f"kernel{self.count}")

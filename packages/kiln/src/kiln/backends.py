@@ -21,6 +21,7 @@ import torch
 import torch.fx
 
 from kiln import logs
+from kiln.collector import collecting_less
 from kiln.config import Config
 from kiln.frames import Frame
 from kiln.pipeline import aot_backend
@@ -43,7 +44,8 @@ class Session:
             code = gm.print_readable(print_output=False)
             logs.logger("graph").info("%s captured graph:\n%s", frame.name, code)
             frame.dump("captured_graph.py", code)
-        return self.backend_for(frame)(gm, example_inputs)
+        with collecting_less():  # collections walk the compile's garbage, not the model
+            return self.backend_for(frame)(gm, example_inputs)
 
     def backend_for(self, frame: Frame) -> Callable:
         backend = self.config.backend
