@@ -16,6 +16,7 @@ its helpers in :mod:`kiln_loopir.size_math`); kiln-cpp and kiln-triton each have
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -272,7 +273,19 @@ class ParenthesizedIndexPrinter(IndexPrinter):
     sympy's printing (C++ casts, Triton's tensors)."""
 
     def _print_Mul(self, expr: sympy.Expr) -> str:
-        return "(" + " * ".join(self._print(a) for a in expr.as_ordered_factors()) + ")"
+        return "(" + " * ".join(self._print(a) for a in _ordered_factors(expr)) + ")"
 
     def _print_Add(self, expr: sympy.Expr, order=None) -> str:
-        return "(" + " + ".join(self._print(a) for a in expr.as_ordered_terms()) + ")"
+        return "(" + " + ".join(self._print(a) for a in _ordered_terms(expr)) + ")"
+
+
+# sympy orders a sum's terms for printing by evaluating their coefficients (about 0.2 ms a
+# sum); a model's repeated layers print the same index expressions again and again
+@functools.lru_cache(maxsize=16384)
+def _ordered_terms(expr: sympy.Expr) -> tuple[sympy.Expr, ...]:
+    return tuple(expr.as_ordered_terms())
+
+
+@functools.lru_cache(maxsize=16384)
+def _ordered_factors(expr: sympy.Expr) -> tuple[sympy.Expr, ...]:
+    return tuple(expr.as_ordered_factors())

@@ -65,7 +65,7 @@ class RecordingHandler:
 
     # -- helpers ---------------------------------------------------------------------------
     def _value(self, op: str, args, dtype, inner=None, **attrs) -> Value:
-        key = (op, tuple(id(a) for a in args), dtype, repr(sorted(attrs.items())))
+        key = (op, tuple(id(a) for a in args), dtype, *(_attr_key(attrs[k]) for k in sorted(attrs)))
         if key in self._cse:
             return self._cse[key]
         if inner is None:
@@ -183,3 +183,13 @@ def record(kernel: Kernel) -> RecordingHandler:
     handler = RecordingHandler(kernel)
     kernel.body(handler)
     return handler
+
+
+def _attr_key(value: object) -> tuple:
+    """What tells one attribute of a value from another: the value itself with its type (a
+    sympy index compares by its structure, without printing it), else its repr."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", repr(value))
+    return (type(value), value)
