@@ -9,7 +9,6 @@ import heapq
 from kiln_loopir.fusion import output_buffers, score, try_fuse
 from kiln_loopir.ir import ExternNode
 from kiln_loopir.kernel import Kernel, Schedule, Step
-from kiln_loopir.names import kernel_name
 from kiln_loopir.scheduler import (
     assign_locals,
     dependencies,
@@ -227,8 +226,7 @@ class _Fuser:
             if fused is None:
                 self.refused.add((a, b))
                 continue
-            fused.name = kernel_name(fused.nodes, self.count)
-            held.append(entry)  # stale once a and b are gone
+            held.append(entry)  # stale once a and b are gone (named when fusion ends)
             break
         for entry in held:
             heapq.heappush(self.heap, entry)
