@@ -60,7 +60,6 @@ def keep(source_hash: str, config: Config, numels: tuple[int, ...], compiled) ->
     _BINARIES[(source_hash, config, numels)] = compiled
 
 
-@functools.cache
 def start_driver_in_background() -> None:
     """Start Triton's driver in a thread (once). With an empty Triton cache it first builds
     its C utilities (a C compiler's run, about a second), which then overlaps the first
@@ -85,6 +84,7 @@ def _start_driver() -> None:
         return
 
 
+@functools.cache
 def current_target() -> tuple[str, int, int]:
     """The current device's ``GPUTarget`` as plain data (read once: it starts Triton's
     driver, which first builds its C utilities into an empty Triton cache; where
