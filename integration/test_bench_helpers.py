@@ -19,6 +19,7 @@ import bench_gpu_calls  # noqa: E402
 import gpu_models  # noqa: E402
 import gpu_timing  # noqa: E402
 import kiln_checks  # noqa: E402
+import stack_samples  # noqa: E402
 import timing  # noqa: E402
 
 
@@ -49,6 +50,41 @@ def test_a_compile_timeline_merges_stages_and_worker_jobs_from_the_call_s_start(
     assert len(text.splitlines()) == len(events) + 1
     shorter = bench_compile.timeline_text("x", events, least=1e9)
     assert len(shorter.splitlines()) == 1  # none takes that long
+
+
+def test_sampled_stacks_are_summed_per_window_of_the_timeline():
+    outer, lower, fuse = ("bench.py:measure",), "kiln_loopir/lowering/__init__.py:lower", "f:fuse"
+    samples = [(10.0 + t, "MainThread", stack) for t, stack in [
+        (0.05, ("capture.py:trace", *outer)),
+        (0.2, (lower, *outer)), (0.3, (lower, *outer)), (0.4, ("g:x", fuse, *outer)),
+        (0.9, ("run.py:call", *outer)),
+    ]] + [(10.3, "kiln backward compile", (fuse,))]  # fmt: skip
+    events = [[0.1, 0.5, "MainThread", "frame000 lowering"],
+              [0.2, 0.6, "compile worker", "kernel (worker 0.4 s)"]]  # fmt: skip
+    text = stack_samples.profile_text(samples, events, started=10.0, least=0.1)
+    lines = text.splitlines()
+    assert lines[0].endswith("MainThread  before the first stage: 1 samples")
+    window = lines.index("   0.100    0.500  MainThread  frame000 lowering: 3 samples")
+    assert lines[window + 1] == f"   66.7%  {lower}"  # the enclosing measure is left out
+    assert f"   33.3%  {fuse}" in lines and "   33.3%  g:x  (innermost)" in lines
+    assert not any("worker" in line for line in lines)  # the workers' jobs have no stacks
+    assert lines[-2].endswith("after the last stage: 1 samples")
+    assert lines[-1] == "  100.0%  run.py:call  (innermost)"
+
+
+def test_a_stack_sampler_sees_a_compile_s_stages():
+    import kiln
+
+    kiln.reset()
+    sampler = stack_samples.StackSampler(interval=0.001).start()
+    started = time.perf_counter()
+    kiln.compile(lambda x: (x.sin() * x.cos()).sum(0) + 1, options={"cache": False})(
+        torch.randn(64, 8)
+    )
+    samples = sampler.stop()
+    assert any("kiln" in frame for _, _, stack in samples for frame in stack)
+    text = stack_samples.profile_text(samples, bench_compile.timeline(started), started, 0.0)
+    assert "frame000 lowering" in text and "before the first stage" in text
 
 
 def test_markdown_table_aligns_numeric_columns():

@@ -26,7 +26,10 @@ Each measurement runs in a process of its own. Environment:
   spent are listed as skipped;
 - ``KILN_BENCH_TIMELINE=1``: below the table, the timeline of each Kiln first call, cold
   and warm (:func:`kiln.compile_timeline`'s stages and the compile workers' jobs, by
-  thread, seconds from the call's start).
+  thread, seconds from the call's start);
+- ``KILN_BENCH_PROFILE=1``: below that, where each stage of 0.1 s or more spent its time
+  (every thread's stack sampled each 5 ms during the call, :mod:`stack_samples`; the
+  sampling slows the call a few percent).
 
 Run ``python bench_compile.py`` (or ``python integration/bench.py compile`` on the CPU).
 """
@@ -118,6 +121,11 @@ def measure(name: str, phase: str, compiler: str, on: str) -> dict:
     eager_first = first_call(model, inputs, phase, on)  # the libraries' start, not timed
     model.zero_grad(set_to_none=True)
     torch.manual_seed(1)
+    sampler = None
+    if compiler == "kiln" and os.environ.get("KILN_BENCH_PROFILE") == "1":
+        from stack_samples import StackSampler
+
+        sampler = StackSampler().start()
     started = time.perf_counter()
     compiled = kiln.compile(model) if compiler == "kiln" else torch.compile(model)
     row = {"seconds": first_call(compiled, inputs, phase, on), "eager_first": eager_first}
@@ -126,6 +134,10 @@ def measure(name: str, phase: str, compiler: str, on: str) -> dict:
         row["kernels"] = kiln_kernel_counts()
         if os.environ.get("KILN_BENCH_TIMELINE") == "1":
             row["timeline"] = timeline(started)
+        if sampler is not None:
+            from stack_samples import profile_text
+
+            row["profile"] = profile_text(sampler.stop(), timeline(started), started)
     return row
 
 
@@ -246,9 +258,11 @@ def main() -> str:
                     warm = run_child(name, phase, compiler, on, folder)
                 results[compiler] = (cold, warm)
                 for when, row in (("cold", cold), ("warm", warm)):
+                    label = f"{name} {phase} {compiler}, {when}"
                     if "timeline" in row:
-                        label = f"{name} {phase} {compiler}, {when}"
                         timelines.append(timeline_text(label, row.pop("timeline")))
+                    if "profile" in row:
+                        timelines.append(f"{label}, sampled stacks:\n{row.pop('profile')}")
                 print(f"{name} {phase} {compiler}: cold {cold}, warm {warm}", file=sys.stderr)
             rows.extend(table_rows(name, phase, results))
     text = markdown_table(HEADER, rows, numeric=0)
