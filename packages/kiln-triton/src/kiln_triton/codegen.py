@@ -347,8 +347,8 @@ class TritonCodegen:
         return kernels
 
     def prepare_host(self, schedule) -> None:
-        """Work the graph's native host program will need, begun before its kernels are
-        built: the attention kernels it launches handed to the compile workers (see
+        """Work the graph's native host program will need, begun before its kernels
+        render: the attention kernels it launches handed to the compile workers (see
         :func:`kiln_triton.native_host.compile_attention_ahead`). A failure here leaves
         that work to :meth:`build_host`."""
         from kiln_triton.native_host import compile_attention_ahead

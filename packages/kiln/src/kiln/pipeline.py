@@ -116,7 +116,7 @@ class ObservedCodegen:
         if hasattr(inner, "build_host"):  # natively, once its kernels are built
             self.build_host = lambda *args: self._host(inner.build_host, *args)
             self.rebuild_host = lambda *args: self._host(inner.rebuild_host, *args)
-        if hasattr(inner, "prepare_host"):  # work for it begun before the kernels build
+        if hasattr(inner, "prepare_host"):  # work for it begun before the kernels render
             self.prepare_host = lambda *args: self._host(inner.prepare_host, *args)
         if hasattr(inner, "begin_compile"):  # work for the build, begun as lowering starts
             self.begin_compile = inner.begin_compile
