@@ -330,10 +330,8 @@ class TritonCodegen:
             start_compile_workers()
 
     def render(self, kernel: Kernel) -> str:
-        if self.parallel_compile:  # where no compile began (a caller of render alone)
-            start_compile_workers()
         source = render_kernel(kernel)
-        if self.parallel_compile:  # and build each kernel while the next ones render
+        if self.parallel_compile:  # built while the next ones render (workers started)
             compile_ahead(source)
         return source
 
