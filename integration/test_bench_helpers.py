@@ -72,6 +72,19 @@ def test_sampled_stacks_are_summed_per_window_of_the_timeline():
     assert lines[-1] == "  100.0%  run.py:call  (innermost)"
 
 
+def test_threads_python_did_not_start_are_shown_beside_the_main_thread():
+    engine = ("torch/autograd/graph.py:_engine_run_backward",)
+    samples = [(10.7, "MainThread", engine), (10.7, "?", ("host.py:call", "fn.py:backward")),
+               (10.3, "?", ("trace.py:backward",))]  # fmt: skip
+    events = [[0.1, 0.5, "MainThread", "frame000 autograd"]]
+    lines = stack_samples.profile_text(samples, events, started=10.0, least=0.1).splitlines()
+    during = lines.index("   0.100    0.500  MainThread  frame000 autograd, threads Python did "
+                         "not start: 1 samples")  # fmt: skip
+    assert lines[during + 1] == "  100.0%  trace.py:backward  (innermost)"
+    assert lines[-2].endswith("after the last stage, threads Python did not start: 1 samples")
+    assert lines[-1] == "  100.0%  host.py:call  (innermost)"
+
+
 def test_a_stack_sampler_sees_a_compile_s_stages():
     import kiln
 

@@ -5,7 +5,8 @@ compile timeline (``bench_compile.timeline``).
 :class:`StackSampler` samples (a daemon thread reading ``sys._current_frames``; it takes
 the GIL for a moment each time, so the call runs a few percent slower). :func:`profile_text`
 gives, for each stage of the timeline that lasted ``least`` seconds or more, and for the
-main thread before the first stage (capture) and after the last one (the first run), the
+main thread before the first stage (capture) and after the last one (the first run; with the
+threads Python did not start, where autograd runs a CUDA backward), the
 functions most often on that thread's stack then: the share of the window's samples each
 was on the stack (the enclosing calls on nearly every sample left out), then the innermost
 frames.
@@ -18,6 +19,7 @@ import threading
 import time
 from collections import Counter
 
+UNNAMED = "?"  # a thread Python did not start (autograd's device threads)
 ENCLOSING = 0.95  # a function on this share of a window's samples or more encloses it
 
 
@@ -62,7 +64,7 @@ class StackSampler:
                 while frame is not None:
                     stack.append(frame_name(frame.f_code))
                     frame = frame.f_back
-                self.samples.append((now, names.get(ident, "?"), tuple(stack)))
+                self.samples.append((now, names.get(ident, UNNAMED), tuple(stack)))
 
 
 def window_text(label: str, stacks: list[tuple[str, ...]], top: int = 10) -> list[str]:
@@ -98,12 +100,21 @@ def profile_text(
     def stacks(thread: str, start: float, end: float) -> list[tuple[str, ...]]:
         return [s for t, name, s in samples if name == thread and start <= t - started <= end]
 
-    lines = window_text(f"   0.000 {first:8.3f}  MainThread  before the first stage",
-                        stacks("MainThread", 0.0, first))  # fmt: skip
+    def main_thread(label: str, start: float, end: float) -> list[str]:
+        """The main thread's window, then that of threads Python did not start (autograd
+        runs a CUDA backward on its device thread while the main one waits)."""
+        lines = window_text(label, stacks("MainThread", start, end))
+        if unnamed := stacks(UNNAMED, start, end):
+            lines += window_text(f"{label}, threads Python did not start", unnamed)
+        return lines
+
+    lines = main_thread(f"   0.000 {first:8.3f}  MainThread  before the first stage", 0.0, first)
     for start, end, thread, what in staged:
         if end - start >= least:
             label = f"{start:8.3f} {end:8.3f}  {thread}  {what}"
-            lines += window_text(label, stacks(thread, start, end))
-    lines += window_text(f"{last:8.3f} {ended:8.3f}  MainThread  after the last stage",
-                         stacks("MainThread", last, ended))  # fmt: skip
+            if thread == "MainThread":
+                lines += main_thread(label, start, end)
+            else:
+                lines += window_text(label, stacks(thread, start, end))
+    lines += main_thread(f"{last:8.3f} {ended:8.3f}  MainThread  after the last stage", last, ended)
     return "\n".join(lines)
