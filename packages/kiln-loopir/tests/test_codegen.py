@@ -180,3 +180,47 @@ def test_work_for_the_native_host_program_begins_before_the_kernels_are_built(ho
             ("begin_compile",), ("prepare_host", kernels), *rendered, ("compile", kernels),
             ("build_host", kernels),
         ]  # fmt: skip
+
+
+class OwnProductCodegen(CountingCodegen):
+    """A codegen whose native host program computes the graph's matrix product with a
+    kernel of its own, which it hands the Python program too (``python_externs``); the
+    program itself is not built (``program`` None: the Python one runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.products = 0
+
+    def own_product(self, a, b):
+        self.products += 1
+        return torch.mm(a, b)
+
+    def build_host(self, schedule, plan, kernels):
+        from types import SimpleNamespace
+
+        from kiln_loopir.ir import ExternNode
+
+        step = next(
+            i
+            for i, s in enumerate(schedule.steps)
+            if isinstance(s, ExternNode) and s.target is torch.ops.aten.mm.default
+        )
+        return SimpleNamespace(program=None, python_externs={step: ("mm_own", self.own_product)})
+
+
+def test_an_extern_step_a_codegen_computes_itself_runs_its_kernel_in_the_python_program():
+    x, w = torch.randn(64, 256), torch.randn(256, 128)  # a product big enough for ATen's
+    gm = trace_aten(lambda x, w: (x.sin() @ w + 1,), [x, w])
+    codegen = OwnProductCodegen()
+    compiled = compile_fx(gm, [x, w], codegen=codegen)
+    assert "mm_own = own_kernel('mm_own', aten.mm.default)" in compiled.host_source
+    assert "= mm_own(" in compiled.host_source
+    torch.testing.assert_close(compiled(x, w)[0], x.sin() @ w + 1)
+    assert codegen.products == 1
+    # the same source loaded without that kernel (a cache entry whose native program is
+    # not built again) calls the op
+    kernels = {k.name: k.fn for k in compiled.kernels}
+    program = kiln_loopir.load_host_program(compiled.host_source, kernels, {})
+    x = torch.randn(64, 256)
+    torch.testing.assert_close(program(x, w)[0], x.sin() @ w + 1)
+    assert codegen.products == 1

@@ -1,6 +1,9 @@
-"""Which attention nodes Kiln's attention kernel takes, and the plain data it is compiled
-from (no device needed: the kernel itself runs in the GPU tests); on a GPU, that data's
-binary found again without Triton's cache key."""
+"""Which attention nodes Kiln's attention kernel takes, the plain data it is compiled from,
+and where the Python host program's launch of it finds each parameter (no device needed:
+the kernel itself runs in the GPU tests); on a GPU, that data's binary found again without
+Triton's cache key."""
+
+import ctypes
 
 import pytest
 import sympy
@@ -8,6 +11,7 @@ import torch
 
 from kiln_loopir.ir import Buffer, ExternNode, TensorRef
 from kiln_triton.attention import attention_call, forward_launch
+from kiln_triton.python_externs import KernelLaunch
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention.default
 CUDA = torch.device("cuda")
@@ -288,3 +292,53 @@ def test_an_attention_kernel_loads_its_function_without_triton_s_launcher(monkey
     assert loads == [("attention_fwd", b"cubin", 49152, 0)]
     load_function(compiled)  # loaded once
     assert len(loads) == 1
+
+
+# -- the Python host program's launch of the kernel (kiln_triton.python_externs) ----------
+
+
+def _params(call) -> list[tuple[str, object]]:
+    """Parameters as the native program plans them: pointers, then numbers, then the null
+    scratch pointer newer Triton appends."""
+    pointers = [("void*", ref) for ref in call.pointers().values()]
+    return pointers + [("int32_t", sympy.Integer(768)), ("float", 0.125), ("void*", None)]
+
+
+def test_pointers_are_found_among_the_arguments_and_results():
+    node, read = _node()
+    call = attention_call(node, read)
+    launch = KernelLaunch(node, 1234, (2, 8, 1), 128, 0, _params(call))
+    kinds = [kind for kind, _ in launch.sources]
+    # Q, K, V; no bias: the queries; Out, and Out again for the unread log-sum-exp
+    assert launch.sources[:6] == [("input", 0), ("input", 1), ("input", 2), ("input", 0),
+                                  ("output", 0), ("output", 0)]  # fmt: skip
+    assert kinds[6:] == ["value", "value", "value"]
+    assert launch.sources[6][1].value == 768 and isinstance(launch.sources[6][1], ctypes.c_int32)
+    assert launch.sources[7][1].value == pytest.approx(0.125)
+    assert launch.sources[8][1].value is None  # a null pointer
+    size, stride, dtype, device = launch.outputs[0]
+    assert (size, stride, dtype) == ((2, 4, 100, 64), (25600, 64, 256, 1), torch.bfloat16)
+    assert launch.outputs[1][0] == (2, 4, 100)  # the log-sum-exp, unread: allocated only
+    assert launch.inputs == [0, 1, 2, 0]
+    assert not launch.bare  # the op returns a tuple: so does the launch
+
+
+def test_an_op_of_one_result_gets_its_tensor_back_not_a_tuple():
+    node, read = _node()
+    node = ExternNode(node.target, node.args, {}, node.outputs[:1])  # as grouped_attention
+    launch = KernelLaunch(node, 1234, (2, 8, 1), 128, 0, _params(attention_call(node, read)))
+    assert launch.bare
+
+
+def test_a_pointer_into_a_results_middle_is_refused():
+    node, read = _node(read_lse=True)
+    call = attention_call(node, read)
+    params = _params(call)
+    lse = call.lse
+    past = TensorRef(lse.buffer, lse.dtype, lse.device, lse.size, lse.stride, sympy.Integer(4))
+    params[5] = ("void*", past)
+    with pytest.raises(ValueError, match="neither an argument nor a result"):
+        KernelLaunch(node, 1234, (2, 8, 1), 128, 0, params)
+    params[5] = ("void*", _head(0))  # equal to the queries' view, but not the argument
+    with pytest.raises(ValueError, match="neither an argument nor a result"):
+        KernelLaunch(node, 1234, (2, 8, 1), 128, 0, params)

@@ -245,12 +245,18 @@ def test_native_host_program_computes_attention_with_its_own_kernel(fn, dtype):
     compiled = compile_fx(gm, example, codegen=TritonCodegen(), host_program="native")
     source = compiled.native_host.source
     assert "attention_fwd" in source and "call_extern" not in source, source
+    # the Python program (a first call's, while the native one builds) launches it too
+    ((name, launch),) = compiled.native_host.python_externs.values()
+    assert f"{name} = own_kernel({name!r}, " in compiled.host_source
+    assert compiled.program.python_call.__globals__[name] is launch
     for _ in range(2):
         fresh = inputs()
         (got,), (want,) = compiled.program.call(*fresh), fn(*fresh)
+        (python,) = compiled.program.python_call(*fresh)
         scale = want.float().abs().max().item()
         tol = 1e-4 if dtype == torch.float32 else 2e-2  # float32: full float32 products
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale)
+        torch.testing.assert_close(python, got, rtol=tol, atol=tol * scale)
 
 
 def test_native_host_program_hands_misaligned_inputs_to_python():

@@ -5,6 +5,7 @@ the GPU test runs there)."""
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -173,3 +174,10 @@ def test_on_cuda_a_training_step_runs_kilns_attention_kernels_both_ways(causal, 
     assert "attention_fwd (aten._scaled_dot_product" in forward, forward
     assert "attention_bwd (aten._scaled_dot_product" in backward, backward
     assert "call_extern" not in forward + backward  # no op through ATen
+    # the first call ran the Python programs (the native ones built meanwhile): they launch
+    # the same kernels
+    programs = {h.name: h.read_text() for h in tmp_path.glob("frame*/*_host.py")}
+    forward = next(s for name, s in programs.items() if name.startswith("forward"))
+    backward = next(s for name, s in programs.items() if name.startswith("backward"))
+    assert re.search(r"attention_fwd_\d+ = own_kernel\(", forward), forward
+    assert re.search(r"attention_bwd_\d+ = own_kernel\(", backward), backward

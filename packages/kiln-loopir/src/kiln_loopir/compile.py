@@ -152,6 +152,13 @@ def load_host_program(
     namespace.update(kernels)
     namespace.update(constants)
 
+    def own_kernel(name: str, op: torch._ops.OpOverload) -> Callable:
+        """The code generator's kernel ``name`` computing an extern step (its Python form,
+        taking and returning what ``op`` does), where ``kernels`` has it; else ``op``."""
+        return namespace[name] if name in namespace else runtime.bind_op(op)
+
+    namespace["own_kernel"] = own_kernel
+
     def load_python() -> tuple[Callable[..., tuple], Callable[..., None]]:
         exec(compile(host_source, filename, "exec"), namespace)
         call = namespace["call"]
@@ -217,9 +224,10 @@ class CompiledGraph:
         self.codegen = codegen
         self.launch_groups = list(launch_groups)
         self.native_host = native_host  # the codegen's rendering of it, or None
+        own = getattr(native_host, "python_externs", {})
         self.program = load_host_program(
             host_source,
-            {k.name: k.fn for k in [*kernels, *self.launch_groups]},
+            {k.name: k.fn for k in [*kernels, *self.launch_groups]} | dict(own.values()),
             {c.name: c.value for c in graph.constants},
             native=getattr(native_host, "program", None),
         )
@@ -333,8 +341,16 @@ def compile_fx(
         CompiledLaunchGroup(g.name, g, src, fn)
         for g, src, fn in zip(groups, group_sources, fns[len(sources) :], strict=True)
     ]
-    host_source = generate_host(schedule, plan, groups)
+    host_source = generate_host(schedule, plan, groups, own_extern_names(native))
     return CompiledGraph(graph, schedule, plan, kernels, host_source, backend, launchers, native)
+
+
+def own_extern_names(native: object) -> dict[int, str]:
+    """The extern steps a native host program computes with kernels of the code generator's
+    own, which its Python program calls too (``python_externs``: step index -> (name,
+    callable)), by name: the first calls, run by the Python program while the native one
+    builds, then run what every later call runs."""
+    return {i: name for i, (name, _) in getattr(native, "python_externs", {}).items()}
 
 
 def host_choice(choice: str | None) -> str:

@@ -4,7 +4,7 @@ strides eager gives them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import sympy
 import torch
@@ -126,16 +126,23 @@ def extern_name(op: torch._ops.OpOverload) -> str:
     return f"{namespace}_{name}_{op._overloadname}"
 
 
-def extern_bindings(schedule: Schedule) -> list[str]:
+def extern_bindings(schedule: Schedule, own: Mapping[int, str] | None = None) -> list[str]:
     """``aten_addmm_default = bind_op(aten.addmm.default)`` for each extern op the program
-    calls: the op's compiled entry point, looked up once."""
+    calls: the op's compiled entry point, looked up once. A step the code generator computes
+    with a kernel of its own (``own``: step index -> name) is bound by that name to
+    ``own_kernel(name, op)``: that kernel, where the program was loaded with it, else the
+    op."""
+    own = own or {}
     ops: dict[str, str] = {}
-    for step in schedule.steps:
+    for i, step in enumerate(schedule.steps):
         if isinstance(step, ExternNode) and isinstance(step.target, torch._ops.OpOverload):
             op = step.target
             path = str(op) if op.namespace == "aten" else f"torch.ops.{op}"
-            ops.setdefault(extern_name(op), path)
-    return [f"{name} = bind_op({path})" for name, path in ops.items()]
+            if i in own:
+                ops[own[i]] = f"own_kernel({own[i]!r}, {path})"
+            else:
+                ops.setdefault(extern_name(op), f"bind_op({path})")
+    return [f"{name} = {binding}" for name, binding in ops.items()]
 
 
 def _is_static(buffer: Buffer) -> bool:
@@ -149,9 +156,15 @@ def _input_check(k: int, inp) -> str:
     )
 
 
-def generate_host(schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchGroup] = ()) -> str:
+def generate_host(
+    schedule: Schedule,
+    plan: MemoryPlan,
+    groups: Sequence[LaunchGroup] = (),
+    own: Mapping[int, str] | None = None,
+) -> str:
     """The host program for ``schedule``: the source of ``call(*inputs)`` and
-    ``check(*inputs)``.
+    ``check(*inputs)``; the extern steps of ``own`` (step index -> name) call the code
+    generator's kernel of that name in place of their op (see :func:`extern_bindings`).
 
     ``call`` runs the graph. It checks the layout of inputs whose sizes are symbols (the
     sizes it binds come from them); ``check`` checks the inputs whose sizes and strides are
@@ -159,6 +172,7 @@ def generate_host(schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchG
     bound to names once, above the functions.
     """
     graph = schedule.graph
+    own = own or {}
     names = ", ".join(i.name for i in graph.inputs)
     static = [(k, i) for k, i in enumerate(graph.inputs) if i.buffer and _is_static(i.buffer)]
     checks = [_input_check(k, inp) for k, inp in static] or ["pass"]
@@ -169,8 +183,8 @@ def generate_host(schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchG
         if inp.buffer is not None and not _is_static(inp.buffer)
     ]
     bound_after = {line.split(" = ")[0] for line in body}
-    body += _steps(schedule, plan, groups, bound_after)
-    header = extern_bindings(schedule)
+    body += _steps(schedule, plan, groups, bound_after, own)
+    header = extern_bindings(schedule, own)
     sections = [
         "\n".join(header) + "\n\n\n" if header else "",
         _function(f"call({names})", body),
@@ -185,7 +199,11 @@ def _function(signature: str, body: list[str]) -> str:
 
 
 def _steps(
-    schedule: Schedule, plan: MemoryPlan, groups: Sequence[LaunchGroup], bound_after: set[str]
+    schedule: Schedule,
+    plan: MemoryPlan,
+    groups: Sequence[LaunchGroup],
+    bound_after: set[str],
+    own: Mapping[int, str],
 ) -> list[str]:
     """Allocations, launches, extern calls and frees, step by step, then the return."""
     graph = schedule.graph
@@ -195,7 +213,7 @@ def _steps(
     deferred: list[str] = []  # names a group's kernels still read: dropped after its call
     reused = {old for p in plan.steps for old in p.reuse.values()}
     read = schedule_reads(schedule)
-    for step, sp in zip(schedule.steps, plan.steps, strict=True):
+    for i, (step, sp) in enumerate(zip(schedule.steps, plan.steps, strict=True)):
         for name in sp.allocate:
             b = buffers[name]
             body.append(
@@ -229,7 +247,7 @@ def _steps(
         else:
             call_args = [format_value(a, buffers) for a in step.args]
             call_args += [f"{k}={format_value(v, buffers)}" for k, v in step.kwargs.items()]
-            call = f"{_target(step)}({', '.join(call_args)})"
+            call = f"{own.get(i) or _target(step)}({', '.join(call_args)})"
             if step.binds:  # a number read from tensor data, or the size of a view
                 body += _bind_symbols(step.binds, call)
                 bound_after |= {str(sym) for sym, _ in step.binds}

@@ -21,6 +21,7 @@ Python host program runs the graph.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import sympy
@@ -39,7 +40,10 @@ from kiln_triton.compile_pool import compiles_for_gpu
 from kiln_triton.compiled_launch import ptx_params, unlaunchable
 from kiln_triton.device import INTERPRET
 from kiln_triton.launcher import TritonKernel
+from kiln_triton.python_externs import KernelLaunch
 from kiln_triton.sized_launches import FamilyTable, SizedLauncher, alignment_checks, is_sized
+
+log = logging.getLogger("kiln.triton")
 
 C_TYPES = {"i32": "int32_t", "i64": "int64_t", "u32": "uint32_t", "u64": "uint64_t"}
 C_TYPES |= {"fp32": "float", "fp64": "double"}
@@ -76,6 +80,7 @@ def build_host(schedule: Schedule, plan: MemoryPlan, kernels: dict[str, TritonKe
     launcher = CudaLauncher(schedule, kernels)
     host = render_host(schedule, plan, load_runtime(), launcher)
     host.workspaces = launcher.workspaces  # their addresses are in the program
+    host.python_externs = launcher.python_externs(schedule)  # the Python program's too
     return _loaded(host)
 
 
@@ -339,6 +344,25 @@ class CudaLauncher:
              "launch": _shape_of_compiled(grid, compiled)}
         )  # fmt: skip
         return planned
+
+    def python_externs(self, schedule: Schedule) -> dict[int, tuple[str, KernelLaunch]]:
+        """The extern steps this program computes with Kiln's kernels, each as the Python
+        host program calls it (:mod:`kiln_triton.python_externs`): step index -> (name,
+        launch)."""
+        own: dict[int, tuple[str, KernelLaunch]] = {}
+        for i, step in enumerate(schedule.steps):
+            if id(step) not in self.attention:
+                continue
+            call, planned = self.attention[id(step)]
+            function = self.functions[planned.function]
+            try:
+                launch = KernelLaunch(step, function, planned.grid, planned.block,
+                                      planned.shared, planned.params)  # fmt: skip
+            except ValueError as exc:  # the Python program calls the op
+                log.debug("%s: the Python host program calls the op (%s)", call.kernel, exc)
+                continue
+            own[i] = (f"{call.kernel}_{i}", launch)
+        return own
 
     def extern_lines(self, node: ExternNode, pointer, ref_pointer) -> list[str] | None:
         """The launch computing ``node`` (after :meth:`computes` took it), else None."""
