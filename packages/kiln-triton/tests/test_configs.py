@@ -53,3 +53,13 @@ def test_column_reductions_time_the_column_blocks_that_won(rnumel, widths):
         blocks = dict(c.blocks)
         whole = blocks["RBLOCK"] * 1 >= rnumel
         assert c.variant == ("k_persistent" if whole else "k_looped"), c
+
+
+def test_a_persistent_row_reduction_times_three_candidates():
+    """The heuristic's block and warps, twice the warps, twice the rows: a fourth never won."""
+    from kiln_triton.configs import reduction_configs
+
+    found = reduction_configs("k", 8192, 768, column_major=False)
+    assert len(found) == 3 and all(c.variant == "k_persistent" for c in found)
+    (x0, w0), (x1, w1), (x2, _) = [(dict(c.blocks)["XBLOCK"], c.num_warps) for c in found]
+    assert (x1, w1) == (x0, 2 * w0) and x2 == 2 * x0
