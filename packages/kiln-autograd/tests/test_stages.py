@@ -269,3 +269,24 @@ def test_aten_nodes_keep_the_source_lines_of_the_nodes_they_come_from():
     ]
     assert forward_ops and all("model.py" in n.meta.get("stack_trace", "") for n in forward_ops)
     assert "# File: model.py:7 in forward, code: gelu" in joint.gm.print_readable(False)
+
+
+def test_analyze_runs_on_fresh_copies_of_its_fake_inputs():
+    """Each input gets its own storage in its own layout (an expanded one stays expanded),
+    and one that requires grad is a non-leaf, as a graph writing into it needs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln_autograd.analyze import _fresh_input
+
+    mode = FakeTensorMode()
+    with mode:
+        weight = torch.empty(4, 3, requires_grad=True)
+        row = torch.empty(1, 3).expand(5, 3)
+        for value in (weight, row):
+            fresh = _fresh_input(value)
+            assert fresh.shape == value.shape and fresh.stride() == value.stride()
+            assert fresh.untyped_storage()._cdata != value.untyped_storage()._cdata
+            assert fresh.requires_grad == value.requires_grad
+            assert fresh.fake_mode is mode and fresh.device == value.device
+        assert not _fresh_input(weight).is_leaf  # it may be written in place
+        _fresh_input(weight).add_(1)
