@@ -358,7 +358,7 @@ class CudaLauncher:
             try:
                 launch = KernelLaunch(step, function, planned.grid, planned.block,
                                       planned.shared, planned.params)  # fmt: skip
-            except ValueError as exc:  # the Python program calls the op
+            except (ValueError, KeyError, TypeError) as exc:  # the Python program calls the op
                 log.debug("%s: the Python host program calls the op (%s)", call.kernel, exc)
                 continue
             own[i] = (f"{call.kernel}_{i}", launch)
