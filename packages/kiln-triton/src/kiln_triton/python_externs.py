@@ -10,10 +10,10 @@ tenth of a cold training step).
 
 :class:`KernelLaunch` takes the op's arguments and returns what the op returns: its
 results allocated in the layouts the graph planned, as the native program allocates them,
-the kernel writing those something reads. It launches the compiled kernel with the launch the native
-program plans (grid, block, shared memory, parameters), through the CUDA driver's
-``cuLaunchKernel`` on the current stream. A call whose operands are not 16-byte aligned
-(the kernel is compiled to assume they are) runs the op.
+the kernel writing those something reads. It launches the compiled kernel with the launch
+the native program plans (grid, block, shared memory, parameters), through the CUDA
+driver's ``cuLaunchKernel`` on the current stream. A call whose operands are not 16-byte
+aligned (the kernel is compiled to assume they are) runs the op.
 """
 
 from __future__ import annotations
